@@ -1,0 +1,55 @@
+// Every krug knob, declared once: name, Horovod alias, type, default, validation and doc.
+//
+// Knobs are environment variables KRUG_* (HOROVOD_* aliases accepted for porting ease; KRUG_*
+// wins when both are set). Parsing is strict: "12x" for a number is an error naming the knob.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "krug/types.h"
+
+namespace krug {
+
+struct Config {
+  // Engine
+  int64_t fusion_threshold_bytes = 128 * 1024 * 1024;  // KRUG_FUSION_THRESHOLD (bytes)
+  double cycle_time_ms = 1.0;                          // KRUG_CYCLE_TIME (ms)
+  int64_t cache_capacity = 1024;                       // KRUG_CACHE_CAPACITY (0 disables)
+  double timeout_seconds = 30.0;  // KRUG_TIMEOUT_SECONDS: any blocking step, dead-peer detection
+  // Observability
+  std::string timeline_path;           // KRUG_TIMELINE
+  bool timeline_mark_cycles = false;   // KRUG_TIMELINE_MARK_CYCLES
+  double stall_check_seconds = 60.0;   // KRUG_STALL_CHECK_TIME_SECONDS
+  double stall_shutdown_seconds = 0;   // KRUG_STALL_SHUTDOWN_TIME_SECONDS (0 = never)
+  bool stall_check_disable = false;    // KRUG_STALL_CHECK_DISABLE
+  std::string log_level = "warning";   // KRUG_LOG_LEVEL: trace|debug|info|warning|error|fatal
+  // Data plane
+  std::string cpu_operations = "gloo";  // KRUG_CPU_OPERATIONS: gloo
+  std::string iface;                    // KRUG_GLOO_IFACE: network interface for the data plane
+  // Topology, set by krugrun (KRUG_RANK ...); -1 = not set
+  int rank = -1, size = -1, local_rank = -1, local_size = -1, cross_rank = -1, cross_size = -1;
+  std::string hostname;             // KRUG_HOSTNAME (default: gethostname)
+  std::string rendezvous_addr;      // KRUG_RENDEZVOUS_ADDR
+  int rendezvous_port = 0;          // KRUG_RENDEZVOUS_PORT
+  std::string secret;               // KRUG_SECRET
+};
+
+// Reads every knob through `getenv` (std::getenv by default). Throws krug::Error naming the
+// variable, the bad value and what is accepted.
+using GetEnv = std::function<const char*(const char*)>;
+Config load_config(const GetEnv& getenv = {});
+
+struct KnobDoc {
+  std::string name;       // KRUG_FUSION_THRESHOLD
+  std::string alias;      // HOROVOD_FUSION_THRESHOLD, or empty
+  std::string type;       // "bytes", "milliseconds", "bool", ...
+  std::string default_value;
+  std::string doc;
+};
+// The knob table, for `krugrun --help-knobs` and docs/configuration.md.
+std::vector<KnobDoc> knob_docs();
+
+}  // namespace krug

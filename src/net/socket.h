@@ -1,0 +1,132 @@
+// TCP sockets with deadlines, length-prefixed frames and an HMAC challenge-response handshake.
+//
+// Used by the rendezvous store and the engine's control plane. Every blocking call takes a
+// deadline and throws NetError when it passes or the peer goes away; nothing blocks forever.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "krug/types.h"
+
+namespace krug::net {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+class NetError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Owns a file descriptor; closes it on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept;
+  Fd& operator=(Fd&& other) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// A connected TCP stream carrying frames: 4-byte little-endian length + payload.
+class Connection {
+ public:
+  Connection() = default;
+  explicit Connection(Fd fd, std::string peer) : fd_(std::move(fd)), peer_(std::move(peer)) {}
+
+  // Connects to host:port, retrying refused connections until the deadline (the peer may not
+  // be listening yet). Throws NetError naming host:port on failure.
+  static Connection connect(const std::string& host, uint16_t port, Deadline deadline);
+
+  void send_frame(const void* data, size_t size, Deadline deadline);
+  void send_frame(const std::vector<uint8_t>& frame, Deadline deadline) {
+    send_frame(frame.data(), frame.size(), deadline);
+  }
+  // Throws NetError on EOF ("peer closed the connection") or timeout.
+  std::vector<uint8_t> recv_frame(Deadline deadline);
+
+  // Client side of the handshake: proves knowledge of `secret` (HMAC-SHA256 over a server
+  // nonce). Throws NetError with the server's reason if rejected.
+  void authenticate_as_client(const std::string& secret, Deadline deadline);
+  // Server side: returns std::nullopt on success, or the reason the peer was rejected (the
+  // connection is then closed). An empty secret accepts everyone.
+  std::optional<std::string> authenticate_as_server(const std::string& secret, Deadline deadline);
+
+  int fd() const { return fd_.get(); }
+  bool valid() const { return fd_.valid(); }
+  const std::string& peer() const { return peer_; }
+  void close() { fd_.reset(); }
+
+ private:
+  Fd fd_;
+  std::string peer_;
+};
+
+// A listening TCP socket. Port 0 picks a free port.
+class Listener {
+ public:
+  Listener(const std::string& bind_host, uint16_t port);
+  uint16_t port() const { return port_; }
+  int fd() const { return fd_.get(); }
+  // Returns std::nullopt if nothing arrived before the deadline.
+  std::optional<Connection> accept(Deadline deadline);
+
+ private:
+  Fd fd_;
+  uint16_t port_ = 0;
+};
+
+// This machine's host name (gethostname), used in error messages.
+std::string hostname();
+
+// Helpers to build and parse frames.
+class Writer {
+ public:
+  void u8(uint8_t v) { bytes_.push_back(v); }
+  void u32(uint32_t v);
+  void u64(uint64_t v);
+  void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
+  void f64(double v);
+  void str(std::string_view s);
+  void bytes(const void* data, size_t size);
+  std::vector<uint8_t>& data() { return bytes_; }
+  std::vector<uint8_t> take() { return std::move(bytes_); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
+// Reads what Writer wrote; throws NetError("truncated message") on short input.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  explicit Reader(const std::vector<uint8_t>& v) : Reader(v.data(), v.size()) {}
+  uint8_t u8();
+  uint32_t u32();
+  uint64_t u64();
+  int64_t i64() { return static_cast<int64_t>(u64()); }
+  double f64();
+  std::string str();
+  std::vector<uint8_t> bytes();
+  bool done() const { return pos_ == size_; }
+
+ private:
+  void need(size_t n) const;
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+}  // namespace krug::net
