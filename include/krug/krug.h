@@ -1,0 +1,147 @@
+// krug's framework-free C++ API: named collective operations on raw buffers.
+//
+// Start the program with krugrun (`krugrun -np 4 ./train`), call krug::init(), then submit
+// operations by name. Every rank of a process set must submit the same name with the same op,
+// data type and shape (allgather/alltoall: the first dimension may differ); krug negotiates
+// which names are ready on all ranks, fuses small allreduces and runs them in the background.
+//
+//   krug::init();
+//   std::vector<float> grad(1000, 1.0f);
+//   krug::allreduce("grad", grad.data(), grad.data(), krug::DataType::kFloat32, {1000});
+//   krug::shutdown();
+//
+// Asynchronous variants return a Handle; the input must stay valid (and the output untouched)
+// until the handle completes. Errors (mismatched shapes across ranks, a dead peer, a timeout)
+// complete the handle with a message naming the tensor, the ranks and the cause; synchronous
+// calls and Handle::wait() throw krug::Error with that message.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "krug/types.h"
+
+namespace krug {
+
+namespace engine {
+class HandleState;
+}
+
+using Shape = std::vector<int64_t>;
+
+// A group of ranks that runs collectives among themselves. Id 0 is every rank.
+struct ProcessSet {
+  int32_t id = 0;
+  bool operator==(const ProcessSet&) const = default;
+};
+inline constexpr ProcessSet kGlobalProcessSet{0};
+
+// Completion of an asynchronous operation.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<engine::HandleState> state) : state_(std::move(state)) {}
+
+  // True once the operation finished, successfully or not. Never blocks.
+  bool poll() const;
+  // Blocks until finished; throws krug::Error with the failure message.
+  void wait() const;
+  // Blocks at most `timeout_seconds`; returns poll().
+  bool wait_for(double timeout_seconds) const;
+  // After completion: empty on success, else what went wrong.
+  std::string error() const;
+
+  // Results of allgather, alltoall and reducescatter (owned by the handle), valid after wait().
+  const std::vector<uint8_t>& output() const;
+  const Shape& output_shape() const;
+  // alltoall: rows received from each rank of the process set.
+  const std::vector<int64_t>& received_splits() const;
+  // join: the rank that joined last. add_process_set: the new set's id.
+  int64_t value() const;
+
+ private:
+  const engine::HandleState& checked() const;
+  std::shared_ptr<engine::HandleState> state_;
+};
+
+// Initializes krug from the environment krugrun sets (KRUG_RANK, KRUG_SIZE, the rendezvous
+// address and secret, and every KRUG_* knob; see docs/configuration.md). Connects to every
+// rank; throws krug::Error if that fails. Calling init() twice without shutdown() is an error.
+void init();
+// Drains this rank's pending operations, stops the background thread and frees everything;
+// other ranks' pending operations fail with a message naming this rank. init() may follow.
+void shutdown();
+bool is_initialized();
+
+int rank();
+int size();
+int local_rank();
+int local_size();
+int cross_rank();
+int cross_size();
+
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::kAverage;
+  double prescale_factor = 1.0;   // applied to the input before the reduction
+  double postscale_factor = 1.0;  // applied to the result (after averaging)
+  ProcessSet process_set = kGlobalProcessSet;
+};
+
+// output may equal input (in place). Average divides by the process set's size.
+Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
+                       const Shape& shape, const ReduceOptions& options = {});
+void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
+               const Shape& shape, const ReduceOptions& options = {});
+
+// One tensor of a grouped allreduce.
+struct GroupTensor {
+  const void* input = nullptr;
+  void* output = nullptr;
+  DataType dtype = DataType::kFloat32;
+  Shape shape;
+};
+// The tensors (named "<name>.0", "<name>.1", ...) are negotiated as one request: they run
+// together, once all are ready on all ranks, fused where they fit. One handle for all.
+Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupTensor>& tensors,
+                               const ReduceOptions& options = {});
+
+// Concatenates every rank's tensor along the first dimension (which may differ per rank).
+// The result is in Handle::output() with Handle::output_shape().
+Handle allgather_async(const std::string& name, const void* input, DataType dtype,
+                       const Shape& shape, ProcessSet process_set = kGlobalProcessSet);
+
+// In place: `data` of rank `root` (index within the process set) is copied to every rank.
+Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
+                       int root, ProcessSet process_set = kGlobalProcessSet);
+void broadcast(const std::string& name, void* data, DataType dtype, const Shape& shape, int root,
+               ProcessSet process_set = kGlobalProcessSet);
+
+// Sends splits[r] rows (first dimension) to rank r; empty splits = an even split. The rows
+// received from every rank are concatenated in Handle::output(); Handle::received_splits()
+// says how many came from each rank.
+Handle alltoall_async(const std::string& name, const void* input, DataType dtype,
+                      const Shape& shape, const std::vector<int64_t>& splits = {},
+                      ProcessSet process_set = kGlobalProcessSet);
+
+// Reduces every rank's tensor and leaves rank r with rows [start_r, start_r + n_r) of the
+// result, where the first dimension is split as evenly as possible (lower ranks get the extra
+// rows). The result is in Handle::output().
+Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
+                           const Shape& shape, const ReduceOptions& options = {});
+
+// Returns once every rank of the process set has called barrier.
+void barrier(ProcessSet process_set = kGlobalProcessSet);
+// For a rank that ran out of data: until every rank has joined, the others' allreduces
+// proceed with this rank contributing zeros. Returns the rank that joined last.
+int join();
+Handle join_async();
+
+// Collective over all ranks: every rank calls it with the same ranks (ascending order not
+// required). Returns the new set.
+ProcessSet add_process_set(std::vector<int> ranks);
+void remove_process_set(ProcessSet process_set);
+std::vector<int> process_set_ranks(ProcessSet process_set);
+
+}  // namespace krug

@@ -1,0 +1,252 @@
+// The public C++ API: a thin layer that owns the process's one Engine.
+#include "krug/krug.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "common/config.h"
+#include "common/log.h"
+#include "engine/engine.h"
+#include "rendezvous/server.h"
+
+namespace krug {
+namespace {
+
+using controller::OpType;
+using controller::Request;
+using engine::TensorArgs;
+
+// The process's runtime: the engine, and how many times init() ran (so each initialization
+// rendezvouses in its own namespace of the job's store). The only mutable global in krug
+// besides the log level; DESIGN.md: "init() builds one Engine object".
+struct Runtime {
+  std::mutex mu;
+  std::shared_ptr<engine::Engine> engine;
+  int generation = 0;
+};
+
+Runtime& runtime() {
+  static Runtime r;
+  return r;
+}
+
+std::shared_ptr<engine::Engine> current() {
+  auto& rt = runtime();
+  std::lock_guard lock(rt.mu);
+  if (!rt.engine) throw Error("krug is not initialized: call krug::init() first");
+  return rt.engine;
+}
+
+Request make_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
+                     int32_t process_set) {
+  if (name.empty()) throw Error(fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
+  Request q;
+  q.name = name;
+  q.op = op;
+  q.dtype = dtype;
+  q.shape = shape;
+  q.process_set = process_set;
+  return q;
+}
+
+Handle submit(std::vector<TensorArgs> tensors) {
+  return Handle(current()->enqueue(std::move(tensors)));
+}
+
+Request reduce_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
+                       const ReduceOptions& o) {
+  Request q = make_request(name, op, dtype, shape, o.process_set.id);
+  q.reduce_op = o.op;
+  q.prescale = o.prescale_factor;
+  q.postscale = o.postscale_factor;
+  return q;
+}
+
+}  // namespace
+
+const engine::HandleState& Handle::checked() const {
+  if (!state_) throw Error("krug::Handle is empty: it was not returned by an operation");
+  return *state_;
+}
+bool Handle::poll() const { return checked().done(); }
+void Handle::wait() const {
+  checked().wait();
+  if (auto e = state_->error(); !e.empty()) throw Error(e);
+}
+bool Handle::wait_for(double timeout_seconds) const {
+  return checked().wait_until(std::chrono::steady_clock::now() +
+                              std::chrono::microseconds(int64_t(timeout_seconds * 1e6)));
+}
+std::string Handle::error() const { return checked().error(); }
+const std::vector<uint8_t>& Handle::output() const { return checked().result().data; }
+const Shape& Handle::output_shape() const { return checked().result().shape; }
+const std::vector<int64_t>& Handle::received_splits() const {
+  return checked().result().received_splits;
+}
+int64_t Handle::value() const { return checked().result().value; }
+
+void init() {
+  auto& rt = runtime();
+  std::lock_guard lock(rt.mu);
+  if (rt.engine) throw Error("krug::init() called twice: call krug::shutdown() first");
+  Config config = load_config();
+  log::set_level(log::parse_level(config.log_level));
+  if (config.rank < 0 && config.size < 0) {
+    // A plain `./program` without krugrun: a job of one.
+    config.rank = 0;
+    config.size = 1;
+  }
+  std::shared_ptr<rendezvous::Store> store;
+  if (config.size == 1 && config.rendezvous_addr.empty()) {
+    store = std::make_shared<rendezvous::InMemoryStore>();
+  } else {
+    if (config.rendezvous_addr.empty() || config.rendezvous_port <= 0)
+      throw Error(fmt::format(
+          "krug::init() on rank {}: KRUG_RENDEZVOUS_ADDR/KRUG_RENDEZVOUS_PORT are not set; start "
+          "the job with krugrun (krugrun -np N your-command)",
+          config.rank));
+    store = std::make_shared<rendezvous::RendezvousClient>(
+        config.rendezvous_addr, static_cast<uint16_t>(config.rendezvous_port), config.secret,
+        std::chrono::milliseconds(static_cast<int64_t>(config.timeout_seconds * 1000)));
+  }
+  auto scoped = std::make_shared<rendezvous::PrefixStore>(
+      fmt::format("init{}/", rt.generation++), std::move(store));
+  rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped));
+}
+
+void shutdown() {
+  std::shared_ptr<engine::Engine> engine;
+  {
+    auto& rt = runtime();
+    std::lock_guard lock(rt.mu);
+    engine = std::move(rt.engine);
+  }
+  if (engine) engine->shutdown();
+}
+
+bool is_initialized() {
+  auto& rt = runtime();
+  std::lock_guard lock(rt.mu);
+  return rt.engine != nullptr;
+}
+
+int rank() { return current()->config().rank; }
+int size() { return current()->config().size; }
+int local_rank() {
+  auto& c = current()->config();
+  return c.local_rank >= 0 ? c.local_rank : c.rank;
+}
+int local_size() {
+  auto& c = current()->config();
+  return c.local_size >= 0 ? c.local_size : c.size;
+}
+int cross_rank() {
+  auto& c = current()->config();
+  return c.cross_rank >= 0 ? c.cross_rank : 0;
+}
+int cross_size() {
+  auto& c = current()->config();
+  return c.cross_size >= 0 ? c.cross_size : 1;
+}
+
+Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
+                       const Shape& shape, const ReduceOptions& options) {
+  return submit({TensorArgs{reduce_request(name, OpType::kAllreduce, dtype, shape, options), input,
+                            output}});
+}
+
+void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
+               const Shape& shape, const ReduceOptions& options) {
+  allreduce_async(name, input, output, dtype, shape, options).wait();
+}
+
+Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupTensor>& tensors,
+                               const ReduceOptions& options) {
+  std::vector<TensorArgs> args;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    Request q =
+        reduce_request(fmt::format("{}.{}", name, i), OpType::kAllreduce, t.dtype, t.shape, options);
+    q.group = name;
+    q.group_size = static_cast<int32_t>(tensors.size());
+    args.push_back(TensorArgs{std::move(q), t.input, t.output});
+  }
+  if (args.empty()) throw Error("grouped_allreduce '" + name + "': no tensors");
+  return submit(std::move(args));
+}
+
+Handle allgather_async(const std::string& name, const void* input, DataType dtype,
+                       const Shape& shape, ProcessSet process_set) {
+  return submit({TensorArgs{make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
+                            input, nullptr}});
+}
+
+Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
+                       int root, ProcessSet process_set) {
+  Request q = make_request(name, OpType::kBroadcast, dtype, shape, process_set.id);
+  q.root = root;
+  return submit({TensorArgs{std::move(q), data, data}});
+}
+
+void broadcast(const std::string& name, void* data, DataType dtype, const Shape& shape, int root,
+               ProcessSet process_set) {
+  broadcast_async(name, data, dtype, shape, root, process_set).wait();
+}
+
+Handle alltoall_async(const std::string& name, const void* input, DataType dtype,
+                      const Shape& shape, const std::vector<int64_t>& splits,
+                      ProcessSet process_set) {
+  Request q = make_request(name, OpType::kAlltoall, dtype, shape, process_set.id);
+  q.splits = splits;
+  return submit({TensorArgs{std::move(q), input, nullptr}});
+}
+
+Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
+                           const Shape& shape, const ReduceOptions& options) {
+  return submit({TensorArgs{reduce_request(name, OpType::kReducescatter, dtype, shape, options),
+                            input, nullptr}});
+}
+
+void barrier(ProcessSet process_set) {
+  submit({TensorArgs{make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {},
+                                  process_set.id),
+                     nullptr, nullptr}})
+      .wait();
+}
+
+Handle join_async() {
+  return submit(
+      {TensorArgs{make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr, nullptr}});
+}
+
+int join() {
+  Handle h = join_async();
+  h.wait();
+  return static_cast<int>(h.value());
+}
+
+ProcessSet add_process_set(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  Request q = make_request(fmt::format("__add_process_set[{}]", fmt::join(ranks, ",")),
+                           OpType::kAddProcessSet, DataType::kUInt8, {}, 0);
+  q.set_ranks.assign(ranks.begin(), ranks.end());
+  Handle h = submit({TensorArgs{std::move(q), nullptr, nullptr}});
+  h.wait();
+  return ProcessSet{static_cast<int32_t>(h.value())};
+}
+
+void remove_process_set(ProcessSet process_set) {
+  Request q = make_request(fmt::format("__remove_process_set[{}]", process_set.id),
+                           OpType::kRemoveProcessSet, DataType::kUInt8, {}, 0);
+  q.target_process_set = process_set.id;
+  submit({TensorArgs{std::move(q), nullptr, nullptr}}).wait();
+}
+
+std::vector<int> process_set_ranks(ProcessSet process_set) {
+  auto ranks = current()->process_set_ranks(process_set.id);
+  return {ranks.begin(), ranks.end()};
+}
+
+}  // namespace krug

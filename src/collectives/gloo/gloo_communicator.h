@@ -1,0 +1,65 @@
+// Communicator over Gloo's TCP transport.
+//
+// Broadcast, allgatherv, alltoallv and barrier are Gloo's own algorithms. Allreduce and
+// reducescatter are krug's: a direct reduce-scatter where each rank owns a chunk and reduces
+// the contributions in rank order (Gloo's ring sums in an order that depends on where a tensor
+// lands in the fusion buffer, which breaks bitwise reproducibility), then a direct allgather.
+// Both move (n-1)/n of the buffer per rank, like a ring, and use krug's kernels for every dtype.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "collectives/communicator.h"
+#include "rendezvous/store.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace krug::collectives {
+
+// One TCP device per engine; contexts for every process set share it.
+std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& hostname,
+                                                          const std::string& iface);
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Collective over the `size` ranks that use the same store namespace.
+  GlooCommunicator(int rank, int size, std::shared_ptr<rendezvous::Store> store,
+                   std::shared_ptr<gloo::transport::Device> device,
+                   std::chrono::milliseconds timeout);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  void reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                     ReduceOp op) override;
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override;
+  void broadcast(void* data, size_t bytes, int root) override;
+  void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                 const std::vector<size_t>& recv_bytes) override;
+  void barrier() override;
+  const char* backend_name() const override { return "gloo"; }
+
+ private:
+  // Exchanges and reduces the chunks described by `counts`; writes this rank's chunk to `out`.
+  void reduce_scatter_ordered(const void* in, void* out, const std::vector<size_t>& counts,
+                              DataType dtype, ReduceOp op);
+  // Every rank's chunk (already in place in `data`) is sent to every other rank.
+  void allgather_in_place(void* data, const std::vector<size_t>& bytes_per_rank);
+  uint64_t next_slot();
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> context_;
+  uint64_t slot_counter_ = 0;
+};
+
+}  // namespace krug::collectives

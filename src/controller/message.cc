@@ -1,0 +1,185 @@
+#include "controller/message.h"
+
+#include "net/socket.h"
+
+namespace krug::controller {
+namespace {
+
+// Bumped whenever the layout below changes, so ranks built from different versions fail loudly.
+constexpr uint32_t kRequestMagic = 0x4b520001;   // "KR" v1
+constexpr uint32_t kResponseMagic = 0x4b530001;  // "KS" v1
+
+template <typename T>
+void put_ints(net::Writer& w, const std::vector<T>& v) {
+  w.u32(static_cast<uint32_t>(v.size()));
+  for (T x : v) w.i64(static_cast<int64_t>(x));
+}
+
+template <typename T>
+std::vector<T> get_ints(net::Reader& r) {
+  std::vector<T> v(r.u32());
+  for (T& x : v) x = static_cast<T>(r.i64());
+  return v;
+}
+
+void put_request(net::Writer& w, const Request& q) {
+  w.str(q.name);
+  w.u8(static_cast<uint8_t>(q.op));
+  w.u8(static_cast<uint8_t>(q.dtype));
+  w.u8(static_cast<uint8_t>(q.reduce_op));
+  w.i64(q.process_set);
+  w.i64(q.root);
+  w.f64(q.prescale);
+  w.f64(q.postscale);
+  put_ints(w, q.shape);
+  put_ints(w, q.splits);
+  put_ints(w, q.set_ranks);
+  w.i64(q.target_process_set);
+  w.str(q.group);
+  w.i64(q.group_size);
+}
+
+Request get_request(net::Reader& r) {
+  Request q;
+  q.name = r.str();
+  q.op = static_cast<OpType>(r.u8());
+  q.dtype = static_cast<DataType>(r.u8());
+  q.reduce_op = static_cast<ReduceOp>(r.u8());
+  q.process_set = static_cast<int32_t>(r.i64());
+  q.root = static_cast<int32_t>(r.i64());
+  q.prescale = r.f64();
+  q.postscale = r.f64();
+  q.shape = get_ints<int64_t>(r);
+  q.splits = get_ints<int64_t>(r);
+  q.set_ranks = get_ints<int32_t>(r);
+  q.target_process_set = static_cast<int32_t>(r.i64());
+  q.group = r.str();
+  q.group_size = static_cast<int32_t>(r.i64());
+  return q;
+}
+
+void put_response(net::Writer& w, const Response& p) {
+  w.u8(p.from_cache ? 1 : 0);
+  put_ints(w, p.cache_ids);
+  if (p.from_cache) return;  // the receiver's cache holds everything else
+  w.u8(static_cast<uint8_t>(p.type));
+  w.u8(static_cast<uint8_t>(p.op));
+  w.u8(static_cast<uint8_t>(p.dtype));
+  w.u8(static_cast<uint8_t>(p.reduce_op));
+  w.i64(p.process_set);
+  w.i64(p.root);
+  w.f64(p.prescale);
+  w.f64(p.postscale);
+  w.u32(static_cast<uint32_t>(p.names.size()));
+  for (const auto& n : p.names) w.str(n);
+  w.u32(static_cast<uint32_t>(p.shapes.size()));
+  for (const auto& s : p.shapes) put_ints(w, s);
+  put_ints(w, p.rank_dims);
+  put_ints(w, p.set_ranks);
+  w.i64(p.last_joined_rank);
+  w.str(p.error);
+}
+
+Response get_response(net::Reader& r) {
+  Response p;
+  p.from_cache = r.u8() != 0;
+  p.cache_ids = get_ints<uint32_t>(r);
+  if (p.from_cache) return p;
+  p.type = static_cast<ResponseType>(r.u8());
+  p.op = static_cast<OpType>(r.u8());
+  p.dtype = static_cast<DataType>(r.u8());
+  p.reduce_op = static_cast<ReduceOp>(r.u8());
+  p.process_set = static_cast<int32_t>(r.i64());
+  p.root = static_cast<int32_t>(r.i64());
+  p.prescale = r.f64();
+  p.postscale = r.f64();
+  p.names.resize(r.u32());
+  for (auto& n : p.names) n = r.str();
+  p.shapes.resize(r.u32());
+  for (auto& s : p.shapes) s = get_ints<int64_t>(r);
+  p.rank_dims = get_ints<int64_t>(r);
+  p.set_ranks = get_ints<int32_t>(r);
+  p.last_joined_rank = static_cast<int32_t>(r.i64());
+  p.error = r.str();
+  return p;
+}
+
+void expect_magic(net::Reader& r, uint32_t magic, const char* what) {
+  uint32_t got = r.u32();
+  if (got != magic)
+    throw Error(std::string("malformed ") + what +
+                " (bad magic): are all ranks running the same krug version?");
+}
+
+}  // namespace
+
+std::string_view op_name(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kJoin: return "join";
+    case OpType::kAddProcessSet: return "add_process_set";
+    case OpType::kRemoveProcessSet: return "remove_process_set";
+  }
+  return "unknown";
+}
+
+int64_t Request::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<uint8_t> encode(const RequestList& list) {
+  net::Writer w;
+  w.u32(kRequestMagic);
+  w.i64(list.rank);
+  w.u32(static_cast<uint32_t>(list.requests.size()));
+  for (const auto& q : list.requests) put_request(w, q);
+  put_ints(w, list.cache_hits);
+  w.u8(list.shutdown ? 1 : 0);
+  w.str(list.fatal_error);
+  return w.take();
+}
+
+RequestList decode_request_list(const std::vector<uint8_t>& bytes) {
+  net::Reader r(bytes);
+  expect_magic(r, kRequestMagic, "request list");
+  RequestList list;
+  list.rank = static_cast<int32_t>(r.i64());
+  list.requests.resize(r.u32());
+  for (auto& q : list.requests) q = get_request(r);
+  list.cache_hits = get_ints<uint32_t>(r);
+  list.shutdown = r.u8() != 0;
+  list.fatal_error = r.str();
+  return list;
+}
+
+std::vector<uint8_t> encode(const ResponseList& list) {
+  net::Writer w;
+  w.u32(kResponseMagic);
+  w.u32(static_cast<uint32_t>(list.responses.size()));
+  for (const auto& p : list.responses) put_response(w, p);
+  w.u8(list.shutdown ? 1 : 0);
+  w.str(list.shutdown_reason);
+  w.u8(list.fatal ? 1 : 0);
+  return w.take();
+}
+
+ResponseList decode_response_list(const std::vector<uint8_t>& bytes) {
+  net::Reader r(bytes);
+  expect_magic(r, kResponseMagic, "response list");
+  ResponseList list;
+  list.responses.resize(r.u32());
+  for (auto& p : list.responses) p = get_response(r);
+  list.shutdown = r.u8() != 0;
+  list.shutdown_reason = r.str();
+  list.fatal = r.u8() != 0;
+  return list;
+}
+
+}  // namespace krug::controller

@@ -1,0 +1,381 @@
+#include "controller/negotiator.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <functional>
+
+namespace krug::controller {
+namespace {
+
+int64_t response_bytes(const Response& r) {
+  int64_t bytes = 0;
+  for (const auto& shape : r.shapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    bytes += n * static_cast<int64_t>(dtype_size(r.dtype));
+  }
+  return bytes;
+}
+
+bool same_fusion_key(const Response& a, const Response& b) {
+  return a.type == ResponseType::kOp && b.type == ResponseType::kOp &&
+         a.op == OpType::kAllreduce && b.op == OpType::kAllreduce &&
+         a.process_set == b.process_set && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
+         a.prescale == b.prescale && a.postscale == b.postscale;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// "rank 0: float32; ranks 1, 2: int32" for the ranks that disagree on `field`.
+std::string disagreement(const std::map<int32_t, Request>& by_rank,
+                         const std::function<std::string(const Request&)>& field) {
+  std::map<std::string, std::vector<int32_t>> groups;
+  for (const auto& [rank, req] : by_rank) groups[field(req)].push_back(rank);
+  if (groups.size() <= 1) return {};
+  std::vector<std::string> parts;
+  for (const auto& [value, ranks] : groups)
+    parts.push_back(fmt::format("{} {}: {}", ranks.size() == 1 ? "rank" : "ranks",
+                                fmt::join(ranks, ", "), value));
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+}  // namespace
+
+std::string describe(const std::vector<Stall>& stalls) {
+  std::string out;
+  for (const auto& s : stalls) {
+    out += fmt::format(
+        "\n  {} '{}' (process set {}): waiting {:.0f} s for ranks [{}]; ready on ranks [{}]",
+        op_name(s.op), s.name, s.process_set, s.waited_seconds, fmt::join(s.missing_ranks, ", "),
+        fmt::join(s.ready_ranks, ", "));
+  }
+  return out;
+}
+
+Negotiator::Negotiator(int world_size, int64_t fusion_threshold_bytes, ResponseCache& cache)
+    : world_size_(world_size), fusion_threshold_(fusion_threshold_bytes), cache_(cache) {
+  std::vector<int32_t> all(world_size);
+  for (int i = 0; i < world_size; ++i) all[i] = i;
+  sets_[0] = std::move(all);
+}
+
+const std::vector<int32_t>& Negotiator::members(int32_t process_set) const {
+  auto it = sets_.find(process_set);
+  if (it == sets_.end()) throw Error(fmt::format("unknown process set {}", process_set));
+  return it->second;
+}
+
+void Negotiator::add(const RequestList& list, Clock::time_point now) {
+  for (uint32_t id : list.cache_hits) add_request(list.rank, cache_.at(id), now);
+  for (const auto& request : list.requests) add_request(list.rank, request, now);
+}
+
+void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_point now) {
+  if (request.op == OpType::kJoin) {
+    joined_.insert(rank);
+    last_joined_ = rank;
+    return;
+  }
+  auto set = sets_.find(request.process_set);
+  if (set == sets_.end() ||
+      !std::binary_search(set->second.begin(), set->second.end(), rank)) {
+    Response r;
+    r.type = ResponseType::kError;
+    r.op = request.op;
+    r.process_set = request.process_set;
+    r.names = {request.name};
+    r.error = fmt::format("{} '{}' from rank {}: process set {} {}", op_name(request.op),
+                          request.name, rank, request.process_set,
+                          set == sets_.end() ? "does not exist (was it removed?)"
+                                             : "does not include this rank");
+    // Only the submitting rank holds this name; others ignore errors for names they lack.
+    immediate_errors_.push_back(std::move(r));
+    return;
+  }
+  auto key = table_key(request.process_set, request.name);
+  auto [it, inserted] = table_.try_emplace(key);
+  if (inserted) {
+    it->second.first_seen = now;
+    it->second.arrival = next_arrival_++;
+  }
+  it->second.by_rank[rank] = request;
+}
+
+bool Negotiator::is_ready(const Pending& p) const {
+  const Request& any = p.by_rank.begin()->second;
+  for (int32_t m : members(any.process_set)) {
+    if (p.by_rank.count(m)) continue;
+    if (joined_.count(m)) {
+      if (any.op == OpType::kAllreduce) continue;
+      return true;  // ready to fail: only allreduce can run with joined ranks
+    }
+    return false;
+  }
+  return true;
+}
+
+std::string Negotiator::validate(const std::string& key, const Pending& p) const {
+  const Request& first = p.by_rank.begin()->second;
+  const auto& set = members(first.process_set);
+  auto what = [&](const std::string& field, const std::function<std::string(const Request&)>& f) {
+    std::string d = disagreement(p.by_rank, f);
+    return d.empty() ? d
+                     : fmt::format("Mismatched {} for {} '{}' (process set {}): {}", field,
+                                   op_name(first.op), first.name, first.process_set, d);
+  };
+  for (int32_t m : set) {
+    if (!p.by_rank.count(m) && joined_.count(m))
+      if (first.op != OpType::kAllreduce)
+        return fmt::format(
+            "{} '{}' cannot run while rank {} has joined: only allreduce proceeds with joined "
+            "ranks (they contribute zeros)",
+            op_name(first.op), first.name, m);
+  }
+  std::string e;
+  if (!(e = what("operations", [](const Request& r) { return std::string(op_name(r.op)); })).empty())
+    return e;
+  if (!(e = what("data types", [](const Request& r) { return std::string(dtype_name(r.dtype)); }))
+           .empty())
+    return e;
+  switch (first.op) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+      if (!(e = what("reduction ops",
+                     [](const Request& r) { return std::string(reduce_op_name(r.reduce_op)); }))
+               .empty())
+        return e;
+      if (!(e = what("scale factors", [](const Request& r) {
+              return fmt::format("prescale {} postscale {}", r.prescale, r.postscale);
+            })).empty())
+        return e;
+      if (!(e = what("shapes", [](const Request& r) { return shape_str(r.shape); })).empty())
+        return e;
+      if (!(e = what("groups", [](const Request& r) {
+              return r.group.empty() ? std::string("none")
+                                     : fmt::format("{} of {}", r.group, r.group_size);
+            })).empty())
+        return e;
+      if (first.op == OpType::kReducescatter && first.shape.empty())
+        return fmt::format("reducescatter '{}' needs a tensor with at least one dimension",
+                           first.name);
+      break;
+    case OpType::kBroadcast:
+      if (!(e = what("root ranks", [](const Request& r) { return std::to_string(r.root); })).empty())
+        return e;
+      if (!(e = what("shapes", [](const Request& r) { return shape_str(r.shape); })).empty())
+        return e;
+      if (first.root < 0 || first.root >= static_cast<int32_t>(set.size()))
+        return fmt::format("broadcast '{}': root rank {} is outside process set {} of size {}",
+                           first.name, first.root, first.process_set, set.size());
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall: {
+      auto trailing = [](const Request& r) {
+        if (r.shape.empty()) return std::string("a scalar (needs at least one dimension)");
+        return fmt::format("[*, {}]", fmt::join(r.shape.begin() + 1, r.shape.end(), ", "));
+      };
+      if (!(e = what("shapes (all but the first dimension must agree)", trailing)).empty())
+        return e;
+      if (first.shape.empty())
+        return fmt::format("{} '{}' needs a tensor with at least one dimension",
+                           op_name(first.op), first.name);
+      if (first.op == OpType::kAlltoall) {
+        for (const auto& [rank, r] : p.by_rank) {
+          int64_t total = 0;
+          for (int64_t s : r.splits) total += s;
+          if (r.splits.size() != set.size() || total != r.shape[0] ||
+              std::any_of(r.splits.begin(), r.splits.end(), [](int64_t s) { return s < 0; }))
+            return fmt::format(
+                "alltoall '{}' on rank {}: splits [{}] must have one non-negative entry per rank "
+                "of the process set ({}) summing to the first dimension ({})",
+                first.name, rank, fmt::join(r.splits, ", "), set.size(), r.shape[0]);
+        }
+      }
+      break;
+    }
+    case OpType::kAddProcessSet: {
+      if (!(e = what("ranks", [](const Request& r) {
+              return fmt::format("[{}]", fmt::join(r.set_ranks, ", "));
+            })).empty())
+        return e;
+      const auto& ranks = first.set_ranks;
+      if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+          std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+          ranks.back() >= world_size_)
+        return fmt::format(
+            "add_process_set([{}]): ranks must be distinct, ascending, and in [0, {})",
+            fmt::join(ranks, ", "), world_size_);
+      for (const auto& [id, existing] : sets_)
+        if (existing == ranks)
+          return fmt::format("add_process_set([{}]): process set {} already has these ranks",
+                             fmt::join(ranks, ", "), id);
+      break;
+    }
+    case OpType::kRemoveProcessSet:
+      if (!(e = what("process sets to remove",
+                     [](const Request& r) { return std::to_string(r.target_process_set); }))
+               .empty())
+        return e;
+      if (first.target_process_set == 0)
+        return "remove_process_set: the global process set (0) cannot be removed";
+      if (!sets_.count(first.target_process_set))
+        return fmt::format("remove_process_set: process set {} does not exist",
+                           first.target_process_set);
+      break;
+    case OpType::kBarrier:
+    case OpType::kJoin:
+      break;
+  }
+  (void)key;
+  return {};
+}
+
+Response Negotiator::make_response(const Pending& p) {
+  const Request& first = p.by_rank.begin()->second;
+  const auto& set = members(first.process_set);
+  Response r;
+  r.op = first.op;
+  r.dtype = first.dtype;
+  r.reduce_op = first.reduce_op;
+  r.process_set = first.process_set;
+  r.root = first.root;
+  r.prescale = first.prescale;
+  r.postscale = first.postscale;
+  r.names = {first.name};
+  r.shapes = {first.shape};
+  if (first.op == OpType::kAllgather) {
+    for (int32_t m : set) r.rank_dims.push_back(p.by_rank.at(m).shape[0]);
+  } else if (first.op == OpType::kAlltoall) {
+    for (int32_t m : set)
+      for (int64_t s : p.by_rank.at(m).splits) r.rank_dims.push_back(s);
+  }
+  if (first.op == OpType::kAddProcessSet) r.set_ranks = first.set_ranks;
+  if (first.op == OpType::kRemoveProcessSet) r.root = first.target_process_set;
+  assign_cache_ids(r, first);
+  return r;
+}
+
+void Negotiator::assign_cache_ids(Response& r, const Request& first) {
+  // Grouped requests stay on the full path: a group's readiness is more than one name's.
+  if (!first.group.empty()) return;
+  Request q = cache_form(r, 0);
+  if (!ResponseCache::cacheable(q)) return;
+  if (auto id = cache_.find(q)) {
+    r.cache_ids = {*id};
+    r.from_cache = true;
+  } else if (auto next = cache_.next_id()) {
+    cache_.insert(*next, q);
+    r.cache_ids = {*next};
+  }
+}
+
+void Negotiator::apply_membership_change(Response& r) {
+  if (r.op == OpType::kAddProcessSet) {
+    r.process_set = next_set_id_++;
+    sets_[r.process_set] = r.set_ranks;
+  } else if (r.op == OpType::kRemoveProcessSet) {
+    sets_.erase(r.root);
+  }
+}
+
+void Negotiator::fuse_into(std::vector<Response>& out, Response r) {
+  if (r.op == OpType::kAllreduce && r.type == ResponseType::kOp) {
+    int64_t bytes = response_bytes(r);
+    for (auto it = out.rbegin(); it != out.rend(); ++it) {
+      if (!same_fusion_key(*it, r)) continue;
+      // Mixed cached/uncached fusion would need per-name flags on the wire; keep them apart.
+      if (it->from_cache != r.from_cache || it->cache_ids.empty() != r.cache_ids.empty()) continue;
+      if (response_bytes(*it) + bytes > fusion_threshold_) continue;
+      it->names.push_back(r.names[0]);
+      it->shapes.push_back(r.shapes[0]);
+      for (uint32_t id : r.cache_ids) it->cache_ids.push_back(id);
+      return;
+    }
+  }
+  out.push_back(std::move(r));
+}
+
+void Negotiator::error_on(std::vector<Response>& out, const Pending& p, std::string message) {
+  const Request& first = p.by_rank.begin()->second;
+  Response r;
+  r.type = ResponseType::kError;
+  r.op = first.op;
+  r.process_set = first.process_set;
+  r.names = {first.name};
+  r.error = std::move(message);
+  out.push_back(std::move(r));
+}
+
+std::vector<Response> Negotiator::compute() {
+  std::vector<Response> out = std::move(immediate_errors_);
+  immediate_errors_.clear();
+
+  // Ready entries in arrival order; groups are released only when complete.
+  std::vector<std::pair<uint64_t, std::string>> ready;
+  std::map<std::string, int> group_ready;
+  for (const auto& [key, p] : table_) {
+    if (!is_ready(p)) continue;
+    ready.emplace_back(p.arrival, key);
+    const Request& first = p.by_rank.begin()->second;
+    if (!first.group.empty()) ++group_ready[table_key(first.process_set, first.group)];
+  }
+  std::sort(ready.begin(), ready.end());
+
+  for (const auto& [arrival, key] : ready) {
+    auto it = table_.find(key);
+    if (it == table_.end()) continue;  // dropped with a process set removed in this cycle
+    const Pending& p = it->second;
+    const Request& first = p.by_rank.begin()->second;
+    if (!first.group.empty() &&
+        group_ready[table_key(first.process_set, first.group)] < first.group_size)
+      continue;
+    if (std::string error = validate(key, p); !error.empty()) {
+      error_on(out, p, std::move(error));
+    } else {
+      Response r = make_response(p);
+      apply_membership_change(r);
+      if (r.op == OpType::kRemoveProcessSet) {
+        // Operations still pending on a removed set can never complete.
+        for (auto& [other_key, other] : table_) {
+          if (other.by_rank.begin()->second.process_set == r.root)
+            error_on(out, other,
+                     fmt::format("process set {} was removed while '{}' was pending", r.root,
+                                 other.by_rank.begin()->second.name));
+        }
+        std::erase_if(table_, [&](const auto& kv) {
+          return kv.first != key && kv.second.by_rank.begin()->second.process_set == r.root;
+        });
+      }
+      fuse_into(out, std::move(r));
+    }
+    table_.erase(key);
+  }
+
+  if (!joined_.empty() && static_cast<int>(joined_.size()) == world_size_) {
+    Response r;
+    r.op = OpType::kJoin;
+    r.names = {"join"};
+    r.last_joined_rank = last_joined_;
+    out.push_back(std::move(r));
+    joined_.clear();
+  }
+  return out;
+}
+
+std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_seconds) const {
+  std::vector<Stall> result;
+  for (const auto& [key, p] : table_) {
+    double waited = std::chrono::duration<double>(now - p.first_seen).count();
+    if (waited < older_than_seconds) continue;
+    const Request& first = p.by_rank.begin()->second;
+    Stall s{first.name, first.op, first.process_set, {}, {}, waited};
+    for (int32_t m : members(first.process_set))
+      (p.by_rank.count(m) ? s.ready_ranks : s.missing_ranks).push_back(m);
+    result.push_back(std::move(s));
+  }
+  return result;
+}
+
+}  // namespace krug::controller

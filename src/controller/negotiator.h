@@ -1,0 +1,79 @@
+// The coordinator's decision procedure: which named operations are ready on every rank of their
+// process set, in what order, fused how.
+//
+// A pure state machine without I/O: request lists go in (add), an ordered, fused response list
+// comes out (compute). The engine feeds it from the network; tests feed it directly.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "controller/message.h"
+#include "controller/response_cache.h"
+
+namespace krug::controller {
+
+using Clock = std::chrono::steady_clock;
+
+// A named operation some ranks are waiting on for too long (stall inspector).
+struct Stall {
+  std::string name;
+  OpType op;
+  int32_t process_set;
+  std::vector<int32_t> ready_ranks;
+  std::vector<int32_t> missing_ranks;
+  double waited_seconds;
+};
+std::string describe(const std::vector<Stall>& stalls);
+
+class Negotiator {
+ public:
+  // `cache` is the coordinator rank's own cache; compute() assigns ids in it.
+  Negotiator(int world_size, int64_t fusion_threshold_bytes, ResponseCache& cache);
+
+  // Records one rank's requests; cache hits are resolved through the cache. Requests that can
+  // be rejected at once (unknown process set, rank not a member) become error responses.
+  void add(const RequestList& list, Clock::time_point now);
+
+  // Ready operations as an ordered, fused response list; removes them from the table.
+  std::vector<Response> compute();
+
+  bool has_pending() const { return !table_.empty(); }
+  std::vector<Stall> stalls(Clock::time_point now, double older_than_seconds) const;
+
+  // Members (global ranks, ascending) of a live process set; throws for unknown ids.
+  const std::vector<int32_t>& members(int32_t process_set) const;
+
+ private:
+  struct Pending {
+    std::map<int32_t, Request> by_rank;  // global rank -> its request
+    Clock::time_point first_seen;
+    uint64_t arrival = 0;  // decides the order of responses
+  };
+
+  void add_request(int32_t rank, const Request& request, Clock::time_point now);
+  bool is_ready(const Pending& p) const;
+  std::string validate(const std::string& key, const Pending& p) const;
+  Response make_response(const Pending& p);
+  void assign_cache_ids(Response& r, const Request& first);
+  void apply_membership_change(Response& r);
+  void fuse_into(std::vector<Response>& out, Response r);
+  void error_on(std::vector<Response>& out, const Pending& p, std::string message);
+
+  int world_size_;
+  int64_t fusion_threshold_;
+  ResponseCache& cache_;
+  std::map<std::string, Pending> table_;  // table_key(set, name) -> pending
+  std::vector<Response> immediate_errors_;
+  std::map<int32_t, std::vector<int32_t>> sets_;
+  int32_t next_set_id_ = 1;
+  std::set<int32_t> joined_;
+  int32_t last_joined_ = -1;
+  uint64_t next_arrival_ = 0;
+};
+
+}  // namespace krug::controller

@@ -1,0 +1,70 @@
+#include "controller/response_cache.h"
+
+namespace krug::controller {
+
+std::string table_key(int32_t process_set, const std::string& name) {
+  return std::to_string(process_set) + "/" + name;
+}
+
+Request cache_form(const Request& r) {
+  Request q;
+  q.name = r.name;
+  q.op = r.op;
+  q.dtype = r.dtype;
+  q.reduce_op = r.reduce_op;
+  q.process_set = r.process_set;
+  q.root = r.op == OpType::kBroadcast ? r.root : 0;
+  q.prescale = r.prescale;
+  q.postscale = r.postscale;
+  q.shape = r.shape;
+  q.group = r.group;
+  q.group_size = r.group_size;
+  return q;
+}
+
+Request cache_form(const Response& r, size_t index) {
+  Request q;
+  q.name = r.names.at(index);
+  q.op = r.op;
+  q.dtype = r.dtype;
+  q.reduce_op = r.reduce_op;
+  q.process_set = r.process_set;
+  q.root = r.op == OpType::kBroadcast ? r.root : 0;
+  q.prescale = r.prescale;
+  q.postscale = r.postscale;
+  q.shape = r.shapes.at(index);
+  return q;
+}
+
+bool ResponseCache::cacheable(const Request& r) {
+  return r.group.empty() && (r.op == OpType::kAllreduce || r.op == OpType::kBroadcast ||
+                             r.op == OpType::kReducescatter);
+}
+
+std::optional<uint32_t> ResponseCache::find(const Request& request) const {
+  auto it = latest_.find(table_key(request.process_set, request.name));
+  if (it == latest_.end() || !(entries_[it->second] == request)) return std::nullopt;
+  return it->second;
+}
+
+const Request& ResponseCache::at(uint32_t id) const {
+  if (id >= entries_.size())
+    throw Error("response cache id " + std::to_string(id) + " is unknown on this rank (cache has " +
+                std::to_string(entries_.size()) + " entries): ranks' caches diverged");
+  return entries_[id];
+}
+
+std::optional<uint32_t> ResponseCache::next_id() const {
+  if (static_cast<int64_t>(entries_.size()) >= capacity_) return std::nullopt;
+  return static_cast<uint32_t>(entries_.size());
+}
+
+void ResponseCache::insert(uint32_t id, const Request& request) {
+  if (id != entries_.size())
+    throw Error("response cache out of order: got id " + std::to_string(id) + ", expected " +
+                std::to_string(entries_.size()));
+  entries_.push_back(request);
+  latest_[table_key(request.process_set, request.name)] = id;
+}
+
+}  // namespace krug::controller

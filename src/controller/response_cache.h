@@ -1,0 +1,54 @@
+// The response cache: steady-state steps send small ids instead of full requests.
+//
+// Entries are immutable and ids are never reused, so an id a worker sent before it learnt of a
+// newer entry still means what it meant when sent: no invalidation protocol is needed. Every
+// rank inserts entries in the order the coordinator's responses assign them, so all caches are
+// identical. The table stops growing at `capacity`; names beyond that take the full path.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "controller/message.h"
+
+namespace krug::controller {
+
+class ResponseCache {
+ public:
+  explicit ResponseCache(int64_t capacity) : capacity_(capacity) {}
+
+  // Whether a request of this kind can be served from the cache: its response is fully
+  // determined by any one rank's request (not allgather/alltoall, not grouped).
+  static bool cacheable(const Request& request);
+
+  // The id under which `request` (same name and parameters) is cached, if any.
+  std::optional<uint32_t> find(const Request& request) const;
+  const Request& at(uint32_t id) const;
+  bool contains(uint32_t id) const { return id < entries_.size(); }
+
+  // Coordinator: the id the next insert will get, or nullopt when full.
+  std::optional<uint32_t> next_id() const;
+  // Every rank: record `request` under `id` (must equal next_id()).
+  void insert(uint32_t id, const Request& request);
+
+  size_t size() const { return entries_.size(); }
+
+ private:
+  int64_t capacity_;
+  std::vector<Request> entries_;
+  std::unordered_map<std::string, uint32_t> latest_;  // "<set>/<name>" -> newest id
+};
+
+// The rank-independent part of a request, as stored in the cache (group, splits and other
+// fields that do not describe a cacheable response are cleared).
+Request cache_form(const Request& request);
+// The cache form of name `index` of a response: what every rank stores under cache_ids[index].
+Request cache_form(const Response& response, size_t index);
+
+// Key of a request within the cache and the coordinator's table: names are per process set.
+std::string table_key(int32_t process_set, const std::string& name);
+
+}  // namespace krug::controller

@@ -1,0 +1,797 @@
+#include "engine/engine.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "collectives/gloo/gloo_communicator.h"
+#include "common/log.h"
+#include "controller/negotiator.h"
+#include "controller/response_cache.h"
+#include "engine/control_plane.h"
+#include "net/socket.h"
+#include "observe/timeline.h"
+#include "reduce/reduce.h"
+
+namespace krug::engine {
+
+using controller::OpType;
+using controller::Request;
+using controller::RequestList;
+using controller::Response;
+using controller::ResponseList;
+using controller::ResponseType;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int64_t elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t row_elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+std::string upper(std::string_view s) {
+  std::string u(s);
+  for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return u;
+}
+
+std::chrono::milliseconds seconds_to_ms(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+}
+
+}  // namespace
+
+class Engine::Impl {
+ public:
+  Impl(const Config& config, std::shared_ptr<rendezvous::Store> store);
+  ~Impl() { shutdown(); }
+
+  void shutdown();
+  std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
+  std::vector<int32_t> process_set_ranks(int32_t id) const;
+  const Config& config() const { return config_; }
+
+ private:
+  struct LocalEntry {
+    TensorArgs args;
+    std::shared_ptr<HandleState> handle;
+    Clock::time_point enqueued;
+  };
+  struct ProcessSetState {
+    std::vector<int32_t> ranks;
+    int my_index = -1;
+    std::unique_ptr<collectives::Communicator> comm;
+  };
+
+  // Background thread.
+  void run();
+  void loop_once();
+  void absorb_queue();
+  void send_requests(Clock::time_point now);
+  void coordinate(Clock::time_point now);
+  void on_readable(const std::vector<pollfd>& fds);
+  void process(ResponseList list);
+  void execute(const Response& r);
+  void run_allreduce(const Response& r, ProcessSetState& set);
+  void run_allgather(const Response& r, ProcessSetState& set, LocalEntry& e);
+  void run_broadcast(const Response& r, ProcessSetState& set, LocalEntry& e);
+  void run_alltoall(const Response& r, ProcessSetState& set, LocalEntry& e);
+  void run_reducescatter(const Response& r, ProcessSetState& set, LocalEntry& e);
+  void finish(const std::string& key, const std::string& error = {});
+  void fail_names(const Response& r, const std::string& error);
+  // Fails every pending and future operation with `message` and stops the loop.
+  void fatal(std::string message, bool tell_peers, bool is_error = true);
+  std::string root_cause(const std::string& local_error);
+  int poll_timeout_ms(Clock::time_point now) const;
+  void add_process_set(int32_t id, const std::vector<int32_t>& ranks);
+  std::unique_ptr<collectives::Communicator> make_communicator(int32_t id, int index, int size);
+  void timeline_begin(const std::string& name, std::string_view phase);
+  void timeline_end(const std::string& name, std::string_view phase);
+
+  Config config_;
+  std::shared_ptr<rendezvous::Store> store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::unique_ptr<ControlPlane> control_;
+  controller::ResponseCache cache_;
+  std::unique_ptr<controller::Negotiator> negotiator_;  // coordinator only
+  std::unique_ptr<observe::Timeline> timeline_;         // rank 0 only, when configured
+  net::Fd wake_;
+
+  // Shared with user threads.
+  mutable std::mutex mu_;
+  std::vector<LocalEntry> queue_;
+  std::set<std::string> in_flight_keys_;
+  std::map<int32_t, std::vector<int32_t>> set_ranks_;  // mirror of sets_ for user threads
+  bool shutdown_requested_ = false;
+  std::string failure_;  // once set, every pending and future operation fails with it
+
+  // Background thread only.
+  std::map<int32_t, ProcessSetState> sets_;
+  std::map<std::string, LocalEntry> table_;
+  std::vector<Request> outgoing_;
+  std::vector<uint32_t> outgoing_hits_;
+  int awaiting_response_ = 0;
+  Clock::time_point last_send_{};
+  Clock::time_point shutdown_deadline_{};
+  bool shutdown_sent_ = false;
+  bool stopped_ = false;
+  bool negotiation_dirty_ = false;
+  Clock::time_point next_stall_check_{};
+  std::vector<uint8_t> fusion_;
+  std::thread thread_;
+};
+
+Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store)
+    : config_(config), store_(std::move(store)), cache_(config.cache_capacity) {
+  if (config_.size < 1 || config_.rank < 0 || config_.rank >= config_.size)
+    throw Error(fmt::format("krug: invalid rank {} / size {}: start the job with krugrun, or set "
+                            "KRUG_RANK and KRUG_SIZE",
+                            config_.rank, config_.size));
+  if (config_.cpu_operations != "gloo")
+    throw Error(fmt::format("KRUG_CPU_OPERATIONS={}: this build has only the gloo backend",
+                            config_.cpu_operations));
+  if (config_.hostname.empty()) config_.hostname = net::hostname();
+  const auto timeout = seconds_to_ms(config_.timeout_seconds);
+  const bool single_host = config_.local_size < 0 || config_.local_size == config_.size;
+  const std::string advertise = single_host ? "127.0.0.1" : config_.hostname;
+
+  wake_ = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_.valid()) throw Error(fmt::format("eventfd failed: {}", std::strerror(errno)));
+  control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
+                                            config_.hostname, *store_, config_.secret, timeout);
+  device_ = collectives::make_gloo_device(advertise, config_.iface);
+  std::vector<int32_t> all(config_.size);
+  for (int i = 0; i < config_.size; ++i) all[i] = i;
+  add_process_set(0, all);
+  if (control_->is_coordinator())
+    negotiator_ = std::make_unique<controller::Negotiator>(
+        config_.size, config_.fusion_threshold_bytes, cache_);
+  if (config_.rank == 0 && !config_.timeline_path.empty())
+    timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
+  thread_ = std::thread([this] { run(); });
+}
+
+std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(int32_t id, int index,
+                                                                             int size) {
+  auto prefixed = std::make_shared<rendezvous::PrefixStore>(fmt::format("gloo/{}/", id), store_);
+  return std::make_unique<collectives::GlooCommunicator>(
+      index, size, std::move(prefixed), device_, seconds_to_ms(config_.timeout_seconds));
+}
+
+void Engine::Impl::add_process_set(int32_t id, const std::vector<int32_t>& ranks) {
+  ProcessSetState state;
+  state.ranks = ranks;
+  auto it = std::find(ranks.begin(), ranks.end(), config_.rank);
+  if (it != ranks.end()) {
+    state.my_index = static_cast<int>(it - ranks.begin());
+    state.comm = make_communicator(id, state.my_index, static_cast<int>(ranks.size()));
+  }
+  sets_[id] = std::move(state);
+  std::lock_guard lock(mu_);
+  set_ranks_[id] = ranks;
+}
+
+std::vector<int32_t> Engine::Impl::process_set_ranks(int32_t id) const {
+  std::lock_guard lock(mu_);
+  auto it = set_ranks_.find(id);
+  if (it == set_ranks_.end()) throw Error(fmt::format("process set {} does not exist", id));
+  return it->second;
+}
+
+std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tensors) {
+  auto handle = std::make_shared<HandleState>(static_cast<int>(tensors.size()));
+  auto fail = [&](const std::string& message) {
+    for (size_t i = 0; i < tensors.size(); ++i) handle->complete_part(message);
+    return handle;
+  };
+  if (tensors.empty()) return handle;
+  std::lock_guard lock(mu_);
+  if (!failure_.empty()) return fail(failure_);
+  if (shutdown_requested_)
+    return fail(fmt::format("krug is shutting down on rank {}: no new operations", config_.rank));
+  std::set<std::string> keys;
+  for (auto& t : tensors) {
+    Request& q = t.request;
+    auto set = set_ranks_.find(q.process_set);
+    if (set == set_ranks_.end())
+      return fail(fmt::format("{} '{}': process set {} does not exist on rank {}",
+                              controller::op_name(q.op), q.name, q.process_set, config_.rank));
+    if (!std::binary_search(set->second.begin(), set->second.end(), config_.rank))
+      return fail(fmt::format("{} '{}': rank {} is not a member of process set {} (ranks [{}])",
+                              controller::op_name(q.op), q.name, config_.rank, q.process_set,
+                              fmt::join(set->second, ", ")));
+    if (std::any_of(q.shape.begin(), q.shape.end(), [](int64_t d) { return d < 0; }))
+      return fail(fmt::format("{} '{}': negative dimension in shape [{}]",
+                              controller::op_name(q.op), q.name, fmt::join(q.shape, ", ")));
+    if (q.op == OpType::kAlltoall && q.splits.empty()) {
+      const int64_t n = static_cast<int64_t>(set->second.size());
+      const int64_t rows = q.shape.empty() ? 0 : q.shape[0];
+      if (q.shape.empty() || rows % n != 0)
+        return fail(fmt::format("alltoall '{}': first dimension {} is not divisible by the {} "
+                                "ranks of process set {}; pass splits",
+                                q.name, rows, n, q.process_set));
+      q.splits.assign(n, rows / n);
+    }
+    auto key = controller::table_key(q.process_set, q.name);
+    if (in_flight_keys_.count(key) || !keys.insert(key).second)
+      return fail(fmt::format(
+          "{} '{}' (process set {}): an operation with this name is already in flight on rank "
+          "{}; wait for it before reusing the name",
+          controller::op_name(q.op), q.name, q.process_set, config_.rank));
+  }
+  const auto now = Clock::now();
+  for (auto& t : tensors) {
+    in_flight_keys_.insert(controller::table_key(t.request.process_set, t.request.name));
+    queue_.push_back(LocalEntry{std::move(t), handle, now});
+  }
+  uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof(one));
+  return handle;
+}
+
+void Engine::Impl::shutdown() {
+  {
+    std::lock_guard lock(mu_);
+    shutdown_requested_ = true;
+  }
+  uint64_t one = 1;
+  if (wake_.valid()) (void)!::write(wake_.get(), &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Impl::run() {
+  while (!stopped_) {
+    try {
+      loop_once();
+    } catch (const std::exception& e) {
+      fatal(root_cause(fmt::format("krug background loop failed on rank {} ({}): {}",
+                                   config_.rank, config_.hostname, e.what())),
+            true);
+    }
+  }
+  // Communicators go away on this thread, after the last collective that used them.
+  sets_.clear();
+}
+
+void Engine::Impl::loop_once() {
+  absorb_queue();
+  auto now = Clock::now();
+  if (control_->is_coordinator())
+    coordinate(now);
+  else
+    send_requests(now);
+  if (stopped_) return;
+
+  std::vector<pollfd> fds;
+  fds.push_back({wake_.get(), POLLIN, 0});
+  for (int fd : control_->fds())
+    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  int timeout = poll_timeout_ms(Clock::now());
+  int n = ::poll(fds.data(), fds.size(), timeout);
+  if (n < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
+  if (n <= 0) return;
+  if (fds[0].revents) {
+    uint64_t drained;
+    (void)!::read(wake_.get(), &drained, sizeof(drained));
+  }
+  on_readable(fds);
+}
+
+int Engine::Impl::poll_timeout_ms(Clock::time_point now) const {
+  auto until = [&](Clock::time_point t) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count();
+    return static_cast<int>(std::max<int64_t>(0, ms + 1));
+  };
+  int timeout = -1;  // sleep until work arrives or a peer speaks
+  auto consider = [&](Clock::time_point t) {
+    int ms = until(t);
+    timeout = timeout < 0 ? ms : std::min(timeout, ms);
+  };
+  if (!outgoing_.empty() || !outgoing_hits_.empty())
+    consider(last_send_ + std::chrono::microseconds(int64_t(config_.cycle_time_ms * 1000)));
+  if (shutdown_deadline_ != Clock::time_point{} && !shutdown_sent_) consider(shutdown_deadline_);
+  if (negotiator_ && negotiator_->has_pending() && !config_.stall_check_disable)
+    consider(next_stall_check_);
+  return timeout;
+}
+
+void Engine::Impl::absorb_queue() {
+  std::vector<LocalEntry> arrived;
+  bool shutting_down;
+  {
+    std::lock_guard lock(mu_);
+    arrived.swap(queue_);
+    shutting_down = shutdown_requested_;
+  }
+  for (auto& e : arrived) {
+    const Request& q = e.args.request;
+    auto hit = controller::ResponseCache::cacheable(q) ? cache_.find(controller::cache_form(q))
+                                                       : std::nullopt;
+    if (hit)
+      outgoing_hits_.push_back(*hit);
+    else
+      outgoing_.push_back(q);
+    timeline_begin(q.name, "NEGOTIATE_" + upper(controller::op_name(q.op)));
+    table_.emplace(controller::table_key(q.process_set, q.name), std::move(e));
+  }
+  if (shutting_down && shutdown_deadline_ == Clock::time_point{})
+    shutdown_deadline_ = Clock::now() + seconds_to_ms(config_.timeout_seconds);
+}
+
+void Engine::Impl::send_requests(Clock::time_point now) {
+  const bool has_new = !outgoing_.empty() || !outgoing_hits_.empty();
+  const auto cycle = std::chrono::microseconds(int64_t(config_.cycle_time_ms * 1000));
+  // Nagle-style batching: send at once when nothing of ours is awaiting a response (lowest
+  // latency for a lone op), otherwise at most once per cycle so a burst fuses well.
+  if (has_new && (awaiting_response_ == 0 || now >= last_send_ + cycle)) {
+    RequestList list;
+    list.rank = config_.rank;
+    list.requests.swap(outgoing_);
+    list.cache_hits.swap(outgoing_hits_);
+    awaiting_response_ += static_cast<int>(list.requests.size() + list.cache_hits.size());
+    control_->send_to_coordinator(list);
+    last_send_ = now;
+  }
+  const bool drained = table_.empty() || now >= shutdown_deadline_;
+  if (shutdown_deadline_ != Clock::time_point{} && drained && !shutdown_sent_) {
+    RequestList list;
+    list.rank = config_.rank;
+    list.shutdown = true;
+    control_->send_to_coordinator(list);
+    shutdown_sent_ = true;
+  }
+}
+
+void Engine::Impl::coordinate(Clock::time_point now) {
+  if (!outgoing_.empty() || !outgoing_hits_.empty()) {
+    RequestList own;
+    own.rank = config_.rank;
+    own.requests.swap(outgoing_);
+    own.cache_hits.swap(outgoing_hits_);
+    negotiator_->add(own, now);
+    negotiation_dirty_ = true;
+  }
+  ResponseList list;
+  if (negotiation_dirty_) {
+    if (timeline_ && config_.timeline_mark_cycles) timeline_->mark_cycle(now);
+    list.responses = negotiator_->compute();
+    negotiation_dirty_ = false;
+  }
+  const bool drained = table_.empty() || now >= shutdown_deadline_;
+  if (shutdown_deadline_ != Clock::time_point{} && drained) {
+    list.shutdown = true;
+    list.shutdown_reason = fmt::format("rank 0 ({}) called shutdown()", config_.hostname);
+  }
+  if (!config_.stall_check_disable && negotiator_->has_pending() && now >= next_stall_check_) {
+    auto stalls = negotiator_->stalls(now, config_.stall_check_seconds);
+    if (!stalls.empty()) {
+      log::at(log::Level::kWarning, config_.rank,
+              "stalled operations: some ranks submitted them, others have not after {} s "
+              "(a rank may be stuck, or ranks submit different names):{}",
+              config_.stall_check_seconds, controller::describe(stalls));
+      if (config_.stall_shutdown_seconds > 0) {
+        auto fatal_stalls = negotiator_->stalls(now, config_.stall_shutdown_seconds);
+        if (!fatal_stalls.empty())
+          fatal(fmt::format("stalled for more than {} s (KRUG_STALL_SHUTDOWN_TIME_SECONDS), "
+                            "stopping the job:{}",
+                            config_.stall_shutdown_seconds, controller::describe(fatal_stalls)),
+                true);
+      }
+    }
+    next_stall_check_ = now + seconds_to_ms(std::min(config_.stall_check_seconds, 60.0) / 4 + 0.25);
+  }
+  if (stopped_) return;
+  if (list.responses.empty() && !list.shutdown) return;
+  for (int r : control_->broadcast(list))
+    log::at(log::Level::kWarning, 0, "could not send responses to rank {}", r);
+  process(std::move(list));
+}
+
+void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
+  auto control_fds = control_->fds();
+  if (!control_->is_coordinator()) {
+    if (fds.size() < 2 || !fds[1].revents) return;
+    ResponseList list;
+    try {
+      list = control_->recv_from_coordinator();
+    } catch (const net::NetError& e) {
+      fatal(fmt::format("rank {} lost its connection to the coordinator (rank 0 on {}): {}; "
+                        "rank 0 probably exited or was killed: see its output",
+                        config_.rank, control_->host_of(0), e.what()),
+            false);
+      return;
+    }
+    process(std::move(list));
+    return;
+  }
+  const auto now = Clock::now();
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    int rank = static_cast<int>(std::find(control_fds.begin(), control_fds.end(), fds[i].fd) -
+                                control_fds.begin());
+    RequestList list;
+    try {
+      list = control_->recv_from_worker(rank);
+    } catch (const net::NetError& e) {
+      control_->close_worker(rank);
+      fatal(fmt::format("rank {} on {} disconnected from the coordinator ({}): it probably "
+                        "exited or was killed; see its output for the cause",
+                        rank, control_->host_of(rank), e.what()),
+            true);
+      return;
+    }
+    if (!list.fatal_error.empty()) {
+      fatal(list.fatal_error, true);
+      return;
+    }
+    if (list.shutdown) {
+      ResponseList bye;
+      bye.shutdown = true;
+      bye.shutdown_reason =
+          fmt::format("rank {} ({}) called shutdown()", rank, control_->host_of(rank));
+      control_->broadcast(bye);
+      process(std::move(bye));
+      return;
+    }
+    negotiator_->add(list, now);
+    negotiation_dirty_ = true;
+  }
+}
+
+void Engine::Impl::process(ResponseList list) {
+  for (auto& r : list.responses) {
+    if (r.from_cache && r.names.empty()) {
+      for (uint32_t id : r.cache_ids) {
+        const Request& q = cache_.at(id);
+        r.names.push_back(q.name);
+        r.shapes.push_back(q.shape);
+        r.op = q.op;
+        r.dtype = q.dtype;
+        r.reduce_op = q.reduce_op;
+        r.process_set = q.process_set;
+        r.root = q.root;
+        r.prescale = q.prescale;
+        r.postscale = q.postscale;
+      }
+    } else {
+      for (size_t i = 0; i < r.cache_ids.size(); ++i)
+        if (!cache_.contains(r.cache_ids[i]))
+          cache_.insert(r.cache_ids[i], controller::cache_form(r, i));
+    }
+    if (r.type == ResponseType::kError) {
+      fail_names(r, r.error);
+      continue;
+    }
+    try {
+      execute(r);
+    } catch (const std::exception& e) {
+      std::string message = root_cause(
+          fmt::format("{} of [{}] (process set {}) failed on rank {} ({}): {}",
+                      controller::op_name(r.op), fmt::join(r.names, ", "), r.process_set,
+                      config_.rank, config_.hostname, e.what()));
+      fail_names(r, message);
+      fatal(message, true);
+      return;
+    }
+    if (stopped_) return;
+  }
+  if (list.shutdown) {
+    std::string reason = list.fatal ? list.shutdown_reason
+                                    : fmt::format("krug was shut down: {}", list.shutdown_reason);
+    fatal(reason, false, list.fatal);
+  }
+}
+
+void Engine::Impl::fail_names(const Response& r, const std::string& error) {
+  for (const auto& name : r.names) {
+    auto key = controller::table_key(r.process_set, name);
+    if (table_.count(key)) finish(key, error);
+  }
+}
+
+void Engine::Impl::finish(const std::string& key, const std::string& error) {
+  auto it = table_.find(key);
+  if (it == table_.end()) return;
+  LocalEntry entry = std::move(it->second);
+  table_.erase(it);
+  --awaiting_response_;
+  if (awaiting_response_ < 0) awaiting_response_ = 0;
+  {
+    std::lock_guard lock(mu_);
+    in_flight_keys_.erase(key);
+  }
+  entry.handle->complete_part(error);
+}
+
+void Engine::Impl::execute(const Response& r) {
+  for (const auto& name : r.names) {
+    timeline_end(name, "NEGOTIATE_" + upper(controller::op_name(r.op)));
+  }
+  switch (r.op) {
+    case OpType::kAddProcessSet:
+      add_process_set(r.process_set, r.set_ranks);
+      for (const auto& name : r.names) {
+        auto key = controller::table_key(0, name);
+        if (auto it = table_.find(key); it != table_.end()) it->second.handle->result().value = r.process_set;
+        finish(key);
+      }
+      return;
+    case OpType::kRemoveProcessSet:
+      sets_.erase(r.root);
+      {
+        std::lock_guard lock(mu_);
+        set_ranks_.erase(r.root);
+      }
+      for (const auto& name : r.names) finish(controller::table_key(0, name));
+      return;
+    case OpType::kJoin: {
+      auto key = controller::table_key(0, "__join");
+      if (auto it = table_.find(key); it != table_.end())
+        it->second.handle->result().value = r.last_joined_rank;
+      finish(key);
+      return;
+    }
+    case OpType::kBarrier:
+      // Negotiation itself synchronized the ranks: the response exists only once all arrived.
+      for (const auto& name : r.names) finish(controller::table_key(r.process_set, name));
+      return;
+    default:
+      break;
+  }
+  auto set_it = sets_.find(r.process_set);
+  if (set_it == sets_.end() || set_it->second.my_index < 0) return;
+  ProcessSetState& set = set_it->second;
+  if (r.op == OpType::kAllreduce) return run_allreduce(r, set);
+  auto key = controller::table_key(r.process_set, r.names.at(0));
+  auto it = table_.find(key);
+  if (it == table_.end())
+    throw Error(fmt::format("no local tensor for {} '{}' (only allreduce runs on joined ranks)",
+                            controller::op_name(r.op), r.names[0]));
+  const std::string phase = upper(controller::op_name(r.op));
+  timeline_begin(r.names[0], phase);
+  switch (r.op) {
+    case OpType::kAllgather: run_allgather(r, set, it->second); break;
+    case OpType::kBroadcast: run_broadcast(r, set, it->second); break;
+    case OpType::kAlltoall: run_alltoall(r, set, it->second); break;
+    case OpType::kReducescatter: run_reducescatter(r, set, it->second); break;
+    default: throw Error(fmt::format("unexpected op {}", controller::op_name(r.op)));
+  }
+  timeline_end(r.names[0], phase);
+  finish(key);
+}
+
+void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
+  const size_t esize = dtype_size(r.dtype);
+  const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+  double post = r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(set.ranks.size());
+  std::vector<LocalEntry*> entries;
+  size_t total = 0;
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    auto it = table_.find(controller::table_key(r.process_set, r.names[i]));
+    entries.push_back(it == table_.end() ? nullptr : &it->second);
+    total += static_cast<size_t>(elements(r.shapes[i]));
+  }
+  const std::string phase = "ALLREDUCE";
+  if (entries.size() == 1 && entries[0]) {
+    // One tensor: reduce in the user's output buffer, no fusion copies.
+    auto& a = entries[0]->args;
+    timeline_begin(r.names[0], phase);
+    if (a.output != a.input && total > 0) std::memcpy(a.output, a.input, total * esize);
+    reduce::scale(r.dtype, a.output, total, r.prescale);
+    set.comm->allreduce(a.output, total, r.dtype, kernel_op);
+    reduce::scale(r.dtype, a.output, total, post);
+    timeline_end(r.names[0], phase);
+  } else {
+    if (fusion_.size() < total * esize) fusion_.resize(total * esize);
+    size_t offset = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      size_t bytes = static_cast<size_t>(elements(r.shapes[i])) * esize;
+      timeline_begin(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
+      if (entries[i] && bytes > 0)
+        std::memcpy(fusion_.data() + offset, entries[i]->args.input, bytes);
+      else if (bytes > 0)
+        std::memset(fusion_.data() + offset, 0, bytes);  // a joined rank contributes zeros
+      timeline_end(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
+      timeline_begin(r.names[i], phase);
+      offset += bytes;
+    }
+    reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
+    set.comm->allreduce(fusion_.data(), total, r.dtype, kernel_op);
+    reduce::scale(r.dtype, fusion_.data(), total, post);
+    offset = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      size_t bytes = static_cast<size_t>(elements(r.shapes[i])) * esize;
+      timeline_end(r.names[i], phase);
+      timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
+      if (entries[i] && bytes > 0) std::memcpy(entries[i]->args.output, fusion_.data() + offset, bytes);
+      timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
+      offset += bytes;
+    }
+  }
+  for (const auto& name : r.names) finish(controller::table_key(r.process_set, name));
+}
+
+void Engine::Impl::run_allgather(const Response& r, ProcessSetState& set, LocalEntry& e) {
+  const auto& shape = e.args.request.shape;
+  const size_t row_bytes = static_cast<size_t>(row_elements(shape)) * dtype_size(r.dtype);
+  std::vector<size_t> bytes(set.ranks.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<size_t>(r.rank_dims[i]) * row_bytes;
+    rows += r.rank_dims[i];
+  }
+  OpResult& out = e.handle->result();
+  out.shape = shape;
+  out.shape[0] = rows;
+  out.data.resize(static_cast<size_t>(rows) * row_bytes);
+  set.comm->allgatherv(e.args.input, out.data.data(), bytes);
+}
+
+void Engine::Impl::run_broadcast(const Response& r, ProcessSetState& set, LocalEntry& e) {
+  const size_t bytes = static_cast<size_t>(elements(r.shapes[0])) * dtype_size(r.dtype);
+  if (e.args.output != e.args.input && bytes > 0) std::memcpy(e.args.output, e.args.input, bytes);
+  set.comm->broadcast(e.args.output, bytes, r.root);
+}
+
+void Engine::Impl::run_alltoall(const Response& r, ProcessSetState& set, LocalEntry& e) {
+  const auto& shape = e.args.request.shape;
+  const size_t n = set.ranks.size();
+  const size_t me = static_cast<size_t>(set.my_index);
+  const size_t row_bytes = static_cast<size_t>(row_elements(shape)) * dtype_size(r.dtype);
+  std::vector<size_t> send(n), recv(n);
+  OpResult& out = e.handle->result();
+  out.received_splits.assign(n, 0);
+  int64_t rows = 0;
+  for (size_t p = 0; p < n; ++p) {
+    send[p] = static_cast<size_t>(r.rank_dims[me * n + p]) * row_bytes;
+    out.received_splits[p] = r.rank_dims[p * n + me];
+    recv[p] = static_cast<size_t>(out.received_splits[p]) * row_bytes;
+    rows += out.received_splits[p];
+  }
+  out.shape = shape;
+  out.shape[0] = rows;
+  out.data.resize(static_cast<size_t>(rows) * row_bytes);
+  set.comm->alltoallv(e.args.input, send, out.data.data(), recv);
+}
+
+void Engine::Impl::run_reducescatter(const Response& r, ProcessSetState& set, LocalEntry& e) {
+  const auto& shape = e.args.request.shape;
+  const int64_t n = static_cast<int64_t>(set.ranks.size());
+  const int64_t row = row_elements(shape);
+  std::vector<size_t> counts(n);
+  for (int64_t i = 0; i < n; ++i)
+    counts[i] = static_cast<size_t>((shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row);
+  const size_t total = static_cast<size_t>(elements(shape));
+  const size_t esize = dtype_size(r.dtype);
+  const void* input = e.args.input;
+  if (r.prescale != 1.0 && total > 0) {
+    if (fusion_.size() < total * esize) fusion_.resize(total * esize);
+    std::memcpy(fusion_.data(), input, total * esize);
+    reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
+    input = fusion_.data();
+  }
+  OpResult& out = e.handle->result();
+  const size_t mine = counts[set.my_index];
+  out.shape = shape;
+  out.shape[0] = row == 0 ? shape[0] / n + (set.my_index < shape[0] % n ? 1 : 0)
+                          : static_cast<int64_t>(mine) / row;
+  out.data.resize(mine * esize);
+  const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
+  set.comm->reducescatter(input, out.data.data(), counts, r.dtype, kernel_op);
+  double post = r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(n);
+  reduce::scale(r.dtype, out.data.data(), mine, post);
+}
+
+std::string Engine::Impl::root_cause(const std::string& local_error) {
+  // A failed collective is usually the echo of a peer dying. Give the control plane a moment to
+  // report which peer, so every rank shows the first cause instead of "connection reset".
+  const auto until = Clock::now() + std::chrono::milliseconds(1500);
+  auto fds = control_ ? control_->fds() : std::vector<int>{};
+  while (Clock::now() < until) {
+    std::vector<pollfd> pfds;
+    for (int fd : fds)
+      if (fd >= 0) pfds.push_back({fd, POLLIN, 0});
+    if (pfds.empty()) break;
+    if (::poll(pfds.data(), pfds.size(), 100) <= 0) continue;
+    for (const auto& p : pfds) {
+      if (!p.revents) continue;
+      if (!control_->is_coordinator()) {
+        try {
+          auto list = control_->recv_from_coordinator();
+          if (list.shutdown && list.fatal) return list.shutdown_reason;
+        } catch (const std::exception&) {
+          return local_error;  // the coordinator itself is gone; the local error says enough
+        }
+      } else {
+        int rank = static_cast<int>(std::find(fds.begin(), fds.end(), p.fd) - fds.begin());
+        try {
+          auto list = control_->recv_from_worker(rank);
+          if (!list.fatal_error.empty()) return list.fatal_error;
+        } catch (const std::exception&) {
+          control_->close_worker(rank);
+          return fmt::format("rank {} on {} exited or lost its connection (first failure seen); "
+                             "on rank 0 this surfaced as: {}",
+                             rank, control_->host_of(rank), local_error);
+        }
+      }
+    }
+  }
+  return local_error;
+}
+
+void Engine::Impl::fatal(std::string message, bool tell_peers, bool is_error) {
+  if (stopped_) return;
+  if (is_error) log::at(log::Level::kError, config_.rank, "{}", message);
+  if (tell_peers) {
+    try {
+      if (control_->is_coordinator()) {
+        ResponseList bye;
+        bye.shutdown = true;
+        bye.fatal = true;
+        bye.shutdown_reason = message;
+        control_->broadcast(bye);
+      } else {
+        RequestList report;
+        report.rank = config_.rank;
+        report.fatal_error = message;
+        control_->send_to_coordinator(report);
+      }
+    } catch (const std::exception&) {
+      // Peers will notice the closed connection instead.
+    }
+  }
+  std::vector<LocalEntry> queued;
+  {
+    std::lock_guard lock(mu_);
+    failure_ = message;
+    queued.swap(queue_);
+    in_flight_keys_.clear();
+  }
+  for (auto& e : queued) e.handle->complete_part(message);
+  for (auto& [key, e] : table_) e.handle->complete_part(message);
+  table_.clear();
+  stopped_ = true;
+}
+
+void Engine::Impl::timeline_begin(const std::string& name, std::string_view phase) {
+  if (timeline_) timeline_->begin(name, phase, Clock::now());
+}
+
+void Engine::Impl::timeline_end(const std::string& name, std::string_view phase) {
+  if (timeline_) timeline_->end(name, phase, Clock::now());
+}
+
+Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store)
+    : impl_(std::make_unique<Impl>(config, std::move(store))) {}
+Engine::~Engine() = default;
+void Engine::shutdown() { impl_->shutdown(); }
+std::shared_ptr<HandleState> Engine::enqueue(std::vector<TensorArgs> tensors) {
+  return impl_->enqueue(std::move(tensors));
+}
+const Config& Engine::config() const { return impl_->config(); }
+int Engine::rank() const { return impl_->config().rank; }
+int Engine::size() const { return impl_->config().size; }
+std::vector<int32_t> Engine::process_set_ranks(int32_t id) const {
+  return impl_->process_set_ranks(id);
+}
+
+}  // namespace krug::engine

@@ -1,0 +1,57 @@
+// The engine: one per initialized process (several in one process for tests). It owns the
+// background thread, the control plane, the data-plane communicators of every process set, the
+// response cache and the timeline.
+//
+// User threads enqueue named operations; the background thread sleeps in poll() until work
+// arrives or a peer speaks, negotiates (the coordinator decides), and executes the decided
+// responses in order on the data plane.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "controller/message.h"
+#include "engine/handle_state.h"
+#include "rendezvous/store.h"
+
+namespace krug::engine {
+
+// One tensor of an operation as the user handed it in.
+struct TensorArgs {
+  controller::Request request;  // name, op, dtype, shape, ... (group fields set by enqueue)
+  const void* input = nullptr;
+  void* output = nullptr;  // allreduce/broadcast: may equal input; unused for sized-later ops
+};
+
+class Engine {
+ public:
+  // Connects to every rank of config.size through `store` (already namespaced for this
+  // initialization) and starts the background thread. Throws krug::Error on failure.
+  Engine(const Config& config, std::shared_ptr<rendezvous::Store> store);
+  ~Engine();  // shutdown()
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Drains this rank's pending operations (bounded by the timeout), tells every rank, joins the
+  // thread. Idempotent.
+  void shutdown();
+
+  // Several tensors => one grouped request: executed together once all are ready everywhere.
+  // Never throws for operation errors: they complete the returned handle with a message.
+  std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
+
+  const Config& config() const;
+  int rank() const;
+  int size() const;
+  // Global ranks of a live process set (throws krug::Error for unknown ids).
+  std::vector<int32_t> process_set_ranks(int32_t id) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace krug::engine
