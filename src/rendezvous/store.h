@@ -21,6 +21,15 @@ class StoreTimeout : public Error {
   using Error::Error;
 };
 
+// Counters written by add() are stored as decimal text ("42"), so get() on them is readable
+// and every store implementation agrees on the encoding.
+Bytes encode_counter(int64_t value);
+// Throws krug::Error naming the key if the stored value is not a decimal integer.
+int64_t decode_counter(const std::string& key, const Bytes& value);
+
+// "'a', 'b'" for error messages.
+std::string quote_keys(const std::vector<std::string>& keys);
+
 class Store {
  public:
   virtual ~Store() = default;
