@@ -117,13 +117,15 @@ Connection Connection::connect(const std::string& host, uint16_t port, Deadline 
   for (;;) {
     auto addrs = resolve(host, port, /*passive=*/false);
     int last_err = 0;
+    bool refused = false;
     for (const addrinfo* ai = addrs.get(); ai; ai = ai->ai_next) {
       auto [fd, err] = try_connect(ai, deadline, peer);
       if (fd.valid()) return Connection(std::move(fd), peer);
       last_err = err;
+      refused |= err == ECONNREFUSED;
     }
     // Only "refused" means "not listening yet"; anything else will not fix itself by waiting.
-    if (last_err != ECONNREFUSED)
+    if (!refused)
       throw NetError(fmt::format("cannot connect to {}: {}", peer, errno_text(last_err)));
     auto now = Clock::now();
     if (now + backoff >= deadline)

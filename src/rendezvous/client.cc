@@ -39,7 +39,7 @@ struct RendezvousClient::Impl {
                               address));
     Bytes reply;
     try {
-      auto deadline = net::Clock::now() + server_wait + kRequestSlack;
+      auto deadline = net::Clock::now() + clamp_wait(server_wait) + kRequestSlack;
       conn.send_frame(request.data(), deadline);
       reply = conn.recv_frame(deadline);
     } catch (const net::NetError& e) {
@@ -84,7 +84,7 @@ Bytes RendezvousClient::get(const std::string& key, std::chrono::milliseconds ti
   net::Writer w;
   w.u8(uint8_t(Op::kGet));
   w.str(key);
-  w.u64(static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
+  w.u64(static_cast<uint64_t>(clamp_wait(timeout).count()));
   auto reply = impl_->call(w, timeout);
   return net::Reader(reply).bytes();
 }
@@ -103,7 +103,7 @@ void RendezvousClient::wait(const std::vector<std::string>& keys,
   net::Writer w;
   w.u8(uint8_t(Op::kWait));
   put_keys(w, keys);
-  w.u64(static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)));
+  w.u64(static_cast<uint64_t>(clamp_wait(timeout).count()));
   impl_->call(w, timeout);
 }
 

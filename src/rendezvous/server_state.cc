@@ -59,7 +59,8 @@ Bytes ServerState::dispatch(uint64_t client, const Bytes& request, Clock::time_p
     case Op::kGet:
     case Op::kWait: {
       std::vector<std::string> keys = op == Op::kGet ? std::vector{r.str()} : read_keys(r);
-      std::chrono::milliseconds timeout(r.u64());
+      auto timeout = clamp_wait(std::chrono::milliseconds(
+          static_cast<int64_t>(std::min<uint64_t>(r.u64(), kMaxStoreWait.count()))));
       Waiter w{client, op == Op::kGet, std::move(keys), timeout, now + timeout};
       return answer_or_park(std::move(w)).value_or(Bytes{});
     }

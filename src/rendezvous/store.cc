@@ -39,7 +39,7 @@ void InMemoryStore::set(const std::string& key, const Bytes& value) {
 
 Bytes InMemoryStore::get(const std::string& key, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return data_.count(key) > 0; }))
+  if (!cv_.wait_for(lock, clamp_wait(timeout), [&] { return data_.count(key) > 0; }))
     throw StoreTimeout(fmt::format("timed out after {} ms waiting for store key '{}'",
                                    timeout.count(), key));
   return data_[key];
@@ -64,12 +64,13 @@ void InMemoryStore::wait(const std::vector<std::string>& keys, std::chrono::mill
       if (!data_.count(k)) return false;
     return true;
   };
-  if (cv_.wait_for(lock, timeout, all_present)) return;
+  if (cv_.wait_for(lock, clamp_wait(timeout), all_present)) return;
   std::vector<std::string> missing;
   for (const auto& k : keys)
     if (!data_.count(k)) missing.push_back(k);
   throw StoreTimeout(fmt::format("timed out after {} ms waiting for store key{} {}",
-                                 timeout.count(), missing.size() == 1 ? "" : "s", quote_keys(missing)));
+                                 timeout.count(), missing.size() == 1 ? "" : "s",
+                                 quote_keys(missing)));
 }
 
 bool InMemoryStore::check(const std::vector<std::string>& keys) {

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <thread>
 
+#include "net/socket.h"
 #include "rendezvous/server.h"
 #include "rendezvous/store.h"
 
@@ -53,6 +54,18 @@ TEST_P(StoreTest, GetBlocksUntilAnotherThreadSets) {
     writer->set("late", b("here"));
   });
   EXPECT_EQ(reader->get("late", 10s), b("here"));
+  t.join();
+}
+
+TEST_P(StoreTest, MaxTimeoutMeansForever) {
+  auto reader = make_store();
+  auto writer = make_store();
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    writer->set("k", b("v"));
+  });
+  EXPECT_EQ(reader->get("k", std::chrono::milliseconds::max()), b("v"));
+  reader->wait({"k"}, std::chrono::milliseconds::max());
   t.join();
 }
 
@@ -189,6 +202,19 @@ TEST(RendezvousServerTest, ParkedGetDoesNotBlockOtherClients) {
   EXPECT_EQ(other.get("k", 1s), b("v"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
   t.join();
+}
+
+TEST(RendezvousServerTest, SilentPeerDoesNotBlockOthersOrShutdown) {
+  auto server = std::make_unique<RendezvousServer>("127.0.0.1", 0, "s");
+  // Connects but never answers the handshake.
+  auto silent = net::Connection::connect("127.0.0.1", server->port(),
+                                         net::Clock::now() + 5s);
+  auto start = std::chrono::steady_clock::now();
+  RendezvousClient client("127.0.0.1", server->port(), "s", 5s);
+  client.set("k", b("v"));
+  EXPECT_EQ(client.get("k", 1s), b("v"));
+  server.reset();  // must not wait for the silent peer's handshake deadline
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
 }
 
 TEST(RendezvousServerTest, JobSecretsAreRandomHex) {
