@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "krug/types.h"
@@ -21,6 +22,9 @@ class NetError : public Error {
  public:
   using Error::Error;
 };
+
+// Largest frame sent or accepted (bounds what a peer can make us allocate).
+inline constexpr size_t kMaxFrameSize = size_t{1} << 30;
 
 // Owns a file descriptor; closes it on destruction.
 class Fd {
@@ -56,6 +60,8 @@ class Connection {
   }
   // Throws NetError on EOF ("peer closed the connection") or timeout.
   std::vector<uint8_t> recv_frame(Deadline deadline);
+  // Same, rejecting frames longer than max_size (used before the peer is authenticated).
+  std::vector<uint8_t> recv_frame(Deadline deadline, size_t max_size);
 
   // Client side of the handshake: proves knowledge of `secret` (HMAC-SHA256 over a server
   // nonce). Throws NetError with the server's reason if rejected.
@@ -70,6 +76,7 @@ class Connection {
   void close() { fd_.reset(); }
 
  private:
+  void recv_exact(void* out, size_t size, Clock::time_point started, Deadline deadline);
   Fd fd_;
   std::string peer_;
 };

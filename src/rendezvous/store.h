@@ -1,6 +1,7 @@
 // Key-value store used for bootstrap: ranks publish addresses and wait for each other's.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -20,6 +21,22 @@ class StoreTimeout : public Error {
  public:
   using Error::Error;
 };
+
+// Counters written by add() are stored as decimal text ("42"), so get() on them is readable
+// and every store implementation agrees on the encoding.
+Bytes encode_counter(int64_t value);
+// Throws krug::Error naming the key if the stored value is not a decimal integer.
+int64_t decode_counter(const std::string& key, const Bytes& value);
+
+// Longest wait any store honours: keeps now + timeout from overflowing the clock when a caller
+// passes milliseconds::max() to mean "forever".
+inline constexpr std::chrono::milliseconds kMaxStoreWait = std::chrono::hours(24 * 365);
+inline std::chrono::milliseconds clamp_wait(std::chrono::milliseconds t) {
+  return std::clamp(t, std::chrono::milliseconds(0), kMaxStoreWait);
+}
+
+// "'a', 'b'" for error messages.
+std::string quote_keys(const std::vector<std::string>& keys);
 
 class Store {
  public:

@@ -1,0 +1,132 @@
+#include "common/config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <optional>
+#include <type_traits>
+
+#include "common/knob_table.h"
+#include "common/strict_parse.h"
+
+namespace krug {
+namespace {
+
+using knobs::Knob;
+
+// A knob's value as found in the environment, with the variable it came from (KRUG_* or the
+// HOROVOD_* alias) so errors name what the user actually set.
+struct Setting {
+  std::string_view var;
+  std::string value;
+};
+// Canonical knob name -> variable the value was read from, for cross-knob checks.
+using Sources = std::map<std::string_view, std::string_view>;
+
+std::optional<Setting> lookup(const Knob& knob, const GetEnv& getenv) {
+  for (std::string_view var : {knob.name, knob.alias}) {
+    if (var.empty()) continue;
+    if (const char* value = getenv(std::string(var).c_str())) return Setting{var, value};
+  }
+  return std::nullopt;
+}
+
+[[noreturn]] void reject(const Knob& knob, const Setting& setting) {
+  throw Error(fmt::format("{}='{}' is invalid: expected {}", setting.var, setting.value,
+                          knobs::accepted_text(knob)));
+}
+
+bool in_bounds(double value, const knobs::Bounds& b) {
+  return (b.min_exclusive ? value > b.min : value >= b.min) && value <= b.max;
+}
+
+// Parses `setting` according to the type of the Config member it lands in.
+void assign(const Knob& knob, const Setting& setting, Config& config) {
+  std::visit(
+      [&](auto member) {
+        using T = std::decay_t<decltype(config.*member)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          auto value = parse_bool_strict(setting.value);
+          if (!value) reject(knob, setting);
+          config.*member = *value;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          if (knob.choices.empty()) {
+            config.*member = setting.value;
+            return;
+          }
+          std::string lower = to_lower(setting.value);
+          if (std::find(knob.choices.begin(), knob.choices.end(), lower) == knob.choices.end())
+            reject(knob, setting);
+          config.*member = lower;
+        } else if constexpr (std::is_integral_v<T>) {
+          auto value = parse_int64_strict(setting.value);
+          if (!value || *value < std::numeric_limits<T>::min() ||
+              *value > std::numeric_limits<T>::max() ||
+              !in_bounds(static_cast<double>(*value), knob.bounds))
+            reject(knob, setting);
+          config.*member = static_cast<T>(*value);
+        } else {
+          auto value = parse_double_strict(setting.value);
+          if (!value || !in_bounds(*value, knob.bounds)) reject(knob, setting);
+          config.*member = *value;
+        }
+      },
+      knob.field);
+}
+
+// rank < size, checked only when both were set.
+void check_rank_below_size(const Sources& sources, std::string_view rank_knob, int rank,
+                           std::string_view size_knob, int size) {
+  if (rank < 0 || size < 0 || rank < size) return;
+  throw Error(fmt::format("{}={} is invalid: it must be less than {}={}", sources.at(rank_knob),
+                          rank, sources.at(size_knob), size));
+}
+
+std::string local_hostname() {
+  char buffer[256] = {};
+  if (gethostname(buffer, sizeof(buffer) - 1) != 0) return {};
+  return buffer;
+}
+
+}  // namespace
+
+Config load_config(const GetEnv& getenv) {
+  const GetEnv& env = getenv ? getenv : GetEnv([](const char* name) { return std::getenv(name); });
+  Config config;
+  Sources sources;
+  for (const Knob& knob : knobs::table()) {
+    auto setting = lookup(knob, env);
+    if (!setting) continue;
+    assign(knob, *setting, config);
+    sources[knob.name] = setting->var;
+  }
+  check_rank_below_size(sources, "KRUG_RANK", config.rank, "KRUG_SIZE", config.size);
+  check_rank_below_size(sources, "KRUG_LOCAL_RANK", config.local_rank, "KRUG_LOCAL_SIZE",
+                        config.local_size);
+  check_rank_below_size(sources, "KRUG_CROSS_RANK", config.cross_rank, "KRUG_CROSS_SIZE",
+                        config.cross_size);
+  if (config.hostname.empty()) config.hostname = local_hostname();
+  return config;
+}
+
+std::vector<KnobDoc> knob_docs() {
+  std::vector<KnobDoc> docs;
+  for (const Knob& knob : knobs::table()) {
+    KnobDoc doc{.name = std::string(knob.name),
+                .alias = std::string(knob.alias),
+                .type = std::string(knob.unit),
+                .default_value = knobs::default_text(knob),
+                .doc = std::string(knob.doc)};
+    if (!knob.choices.empty())
+      doc.doc += fmt::format(" One of: {}.", fmt::join(knob.choices, ", "));
+    docs.push_back(std::move(doc));
+  }
+  return docs;
+}
+
+}  // namespace krug

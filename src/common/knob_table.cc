@@ -1,0 +1,147 @@
+#include "common/knob_table.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <type_traits>
+
+namespace krug::knobs {
+namespace {
+
+constexpr Bounds kNonNegative{.min = 0};
+constexpr Bounds kPositive{.min = 0, .min_exclusive = true};
+constexpr Bounds kAtLeastOne{.min = 1};
+constexpr Bounds kPort{.min = 0, .max = 65535};
+
+std::vector<Knob> make_table() {
+  return {
+      // Engine
+      {.name = "KRUG_FUSION_THRESHOLD", .alias = "HOROVOD_FUSION_THRESHOLD", .unit = "bytes",
+       .field = &Config::fusion_threshold_bytes, .bounds = kNonNegative,
+       .doc = "Largest fusion buffer: tensors are batched into one collective up to this many "
+              "bytes. 0 disables fusion."},
+      {.name = "KRUG_CYCLE_TIME", .alias = "HOROVOD_CYCLE_TIME", .unit = "milliseconds",
+       .field = &Config::cycle_time_ms, .bounds = kPositive,
+       .doc = "Longest the background loop waits for more work before negotiating a cycle; an "
+              "enqueue wakes it earlier."},
+      {.name = "KRUG_CACHE_CAPACITY", .alias = "HOROVOD_CACHE_CAPACITY", .unit = "count",
+       .field = &Config::cache_capacity, .bounds = kNonNegative,
+       .doc = "Entries in the response cache (the bit-vector fast path of negotiation). 0 "
+              "disables the cache."},
+      {.name = "KRUG_TIMEOUT_SECONDS", .alias = "HOROVOD_GLOO_TIMEOUT_SECONDS", .unit = "seconds",
+       .field = &Config::timeout_seconds, .bounds = kPositive,
+       .doc = "Deadline of every blocking step (rendezvous, connect, collective); a peer silent "
+              "for this long is reported dead."},
+      // Observability
+      {.name = "KRUG_TIMELINE", .alias = "HOROVOD_TIMELINE", .unit = "path",
+       .field = &Config::timeline_path, .default_text = "unset (off)",
+       .doc = "Write a Chrome trace (chrome://tracing, Perfetto) of every tensor's phases to this "
+              "file."},
+      {.name = "KRUG_TIMELINE_MARK_CYCLES", .alias = "HOROVOD_TIMELINE_MARK_CYCLES",
+       .unit = "bool", .field = &Config::timeline_mark_cycles,
+       .doc = "Mark the start of each background cycle in the timeline."},
+      {.name = "KRUG_STALL_CHECK_TIME_SECONDS", .alias = "HOROVOD_STALL_CHECK_TIME_SECONDS",
+       .unit = "seconds", .field = &Config::stall_check_seconds, .bounds = kNonNegative,
+       .doc = "Warn, naming the missing ranks, when a tensor has waited this long for other "
+              "ranks."},
+      {.name = "KRUG_STALL_SHUTDOWN_TIME_SECONDS", .alias = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+       .unit = "seconds", .field = &Config::stall_shutdown_seconds, .bounds = kNonNegative,
+       .doc = "Fail the stalled operations after this long. 0 never does."},
+      {.name = "KRUG_STALL_CHECK_DISABLE", .alias = "HOROVOD_STALL_CHECK_DISABLE", .unit = "bool",
+       .field = &Config::stall_check_disable, .doc = "Turn the stall inspector off."},
+      {.name = "KRUG_LOG_LEVEL", .alias = "HOROVOD_LOG_LEVEL", .unit = "enum",
+       .field = &Config::log_level,
+       .choices = {"trace", "debug", "info", "warning", "error", "fatal"},
+       .doc = "Least severe message written to stderr."},
+      // Data plane
+      {.name = "KRUG_CPU_OPERATIONS", .alias = "HOROVOD_CPU_OPERATIONS", .unit = "enum",
+       .field = &Config::cpu_operations, .choices = {"gloo", "mpi", "shm"},
+       .doc = "Communicator for CPU tensors. Only gloo is built today; the engine rejects the "
+              "others at init."},
+      {.name = "KRUG_GLOO_IFACE", .alias = "HOROVOD_GLOO_IFACE", .unit = "string",
+       .field = &Config::iface, .default_text = "unset (Gloo picks one)",
+       .doc = "Network interface the data plane binds to (e.g. eth0)."},
+      // Topology, set by krugrun for each worker.
+      {.name = "KRUG_RANK", .alias = "HOROVOD_RANK", .unit = "int", .field = &Config::rank,
+       .bounds = kNonNegative, .default_text = "unset",
+       .doc = "This process's rank in the job; less than KRUG_SIZE. Set by krugrun."},
+      {.name = "KRUG_SIZE", .alias = "HOROVOD_SIZE", .unit = "int", .field = &Config::size,
+       .bounds = kAtLeastOne, .default_text = "unset",
+       .doc = "Number of processes in the job. Set by krugrun."},
+      {.name = "KRUG_LOCAL_RANK", .alias = "HOROVOD_LOCAL_RANK", .unit = "int",
+       .field = &Config::local_rank, .bounds = kNonNegative, .default_text = "unset",
+       .doc = "Rank among the processes on this host; less than KRUG_LOCAL_SIZE. Set by krugrun."},
+      {.name = "KRUG_LOCAL_SIZE", .alias = "HOROVOD_LOCAL_SIZE", .unit = "int",
+       .field = &Config::local_size, .bounds = kAtLeastOne, .default_text = "unset",
+       .doc = "Number of processes on this host. Set by krugrun."},
+      {.name = "KRUG_CROSS_RANK", .alias = "HOROVOD_CROSS_RANK", .unit = "int",
+       .field = &Config::cross_rank, .bounds = kNonNegative, .default_text = "unset",
+       .doc = "Index of this host among the hosts that have a process with this local rank; less "
+              "than KRUG_CROSS_SIZE. Set by krugrun."},
+      {.name = "KRUG_CROSS_SIZE", .alias = "HOROVOD_CROSS_SIZE", .unit = "int",
+       .field = &Config::cross_size, .bounds = kAtLeastOne, .default_text = "unset",
+       .doc = "Number of hosts that have a process with this local rank. Set by krugrun."},
+      {.name = "KRUG_HOSTNAME", .alias = "HOROVOD_HOSTNAME", .unit = "string",
+       .field = &Config::hostname, .default_text = "gethostname()",
+       .doc = "Name of this host as other ranks reach it and as errors report it."},
+      {.name = "KRUG_RENDEZVOUS_ADDR", .alias = "HOROVOD_GLOO_RENDEZVOUS_ADDR", .unit = "string",
+       .field = &Config::rendezvous_addr, .default_text = "unset",
+       .doc = "Address of krugrun's rendezvous server. Set by krugrun."},
+      {.name = "KRUG_RENDEZVOUS_PORT", .alias = "HOROVOD_GLOO_RENDEZVOUS_PORT", .unit = "port",
+       .field = &Config::rendezvous_port, .bounds = kPort, .default_text = "unset (0)",
+       .doc = "Port of krugrun's rendezvous server. Set by krugrun."},
+      {.name = "KRUG_SECRET", .alias = "" /* none: krugrun-only */, .unit = "string", .field = &Config::secret,
+       .default_text = "unset",
+       .doc = "Per-job secret that authenticates workers to the rendezvous server and to each "
+              "other (HMAC). Set by krugrun; never logged."},
+  };
+}
+
+std::string bounds_text(const Bounds& b) {
+  const bool has_min = b.min != -std::numeric_limits<double>::infinity();
+  const bool has_max = b.max != std::numeric_limits<double>::infinity();
+  if (has_min && has_max) return fmt::format(" from {} to {}", b.min, b.max);
+  if (has_min) return fmt::format(" {} {}", b.min_exclusive ? ">" : ">=", b.min);
+  if (has_max) return fmt::format(" <= {}", b.max);
+  return "";
+}
+
+}  // namespace
+
+const std::vector<Knob>& table() {
+  static const std::vector<Knob> knobs = make_table();
+  return knobs;
+}
+
+std::string default_text(const Knob& knob) {
+  if (!knob.default_text.empty()) return std::string(knob.default_text);
+  const Config defaults;
+  std::string text = std::visit(
+      [&](auto member) -> std::string {
+        const auto& value = defaults.*member;
+        if constexpr (std::is_same_v<std::decay_t<decltype(value)>, bool>)
+          return value ? "true" : "false";
+        else
+          return fmt::format("{}", value);
+      },
+      knob.field);
+  return text.empty() ? "unset" : text;
+}
+
+std::string accepted_text(const Knob& knob) {
+  if (!knob.choices.empty()) return fmt::format("one of {}", fmt::join(knob.choices, ", "));
+  return std::visit(
+      [&](auto member) -> std::string {
+        using T = std::decay_t<decltype(Config{}.*member)>;
+        if constexpr (std::is_same_v<T, bool>)
+          return "one of 1, 0, true, false, yes, no, on, off";
+        else if constexpr (std::is_same_v<T, std::string>)
+          return "any text";
+        else
+          return fmt::format("{}{} ({})", std::is_integral_v<T> ? "an integer" : "a number",
+                             bounds_text(knob.bounds), knob.unit);
+      },
+      knob.field);
+}
+
+}  // namespace krug::knobs

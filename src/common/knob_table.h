@@ -1,0 +1,46 @@
+// The declarative knob table behind config.h: one row per knob says its variable name, Horovod
+// alias, unit, where it lands in Config, what values are accepted and what it does. Loading
+// (config.cc) and the generated docs both read this table and nothing else.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "common/config.h"
+
+namespace krug::knobs {
+
+// Where a knob's value goes; the member's type decides how the text is parsed.
+using Field = std::variant<int64_t Config::*, int Config::*, double Config::*, bool Config::*,
+                           std::string Config::*>;
+
+// Accepted numeric range, checked after parsing (numbers only).
+struct Bounds {
+  double min = -std::numeric_limits<double>::infinity();
+  bool min_exclusive = false;
+  double max = std::numeric_limits<double>::infinity();
+};
+
+struct Knob {
+  std::string_view name;   // KRUG_FUSION_THRESHOLD
+  std::string_view alias;  // HOROVOD_FUSION_THRESHOLD, or empty
+  std::string_view unit;   // "bytes", "milliseconds", "bool", ... (shown in docs and errors)
+  Field field;
+  Bounds bounds = {};
+  std::vector<std::string_view> choices = {};  // non-empty: an enum (string field), lower case
+  std::string_view default_text = {};          // overrides the default shown from Config{}
+  std::string_view doc = {};
+};
+
+const std::vector<Knob>& table();
+
+// The default as shown to users: default_text, else the value in a default Config.
+std::string default_text(const Knob& knob);
+// What the knob accepts, in words: "an integer >= 0 (bytes)".
+std::string accepted_text(const Knob& knob);
+
+}  // namespace krug::knobs

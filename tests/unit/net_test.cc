@@ -1,0 +1,201 @@
+#include "net/socket.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace krug::net {
+namespace {
+
+using namespace std::chrono_literals;
+
+Deadline in(std::chrono::milliseconds d) { return Clock::now() + d; }
+
+// A connected pair over loopback: (client side, server side).
+std::pair<Connection, Connection> connected_pair(const std::string& host = "127.0.0.1") {
+  Listener listener(host, 0);
+  auto client = Connection::connect(host, listener.port(), in(5s));
+  auto server = listener.accept(in(5s));
+  EXPECT_TRUE(server.has_value());
+  return {std::move(client), std::move(*server)};
+}
+
+TEST(NetTest, FramesRoundTripIncludingEmptyAndLarge) {
+  auto [a, b] = connected_pair();
+  std::vector<uint8_t> small{1, 2, 3};
+  std::vector<uint8_t> large(10 << 20);
+  for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<uint8_t>(i * 31);
+  // The large frame exceeds the socket buffers: send on a thread while the other side reads.
+  std::thread sender([&] {
+    a.send_frame(small, in(10s));
+    a.send_frame(nullptr, 0, in(10s));
+    a.send_frame(large, in(10s));
+  });
+  EXPECT_EQ(b.recv_frame(in(10s)), small);
+  EXPECT_TRUE(b.recv_frame(in(10s)).empty());
+  EXPECT_EQ(b.recv_frame(in(10s)), large);
+  sender.join();
+}
+
+TEST(NetTest, WorksOverIPv6Loopback) {
+  try {
+    Listener probe("::1", 0);
+  } catch (const NetError&) {
+    GTEST_SKIP() << "no IPv6 loopback here";
+  }
+  auto [a, b] = connected_pair("::1");
+  a.send_frame(std::vector<uint8_t>{42}, in(5s));
+  EXPECT_EQ(b.recv_frame(in(5s)), std::vector<uint8_t>{42});
+  EXPECT_NE(b.peer().find("::1"), std::string::npos);
+}
+
+TEST(NetTest, ReceiveDeadlineExpiryThrows) {
+  auto [a, b] = connected_pair();
+  auto start = Clock::now();
+  try {
+    b.recv_frame(in(100ms));
+    FAIL() << "expected a timeout";
+  } catch (const NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("timeout after"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(Clock::now() - start, 100ms);
+}
+
+TEST(NetTest, PeerCloseIsDetected) {
+  auto [a, b] = connected_pair();
+  a.close();
+  try {
+    b.recv_frame(in(5s));
+    FAIL() << "expected an error";
+  } catch (const NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("peer closed the connection"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(NetTest, SendToClosedPeerThrowsInsteadOfSigpipe) {
+  auto [a, b] = connected_pair();
+  b.close();
+  std::vector<uint8_t> chunk(1 << 20);
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 100; ++i) a.send_frame(chunk, in(5s));
+      },
+      NetError);
+}
+
+TEST(NetTest, ConnectRetriesUntilTheListenerAppears) {
+  uint16_t port;
+  { port = Listener("127.0.0.1", 0).port(); }  // a port that is free right now
+  std::optional<Listener> late;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(200ms);
+    late.emplace("127.0.0.1", port);
+  });
+  auto c = Connection::connect("127.0.0.1", port, in(5s));
+  starter.join();
+  EXPECT_TRUE(c.valid());
+}
+
+TEST(NetTest, ConnectRefusedUntilDeadlineNamesThePeer) {
+  uint16_t port;
+  { port = Listener("127.0.0.1", 0).port(); }
+  try {
+    Connection::connect("127.0.0.1", port, in(200ms));
+    FAIL() << "expected an error";
+  } catch (const NetError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("connection refused"), std::string::npos) << msg;
+  }
+}
+
+TEST(NetTest, AcceptReturnsNulloptAtDeadline) {
+  Listener listener("127.0.0.1", 0);
+  EXPECT_NE(listener.port(), 0);
+  EXPECT_FALSE(listener.accept(in(50ms)).has_value());
+}
+
+TEST(NetTest, HandshakeAcceptsTheRightSecret) {
+  auto [a, b] = connected_pair();
+  std::optional<std::string> verdict = "not run";
+  std::thread server([&, &b = b] { verdict = b.authenticate_as_server("s3cret", in(5s)); });
+  EXPECT_NO_THROW(a.authenticate_as_client("s3cret", in(5s)));
+  server.join();
+  EXPECT_FALSE(verdict.has_value()) << *verdict;
+  // The connection stays usable for frames after the handshake.
+  a.send_frame(std::vector<uint8_t>{7}, in(5s));
+  EXPECT_EQ(b.recv_frame(in(5s)), std::vector<uint8_t>{7});
+}
+
+TEST(NetTest, HandshakeRejectsAWrongSecret) {
+  auto [a, b] = connected_pair();
+  std::optional<std::string> verdict;
+  std::thread server([&, &b = b] { verdict = b.authenticate_as_server("right", in(5s)); });
+  try {
+    a.authenticate_as_client("wrong", in(5s));
+    ADD_FAILURE() << "expected a rejection";
+  } catch (const NetError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("rejected"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("wrong job secret"), std::string::npos) << msg;
+  }
+  server.join();
+  ASSERT_TRUE(verdict.has_value());
+  EXPECT_NE(verdict->find("wrong job secret"), std::string::npos);
+  EXPECT_FALSE(b.valid());
+}
+
+TEST(NetTest, HandshakeServerGivesUpOnASilentClient) {
+  auto [a, b] = connected_pair();
+  auto verdict = b.authenticate_as_server("s", in(100ms));
+  ASSERT_TRUE(verdict.has_value());
+  EXPECT_NE(verdict->find("timeout"), std::string::npos) << *verdict;
+}
+
+TEST(NetTest, WriterReaderRoundTrip) {
+  Writer w;
+  w.u8(0xab);
+  w.u32(0xdeadbeef);
+  w.u64(0x0123456789abcdefULL);
+  w.i64(-5);
+  w.f64(3.25);
+  w.str("hello");
+  w.str("");
+  uint8_t blob[] = {9, 8, 7};
+  w.bytes(blob, 3);
+  auto data = w.take();
+  EXPECT_EQ(data[1], 0xef);  // little-endian on the wire
+  Reader r(data);
+  EXPECT_EQ(r.u8(), 0xab);
+  EXPECT_EQ(r.u32(), 0xdeadbeefu);
+  EXPECT_EQ(r.u64(), 0x0123456789abcdefULL);
+  EXPECT_EQ(r.i64(), -5);
+  EXPECT_EQ(r.f64(), 3.25);
+  EXPECT_EQ(r.str(), "hello");
+  EXPECT_EQ(r.str(), "");
+  EXPECT_EQ(r.bytes(), (std::vector<uint8_t>{9, 8, 7}));
+  EXPECT_TRUE(r.done());
+}
+
+TEST(NetTest, ReaderThrowsOnTruncatedInput) {
+  Writer w;
+  w.str("a longer string");
+  auto data = w.take();
+  for (size_t cut = 0; cut < data.size(); ++cut) {
+    Reader r(data.data(), cut);
+    EXPECT_THROW(r.str(), NetError) << "cut at " << cut;
+  }
+  Reader r(data.data(), 2);
+  try {
+    r.u64();
+    FAIL();
+  } catch (const NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated message"), std::string::npos);
+  }
+}
+
+TEST(NetTest, HostnameIsNotEmpty) { EXPECT_FALSE(hostname().empty()); }
+
+}  // namespace
+}  // namespace krug::net
