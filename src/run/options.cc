@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdio>
 #include <optional>
+#include <string>
 
 #include "common/log.h"
 #include "krug/types.h"
@@ -22,10 +23,28 @@ struct KnobFlags {
   std::optional<std::string> timeline, log_level;
 };
 
+// CLI11's PositiveNumber prints DBL_MAX in its message; these say what is wrong in words.
+CLI::Validator number_at_least(double min, bool inclusive) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        double v = 0;
+        size_t used = 0;
+        try {
+          v = std::stod(value, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != value.size() || value.empty()) return "'" + value + "' is not a number";
+        if (inclusive ? v < min : v <= min)
+          return fmt::format("{} must be {} {}", value, inclusive ? "at least" : "greater than", min);
+        return {};
+      },
+      inclusive ? "NONNEGATIVE" : "POSITIVE");
+}
+
 void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::string>& xs,
                std::string& hosts) {
   // CLI11 2.1 rejects multi-letter single-dash names, so "-np" is rewritten to "--np" first.
-  app.add_option("--np,--num-proc", o.np, "Number of ranks (write -np as with horovodrun)")->required();
+  app.add_option("--np,--num-proc", o.np, "Number of ranks (write -np as with horovodrun)");
   app.add_option("-H,--hosts", hosts, "host:slots,... (default localhost:np)");
   app.add_option("-x", xs, "Forward VAR or set VAR=value in every rank's environment")
       ->allow_extra_args(false);
@@ -35,22 +54,22 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::s
   app.add_flag("--no-prefix", [&o](int64_t) { o.prefix = false; },
                "Do not prefix output lines with [rank]<stdout>:");
   app.add_option("--start-timeout", o.start_timeout_s, "Seconds to start remote ranks")
-      ->check(CLI::PositiveNumber);
+      ->check(number_at_least(0, false));
   app.add_option("--fusion-threshold-mb", k.fusion_threshold_mb, "KRUG_FUSION_THRESHOLD in MiB")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0, true));
   app.add_option("--cycle-time-ms", k.cycle_time_ms, "KRUG_CYCLE_TIME")
-      ->check(CLI::PositiveNumber);
+      ->check(number_at_least(0, false));
   app.add_option("--timeline-filename", k.timeline, "KRUG_TIMELINE");
   app.add_option("--timeout-seconds", k.timeout_s, "KRUG_TIMEOUT_SECONDS")
-      ->check(CLI::PositiveNumber);
+      ->check(number_at_least(0, false));
   app.add_option("--log-level", k.log_level, "KRUG_LOG_LEVEL: trace|debug|info|warning|error|fatal");
   app.add_option("--stall-check-seconds", k.stall_check_s, "KRUG_STALL_CHECK_TIME_SECONDS")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0, true));
   app.add_option("--stall-shutdown-seconds", k.stall_shutdown_s,
                  "KRUG_STALL_SHUTDOWN_TIME_SECONDS")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0, true));
   app.add_option("--cache-capacity", k.cache_capacity, "KRUG_CACHE_CAPACITY (0 disables)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0, true));
   // Stop at the first positional: the rest, options included, belongs to the rank command.
   app.prefix_command();
 }
@@ -93,7 +112,11 @@ void set_knobs(const KnobFlags& k, LaunchOptions& o) {
   if (k.timeline) env["KRUG_TIMELINE"] = *k.timeline;
   if (k.timeout_s) env["KRUG_TIMEOUT_SECONDS"] = fmt::format("{}", *k.timeout_s);
   if (k.log_level) {
-    log::parse_level(*k.log_level);  // throws with the accepted values
+    try {
+      log::parse_level(*k.log_level);
+    } catch (const Error& e) {
+      throw Error(std::string("krugrun: --log-level: ") + e.what());
+    }
     env["KRUG_LOG_LEVEL"] = *k.log_level;
   }
   if (k.stall_check_s) env["KRUG_STALL_CHECK_TIME_SECONDS"] = fmt::format("{}", *k.stall_check_s);
@@ -127,6 +150,7 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     app.parse(args);
     split_env(xs, o);
     set_knobs(k, o);
+    if (app.count("--np") == 0) throw Error("krugrun: -np N is required (see krugrun --help)");
     take_command(app.remaining(), o);
     o.hosts = app.count("-H") ? parse_hosts(hosts) : std::vector<HostSlots>{{"localhost", o.np}};
     layout_ranks(o.hosts, o.np);  // checks -np >= 1 and that the slots cover it
