@@ -1,0 +1,68 @@
+#include "run/output.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace krug::run {
+
+void LineBuffer::emit(std::string_view line, std::string& out) const {
+  out.append(prefix_);
+  out.append(line);
+  out.push_back('\n');
+}
+
+void LineBuffer::feed(std::string_view data, std::string& out) {
+  while (!data.empty()) {
+    size_t nl = data.find('\n');
+    if (nl == std::string_view::npos) {
+      partial_.append(data);
+      break;
+    }
+    if (partial_.empty()) {
+      emit(data.substr(0, nl), out);
+    } else {
+      partial_.append(data.substr(0, nl));
+      emit(partial_, out);
+      partial_.clear();
+    }
+    data.remove_prefix(nl + 1);
+  }
+  while (partial_.size() >= kMaxLine) {
+    emit(std::string_view(partial_).substr(0, kMaxLine), out);
+    partial_.erase(0, kMaxLine);
+  }
+}
+
+void LineBuffer::finish(std::string& out) {
+  if (!partial_.empty()) emit(partial_, out);
+  partial_.clear();
+}
+
+std::string output_prefix(int rank, bool is_stderr) {
+  return "[" + std::to_string(rank) + (is_stderr ? "]<stderr>:" : "]<stdout>:");
+}
+
+StreamPump::StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file)
+    : pipe_(std::move(pipe)), terminal_fd_(terminal_fd), lines_(std::move(prefix)),
+      copy_(std::move(copy_file)) {}
+
+void StreamPump::on_readable() {
+  if (!pipe_) return;
+  char buf[64 * 1024];
+  ssize_t n = ::read(pipe_.get(), buf, sizeof(buf));
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  pending_.clear();
+  if (n > 0) {
+    std::string_view data(buf, static_cast<size_t>(n));
+    if (copy_) write_all(copy_.get(), data);
+    lines_.feed(data, pending_);
+  } else {
+    lines_.finish(pending_);  // EOF, or an error that ends the stream just the same
+    pipe_.reset();
+    copy_.reset();
+  }
+  if (!pending_.empty()) write_all(terminal_fd_, pending_);
+}
+
+}  // namespace krug::run

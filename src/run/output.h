@@ -1,0 +1,52 @@
+// Forwarding of rank output: whole lines, prefixed "[rank]<stdout>:" so the ranks' lines never
+// interleave mid-line on krugrun's own stdout / stderr.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "run/fd.h"
+
+namespace krug::run {
+
+// Splits a byte stream into complete lines and prefixes each one. Pure; unit-tested.
+class LineBuffer {
+ public:
+  explicit LineBuffer(std::string prefix) : prefix_(std::move(prefix)) {}
+  // Appends every complete line of data (prefix + line + '\n') to `out`; keeps the rest.
+  void feed(std::string_view data, std::string& out);
+  // End of stream: a partial last line is emitted with a newline added.
+  void finish(std::string& out);
+
+  // A line longer than this is emitted in pieces, so one rank writing without newlines cannot
+  // make krugrun buffer without bound.
+  static constexpr size_t kMaxLine = 1 << 20;
+
+ private:
+  void emit(std::string_view line, std::string& out) const;
+  std::string prefix_;
+  std::string partial_;
+};
+
+std::string output_prefix(int rank, bool is_stderr);  // "[3]<stderr>:"
+
+// One stream of one rank: reads its pipe, writes prefixed lines to krugrun's stdout or stderr
+// and, with --output-filename, the raw bytes to a file.
+class StreamPump {
+ public:
+  StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file);
+  int fd() const { return pipe_.get(); }
+  bool open() const { return static_cast<bool>(pipe_); }
+  // Call when poll() reports the pipe readable or hung up: forwards what one read returns;
+  // at EOF flushes the partial line and closes the pipe.
+  void on_readable();
+
+ private:
+  Fd pipe_;
+  int terminal_fd_;
+  LineBuffer lines_;
+  Fd copy_;
+  std::string pending_;
+};
+
+}  // namespace krug::run

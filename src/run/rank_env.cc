@@ -1,0 +1,60 @@
+#include "run/rank_env.h"
+
+#include <fmt/format.h>
+
+#include <random>
+
+extern char** environ;
+
+namespace krug::run {
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const RankSlot& slot,
+                        const JobInfo& job) {
+  EnvMap env = base;
+  for (const auto& [k, v] : options.knob_env) env[k] = v;
+  for (const auto& [k, v] : options.set_env) env[k] = v;
+
+  auto both = [&env](const std::string& krug, const std::string& horovod, const std::string& v) {
+    env[krug] = v;
+    env[horovod] = v;
+  };
+  both("KRUG_RANK", "HOROVOD_RANK", std::to_string(slot.rank));
+  both("KRUG_SIZE", "HOROVOD_SIZE", std::to_string(slot.size));
+  both("KRUG_LOCAL_RANK", "HOROVOD_LOCAL_RANK", std::to_string(slot.local_rank));
+  both("KRUG_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", std::to_string(slot.local_size));
+  both("KRUG_CROSS_RANK", "HOROVOD_CROSS_RANK", std::to_string(slot.cross_rank));
+  both("KRUG_CROSS_SIZE", "HOROVOD_CROSS_SIZE", std::to_string(slot.cross_size));
+  both("KRUG_HOSTNAME", "HOROVOD_HOSTNAME", slot.host);
+  both("KRUG_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_ADDR", job.rendezvous_addr);
+  both("KRUG_RENDEZVOUS_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT", std::to_string(job.rendezvous_port));
+  env["KRUG_SECRET"] = job.secret;
+  env["KRUG_JOB_ID"] = job.job_id;
+  env["HOROVOD_CONTROLLER"] = "gloo";
+  env["HOROVOD_CPU_OPERATIONS"] = "gloo";
+  return env;
+}
+
+std::vector<std::string> to_envp(const EnvMap& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+std::string make_job_id() {
+  std::random_device rd;  // the OS RNG; uniqueness, not secrecy, is what matters here
+  return fmt::format("{:08x}", static_cast<uint32_t>(rd()));
+}
+
+}  // namespace krug::run

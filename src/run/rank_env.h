@@ -1,0 +1,38 @@
+// The environment each rank starts with: the launcher's own, the knob flags, -x VAR=value, then
+// the topology and rendezvous variables (KRUG_* and Horovod's names for the same values).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "run/hosts.h"
+#include "run/options.h"
+
+namespace krug::run {
+
+using EnvMap = std::map<std::string, std::string>;
+
+// What every rank of one job shares.
+struct JobInfo {
+  std::string rendezvous_addr;
+  uint16_t rendezvous_port = 0;
+  std::string secret;
+  std::string job_id;
+};
+
+EnvMap current_environment();
+
+// Later layers win: base < knob flags < -x VAR=value < launcher-owned topology variables, so a
+// stray KRUG_RANK in the parent environment can never confuse a rank about who it is.
+EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const RankSlot& slot,
+                        const JobInfo& job);
+
+// "NAME=value" strings for execve.
+std::vector<std::string> to_envp(const EnvMap& env);
+
+// A short random job id (8 hex digits); it only has to tell concurrent jobs apart in logs.
+std::string make_job_id();
+
+}  // namespace krug::run

@@ -1,0 +1,62 @@
+// Watches a job's ranks in one poll() loop: forwards their output, reaps them, and on the first
+// failure (or SIGINT / SIGTERM to krugrun) stops the others: SIGTERM, then SIGKILL after a grace.
+#pragma once
+
+#include <chrono>
+#include <vector>
+
+#include "run/fd.h"
+#include "run/hosts.h"
+#include "run/output.h"
+#include "run/process.h"
+
+namespace krug::run {
+
+struct SupervisedRank {
+  RankSlot slot;
+  RankProcess process;
+  StreamPump out;
+  StreamPump err;
+};
+
+class Supervisor {
+ public:
+  // How long stopped ranks get between SIGTERM and SIGKILL.
+  static constexpr std::chrono::seconds kGrace{5};
+  // How long output of exited ranks may still be drained (a descendant may hold the pipe).
+  static constexpr std::chrono::seconds kDrain{1};
+
+  Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose);
+  // Runs until every rank is gone; returns krugrun's exit code: 0 when all ranks exit 0, the
+  // first failing rank's exit code (128 + signal if killed), or 128 + krugrun's own signal.
+  int run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class Stop { kNone, kFailure, kSignal };
+
+  bool done() const;
+  int poll_timeout_ms() const;
+  void on_signals();
+  void on_signal(int sig);
+  void reap();
+  void on_exit(size_t index);
+  void begin_stop(Stop why);
+  void signal_all(int sig);
+  void check_deadlines();
+  int summarize() const;
+  std::string who(size_t index) const;
+
+  std::vector<SupervisedRank> ranks_;
+  Fd signal_fd_;
+  bool verbose_;
+  Stop stop_ = Stop::kNone;
+  bool killed_ = false;
+  Clock::time_point kill_at_{};
+  std::optional<Clock::time_point> drain_until_;
+  int own_signal_ = 0;                    // the signal that made krugrun stop its ranks
+  std::optional<size_t> root_cause_;      // first rank to fail
+  std::vector<size_t> also_stopped_;      // ranks that failed afterwards, in order
+};
+
+}  // namespace krug::run

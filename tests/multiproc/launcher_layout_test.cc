@@ -1,0 +1,194 @@
+// Unit tests of krugrun's pure parts: -H parsing, rank layout, options, rank environment and
+// output line splitting. No processes are started.
+#include <gtest/gtest.h>
+
+#include <variant>
+
+#include "krug/types.h"
+#include "run/hosts.h"
+#include "run/options.h"
+#include "run/output.h"
+#include "run/rank_env.h"
+
+namespace krug::run {
+namespace {
+
+TEST(ParseHosts, AcceptsSlotsAndBareHosts) {
+  auto hosts = parse_hosts("localhost:2, node1:4,node2");
+  ASSERT_EQ(hosts.size(), 3u);
+  EXPECT_EQ(hosts[0].host, "localhost");
+  EXPECT_EQ(hosts[0].slots, 2);
+  EXPECT_EQ(hosts[1].host, "node1");
+  EXPECT_EQ(hosts[1].slots, 4);
+  EXPECT_EQ(hosts[2].host, "node2");
+  EXPECT_EQ(hosts[2].slots, 1);
+}
+
+TEST(ParseHosts, RejectsMalformedSpecsWithTheExpectedForm) {
+  for (const char* bad : {"", ",", "localhost:", "localhost:x", "localhost:2x", ":2",
+                          "localhost:0", "localhost:-1", "a:1,,b:1", "a:1:2", "a:1,a:2"}) {
+    try {
+      parse_hosts(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("host"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    parse_hosts("localhost:x");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host:slots"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LayoutRanks, FillsHostsInOrder) {
+  auto ranks = layout_ranks({{"a", 2}, {"b", 3}, {"c", 4}}, 4);
+  ASSERT_EQ(ranks.size(), 4u);
+  const int expect[4][5] = {// local_rank, local_size, cross_rank, cross_size, host index
+                            {0, 2, 0, 2, 0}, {1, 2, 0, 2, 0}, {0, 2, 1, 2, 1}, {1, 2, 1, 2, 1}};
+  const char* names[] = {"a", "b"};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(ranks[r].rank, r);
+    EXPECT_EQ(ranks[r].size, 4);
+    EXPECT_EQ(ranks[r].local_rank, expect[r][0]) << r;
+    EXPECT_EQ(ranks[r].local_size, expect[r][1]) << r;
+    EXPECT_EQ(ranks[r].cross_rank, expect[r][2]) << r;
+    EXPECT_EQ(ranks[r].cross_size, expect[r][3]) << r;
+    EXPECT_EQ(ranks[r].host, names[expect[r][4]]) << r;
+  }
+}
+
+TEST(LayoutRanks, SingleHostAndErrors) {
+  auto ranks = layout_ranks({{"localhost", 3}}, 3);
+  ASSERT_EQ(ranks.size(), 3u);
+  EXPECT_EQ(ranks[2].local_rank, 2);
+  EXPECT_EQ(ranks[2].local_size, 3);
+  EXPECT_EQ(ranks[2].cross_size, 1);
+  EXPECT_THROW(layout_ranks({{"localhost", 2}}, 3), Error);
+  EXPECT_THROW(layout_ranks({{"localhost", 2}}, 0), Error);
+  EXPECT_THROW(layout_ranks({{"localhost", 2}}, -1), Error);
+}
+
+TEST(LocalHost, KnowsThisMachinesNames) {
+  EXPECT_TRUE(is_local_host("localhost", "vm1"));
+  EXPECT_TRUE(is_local_host("127.0.0.1", "vm1"));
+  EXPECT_TRUE(is_local_host("vm1", "vm1"));
+  EXPECT_FALSE(is_local_host("vm2", "vm1"));
+}
+
+LaunchOptions parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "krugrun");
+  auto result = parse_command_line(static_cast<int>(args.size()), args.data());
+  if (auto* code = std::get_if<int>(&result)) throw Error("exit code " + std::to_string(*code));
+  return std::get<LaunchOptions>(result);
+}
+
+TEST(Options, CommandStartsAtFirstPositional) {
+  auto o = parse({"-np", "2", "-x", "A", "-x", "B=1=2", "--no-prefix", "python3", "train.py",
+                  "--lr", "0.1", "-np", "5", "-x", "C"});
+  EXPECT_EQ(o.np, 2);
+  EXPECT_FALSE(o.prefix);
+  EXPECT_EQ(o.forward_env, std::vector<std::string>{"A"});
+  ASSERT_EQ(o.set_env.size(), 1u);
+  EXPECT_EQ(o.set_env[0].first, "B");
+  EXPECT_EQ(o.set_env[0].second, "1=2");
+  EXPECT_EQ(o.command, (std::vector<std::string>{"python3", "train.py", "--lr", "0.1", "-np",
+                                                  "5", "-x", "C"}));
+  ASSERT_EQ(o.hosts.size(), 1u);
+  EXPECT_EQ(o.hosts[0].host, "localhost");
+  EXPECT_EQ(o.hosts[0].slots, 2);
+}
+
+TEST(Options, DoubleDashAndHostList) {
+  auto o = parse({"-np", "3", "-H", "localhost:2,127.0.0.1:1", "--", "-weird-cmd"});
+  EXPECT_EQ(o.command, std::vector<std::string>{"-weird-cmd"});
+  EXPECT_EQ(o.hosts.size(), 2u);
+}
+
+TEST(Options, KnobFlagsBecomeEnvironment) {
+  auto o = parse({"-np", "1", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
+                  "--timeline-filename", "/tmp/t.json", "--timeout-seconds", "7",
+                  "--log-level", "debug", "--stall-check-seconds", "30",
+                  "--stall-shutdown-seconds", "90", "--cache-capacity", "0",
+                  "--start-timeout", "12", "true"});
+  EXPECT_EQ(o.knob_env.at("KRUG_FUSION_THRESHOLD"), std::to_string(32LL * 1024 * 1024));
+  EXPECT_EQ(o.knob_env.at("KRUG_CYCLE_TIME"), "2.5");
+  EXPECT_EQ(o.knob_env.at("KRUG_TIMELINE"), "/tmp/t.json");
+  EXPECT_EQ(o.knob_env.at("KRUG_TIMEOUT_SECONDS"), "7");
+  EXPECT_EQ(o.knob_env.at("KRUG_LOG_LEVEL"), "debug");
+  EXPECT_EQ(o.knob_env.at("KRUG_STALL_CHECK_TIME_SECONDS"), "30");
+  EXPECT_EQ(o.knob_env.at("KRUG_STALL_SHUTDOWN_TIME_SECONDS"), "90");
+  EXPECT_EQ(o.knob_env.at("KRUG_CACHE_CAPACITY"), "0");
+  EXPECT_EQ(o.start_timeout_s, 12.0);
+  EXPECT_EQ(parse({"-np", "1", "true"}).knob_env.size(), 0u);  // unset flags set nothing
+}
+
+TEST(Options, UsageErrors) {
+  EXPECT_THROW(parse({"true"}), Error);                                  // no -np
+  EXPECT_THROW(parse({"-np", "2"}), Error);                              // no command
+  EXPECT_THROW(parse({"-np", "0", "true"}), Error);
+  EXPECT_THROW(parse({"-np", "3", "-H", "localhost:2", "true"}), Error);
+  EXPECT_THROW(parse({"-np", "1", "-H", "localhost:x", "true"}), Error);
+  EXPECT_THROW(parse({"-np", "1", "--bogus", "true"}), Error);
+  EXPECT_THROW(parse({"-np", "1", "-x", "1BAD=2", "true"}), Error);
+  EXPECT_THROW(parse({"-np", "1", "--log-level", "loud", "true"}), Error);
+  EXPECT_THROW(parse({"-np", "1", "--cycle-time-ms", "-1", "true"}), Error);
+}
+
+TEST(RankEnv, LauncherVariablesWinOverInheritedOnes) {
+  LaunchOptions o;
+  o.knob_env["KRUG_CYCLE_TIME"] = "5";
+  o.set_env = {{"FOO", "bar"}, {"KRUG_CYCLE_TIME", "6"}};
+  RankSlot slot{3, 4, 1, 2, 1, 2, "localhost"};
+  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234"};
+  EnvMap env = rank_environment({{"PATH", "/bin"}, {"KRUG_RANK", "99"}}, o, slot, job);
+  EXPECT_EQ(env["PATH"], "/bin");
+  EXPECT_EQ(env["FOO"], "bar");
+  EXPECT_EQ(env["KRUG_CYCLE_TIME"], "6");
+  EXPECT_EQ(env["KRUG_RANK"], "3");
+  EXPECT_EQ(env["HOROVOD_RANK"], "3");
+  EXPECT_EQ(env["KRUG_SIZE"], "4");
+  EXPECT_EQ(env["HOROVOD_LOCAL_RANK"], "1");
+  EXPECT_EQ(env["HOROVOD_LOCAL_SIZE"], "2");
+  EXPECT_EQ(env["HOROVOD_CROSS_RANK"], "1");
+  EXPECT_EQ(env["KRUG_CROSS_SIZE"], "2");
+  EXPECT_EQ(env["HOROVOD_HOSTNAME"], "localhost");
+  EXPECT_EQ(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], "127.0.0.1");
+  EXPECT_EQ(env["KRUG_RENDEZVOUS_PORT"], "1234");
+  EXPECT_EQ(env["KRUG_SECRET"], "s3cret");
+  EXPECT_EQ(env["KRUG_JOB_ID"], "abcd1234");
+  EXPECT_EQ(env["HOROVOD_CONTROLLER"], "gloo");
+  EXPECT_EQ(env["HOROVOD_CPU_OPERATIONS"], "gloo");
+  EXPECT_EQ(make_job_id().size(), 8u);
+}
+
+TEST(LineBuffer, EmitsWholePrefixedLines) {
+  LineBuffer lines("[1]<stdout>:");
+  std::string out;
+  lines.feed("hel", out);
+  EXPECT_EQ(out, "");
+  lines.feed("lo\nwor", out);
+  EXPECT_EQ(out, "[1]<stdout>:hello\n");
+  lines.feed("ld\n\nx", out);
+  EXPECT_EQ(out, "[1]<stdout>:hello\n[1]<stdout>:world\n[1]<stdout>:\n");
+  out.clear();
+  lines.finish(out);
+  EXPECT_EQ(out, "[1]<stdout>:x\n");
+  out.clear();
+  lines.finish(out);  // nothing left
+  EXPECT_EQ(out, "");
+  EXPECT_EQ(output_prefix(12, true), "[12]<stderr>:");
+}
+
+TEST(LineBuffer, SplitsOverlongLines) {
+  LineBuffer lines("");
+  std::string out;
+  lines.feed(std::string(LineBuffer::kMaxLine + 5, 'a'), out);
+  EXPECT_EQ(out, std::string(LineBuffer::kMaxLine, 'a') + "\n");
+  out.clear();
+  lines.finish(out);
+  EXPECT_EQ(out, "aaaaa\n");
+}
+
+}  // namespace
+}  // namespace krug::run

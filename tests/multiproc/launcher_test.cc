@@ -1,0 +1,365 @@
+// Runs the real krugrun with `sh -c` ranks: environment, output forwarding, failure propagation
+// and signal handling. Each krugrun is a child of the test with its output in temp files.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string line; std::getline(ss, line);) out.push_back(line);
+  return out;
+}
+
+// A unique string per test, put into ranks' environments to find their processes in /proc.
+std::string unique_marker() {
+  std::random_device rd;
+  return "krugtest" + std::to_string(::getpid()) + "x" + std::to_string(rd());
+}
+
+// Processes (other than the test's own) whose environment contains `marker`.
+int count_processes_with(const std::string& marker) {
+  int count = 0;
+  std::error_code ec;  // processes come and go while we look
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoi(name) == ::getpid()) continue;
+    std::string env = read_file(entry.path() / "environ");
+    // A zombie has an empty environ; it is dead already, not an orphan.
+    if (env.find(marker) != std::string::npos) ++count;
+  }
+  return count;
+}
+
+class Krugrun {
+ public:
+  explicit Krugrun(const std::vector<std::string>& args) {
+    dir_ = fs::temp_directory_path() / unique_marker();
+    fs::create_directories(dir_);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int out = ::open((dir_ / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open((dir_ / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      std::vector<char*> argv{const_cast<char*>(KRUGRUN_PATH)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(KRUGRUN_PATH, argv.data());
+      ::_exit(126);
+    }
+    start_ = std::chrono::steady_clock::now();
+  }
+  ~Krugrun() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Waits for krugrun to exit; returns its exit code (128 + signal if killed), -1 on timeout.
+  int wait(std::chrono::seconds timeout = 60s) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        exited_ = true;
+        elapsed_ = std::chrono::steady_clock::now() - start_;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(10ms);  // test code: a short sleep loop keeps it simple
+    }
+    return -1;
+  }
+  pid_t pid() const { return pid_; }
+  std::string out() const { return read_file(dir_ / "out"); }
+  std::string err() const { return read_file(dir_ / "err"); }
+  double seconds() const { return std::chrono::duration<double>(elapsed_).count(); }
+  fs::path dir() const { return dir_; }
+
+ private:
+  fs::path dir_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::duration elapsed_{};
+};
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Each rank prints "KEY=value" lines for every variable the launcher sets.
+const char* kPrintEnv =
+    "for v in KRUG_RANK KRUG_SIZE KRUG_LOCAL_RANK KRUG_LOCAL_SIZE KRUG_CROSS_RANK KRUG_CROSS_SIZE "
+    "KRUG_HOSTNAME KRUG_RENDEZVOUS_ADDR KRUG_RENDEZVOUS_PORT KRUG_SECRET KRUG_JOB_ID "
+    "HOROVOD_RANK HOROVOD_SIZE HOROVOD_LOCAL_RANK HOROVOD_LOCAL_SIZE HOROVOD_CROSS_RANK "
+    "HOROVOD_CROSS_SIZE HOROVOD_HOSTNAME HOROVOD_GLOO_RENDEZVOUS_ADDR HOROVOD_GLOO_RENDEZVOUS_PORT "
+    "HOROVOD_CONTROLLER HOROVOD_CPU_OPERATIONS; do eval \"echo $v=\\$$v\"; done";
+
+// rank -> (variable -> value), from prefixed output lines "[r]<stdout>:K=V".
+std::map<int, std::map<std::string, std::string>> env_by_rank(const std::string& out) {
+  std::map<int, std::map<std::string, std::string>> env;
+  for (const auto& line : lines_of(out)) {
+    size_t close = line.find("]<stdout>:");
+    if (line.empty() || line[0] != '[' || close == std::string::npos) continue;
+    int rank = std::stoi(line.substr(1, close - 1));
+    std::string kv = line.substr(close + 10);
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[rank][kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+class LauncherEnv : public ::testing::TestWithParam<int> {};
+
+TEST_P(LauncherEnv, EveryRankSeesItsTopology) {
+  const int np = GetParam();
+  Krugrun run({"-np", std::to_string(np), "sh", "-c", kPrintEnv});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  auto env = env_by_rank(run.out());
+  ASSERT_EQ(env.size(), static_cast<size_t>(np)) << run.out();
+  for (int r = 0; r < np; ++r) {
+    auto& e = env[r];
+    for (const char* prefix : {"KRUG_", "HOROVOD_"}) {
+      std::string p = prefix;
+      EXPECT_EQ(e[p + "RANK"], std::to_string(r));
+      EXPECT_EQ(e[p + "SIZE"], std::to_string(np));
+      EXPECT_EQ(e[p + "LOCAL_RANK"], std::to_string(r));
+      EXPECT_EQ(e[p + "LOCAL_SIZE"], std::to_string(np));
+      EXPECT_EQ(e[p + "CROSS_RANK"], "0");
+      EXPECT_EQ(e[p + "CROSS_SIZE"], "1");
+      EXPECT_EQ(e[p + "HOSTNAME"], "localhost");
+    }
+    EXPECT_EQ(e["KRUG_RENDEZVOUS_ADDR"], "127.0.0.1");
+    EXPECT_EQ(e["HOROVOD_GLOO_RENDEZVOUS_ADDR"], "127.0.0.1");
+    EXPECT_GT(std::stoi(e["KRUG_RENDEZVOUS_PORT"]), 0);
+    EXPECT_EQ(e["HOROVOD_GLOO_RENDEZVOUS_PORT"], e["KRUG_RENDEZVOUS_PORT"]);
+    EXPECT_GE(e["KRUG_SECRET"].size(), 32u);
+    EXPECT_FALSE(e["KRUG_JOB_ID"].empty());
+    EXPECT_EQ(e["HOROVOD_CONTROLLER"], "gloo");
+    EXPECT_EQ(e["HOROVOD_CPU_OPERATIONS"], "gloo");
+    // One job: every rank shares the rendezvous, the secret and the job id.
+    for (const char* k : {"KRUG_RENDEZVOUS_PORT", "KRUG_SECRET", "KRUG_JOB_ID"})
+      EXPECT_EQ(e[k], env[0][k]) << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Np, LauncherEnv, ::testing::Values(1, 2, 3, 4));
+
+TEST(Launcher, RanksAreLaidOutHostByHost) {
+  Krugrun run({"-np", "3", "-H", "localhost:2,127.0.0.1:2", "sh", "-c", kPrintEnv});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  auto env = env_by_rank(run.out());
+  ASSERT_EQ(env.size(), 3u);
+  EXPECT_EQ(env[1]["KRUG_HOSTNAME"], "localhost");
+  EXPECT_EQ(env[1]["KRUG_LOCAL_RANK"], "1");
+  EXPECT_EQ(env[1]["KRUG_LOCAL_SIZE"], "2");
+  EXPECT_EQ(env[2]["KRUG_HOSTNAME"], "127.0.0.1");
+  EXPECT_EQ(env[2]["KRUG_LOCAL_RANK"], "0");
+  EXPECT_EQ(env[2]["KRUG_LOCAL_SIZE"], "1");
+  EXPECT_EQ(env[2]["HOROVOD_CROSS_RANK"], "1");
+  EXPECT_EQ(env[0]["HOROVOD_CROSS_SIZE"], "2");
+}
+
+TEST(Launcher, PrefixesWholeLinesPerStream) {
+  Krugrun run({"-np", "2", "sh", "-c",
+               "echo out $KRUG_RANK; echo err $KRUG_RANK >&2; printf 'tail %s' $KRUG_RANK"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  for (int r = 0; r < 2; ++r) {
+    std::string p = "[" + std::to_string(r) + "]";
+    EXPECT_TRUE(contains(run.out(), p + "<stdout>:out " + std::to_string(r) + "\n")) << run.out();
+    EXPECT_TRUE(contains(run.out(), p + "<stdout>:tail " + std::to_string(r) + "\n")) << run.out();
+    EXPECT_TRUE(contains(run.err(), p + "<stderr>:err " + std::to_string(r) + "\n")) << run.err();
+  }
+  EXPECT_FALSE(contains(run.out(), "<stderr>"));
+}
+
+TEST(Launcher, NoPrefix) {
+  Krugrun run({"-np", "2", "--no-prefix", "sh", "-c", "echo hello; echo oops >&2"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  EXPECT_EQ(run.out(), "hello\nhello\n");
+  EXPECT_EQ(run.err(), "oops\noops\n");
+}
+
+TEST(Launcher, OutputFilenameWritesPerRankFiles) {
+  fs::path dir = fs::temp_directory_path() / unique_marker();
+  Krugrun real({"-np", "2", "--output-filename", dir.string(), "sh", "-c",
+                "echo out $KRUG_RANK; echo err $KRUG_RANK >&2"});
+  ASSERT_EQ(real.wait(), 0) << real.err();
+  for (int r = 0; r < 2; ++r) {
+    fs::path rank_dir = dir / ("rank." + std::to_string(r));
+    EXPECT_EQ(read_file(rank_dir / "stdout"), "out " + std::to_string(r) + "\n");
+    EXPECT_EQ(read_file(rank_dir / "stderr"), "err " + std::to_string(r) + "\n");
+  }
+  EXPECT_TRUE(contains(real.out(), "[1]<stdout>:out 1"));  // the terminal still gets it
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, EnvironmentFlagsReachRanks) {
+  ::setenv("KRUG_TEST_FORWARDED", "inherited", 1);
+  Krugrun run({"-np", "2", "-x", "KRUG_TEST_SET=hello world", "-x", "KRUG_TEST_FORWARDED",
+               "--fusion-threshold-mb", "2", "--cycle-time-ms", "3.5", "--cache-capacity", "7",
+               "--no-prefix", "sh", "-c",
+               "echo \"$KRUG_TEST_SET|$KRUG_TEST_FORWARDED|$KRUG_FUSION_THRESHOLD|"
+               "$KRUG_CYCLE_TIME|$KRUG_CACHE_CAPACITY\""});
+  ::unsetenv("KRUG_TEST_FORWARDED");
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  std::string line = "hello world|inherited|2097152|3.5|7\n";
+  EXPECT_EQ(run.out(), line + line);
+}
+
+TEST(Launcher, CommandKeepsItsOwnOptions) {
+  Krugrun run({"-np", "1", "--no-prefix", "sh", "-c", "echo \"$@\"", "sh", "--lr", "0.1", "-np",
+               "5"});
+  ASSERT_EQ(run.wait(), 0) << run.err();
+  EXPECT_EQ(run.out(), "--lr 0.1 -np 5\n");
+}
+
+TEST(Launcher, FailingRankStopsTheJob) {
+  std::string marker = unique_marker();
+  Krugrun run({"-np", "3", "-x", "MARK=" + marker, "sh", "-c",
+               "if [ $KRUG_RANK = 1 ]; then exit 3; fi; sleep 60; echo unreachable"});
+  EXPECT_EQ(run.wait(), 3) << run.err();
+  EXPECT_LT(run.seconds(), 10.0);
+  auto lines = lines_of(run.err());
+  ASSERT_FALSE(lines.empty());
+  // The root cause is the last line; the others are mentioned as stopped.
+  EXPECT_EQ(lines.back(), "krugrun: rank 1 on host localhost exited with status 3") << run.err();
+  EXPECT_TRUE(contains(run.err(), "rank 0 on host localhost also stopped")) << run.err();
+  EXPECT_EQ(count_processes_with(marker), 0);
+}
+
+TEST(Launcher, RankKilledBySignalIsReported) {
+  Krugrun run({"-np", "2", "sh", "-c",
+               "if [ $KRUG_RANK = 0 ]; then kill -9 $$; fi; sleep 60"});
+  EXPECT_EQ(run.wait(), 128 + 9) << run.err();
+  EXPECT_LT(run.seconds(), 10.0);
+  EXPECT_EQ(lines_of(run.err()).back(),
+            "krugrun: rank 0 on host localhost was killed by signal 9 (SIGKILL)")
+      << run.err();
+}
+
+// Waits until `n` processes carry the marker (ranks started).
+bool wait_for_processes(const std::string& marker, int n) {
+  for (int i = 0; i < 500; ++i) {
+    if (count_processes_with(marker) >= n) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST(Launcher, SigintStopsEveryRank) {
+  std::string marker = unique_marker();
+  // `sleep; echo` keeps sh alive as the sleep's parent: the whole group must be stopped.
+  Krugrun run({"-np", "3", "-x", "MARK=" + marker, "sh", "-c", "sleep 60; echo done"});
+  ASSERT_TRUE(wait_for_processes(marker, 6));
+  ::kill(run.pid(), SIGINT);
+  EXPECT_EQ(run.wait(), 130) << run.err();
+  EXPECT_LT(run.seconds(), 10.0);
+  EXPECT_EQ(count_processes_with(marker), 0);
+  EXPECT_TRUE(contains(run.err(), "SIGINT")) << run.err();
+}
+
+TEST(Launcher, SecondSigintKillsRanksThatIgnoreSigterm) {
+  std::string marker = unique_marker();
+  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sh", "-c",
+               "trap '' TERM; sleep 60; echo done"});
+  ASSERT_TRUE(wait_for_processes(marker, 4));
+  ::kill(run.pid(), SIGINT);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(count_processes_with(marker), 4);  // SIGTERM ignored: still in the grace period
+  ::kill(run.pid(), SIGINT);
+  EXPECT_EQ(run.wait(), 130) << run.err();
+  EXPECT_LT(run.seconds(), 4.0);  // well before the 5 s grace
+  EXPECT_EQ(count_processes_with(marker), 0);
+}
+
+TEST(Launcher, SigtermExits143) {
+  std::string marker = unique_marker();
+  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sh", "-c", "sleep 60; echo done"});
+  ASSERT_TRUE(wait_for_processes(marker, 4));
+  ::kill(run.pid(), SIGTERM);
+  EXPECT_EQ(run.wait(), 143) << run.err();
+  EXPECT_EQ(count_processes_with(marker), 0);
+}
+
+TEST(Launcher, RanksDieWithAKilledLauncher) {
+  std::string marker = unique_marker();
+  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sleep", "60"});
+  ASSERT_TRUE(wait_for_processes(marker, 2));
+  ::kill(run.pid(), SIGKILL);  // PR_SET_PDEATHSIG takes the direct children with it
+  EXPECT_EQ(run.wait(), 128 + 9);
+  for (int i = 0; i < 200 && count_processes_with(marker) > 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(count_processes_with(marker), 0);
+}
+
+struct BadArgs {
+  std::vector<std::string> args;
+  std::string message;
+};
+
+TEST(Launcher, UsageErrorsAreExplained) {
+  const std::vector<BadArgs> cases = {
+      {{"-np", "0", "true"}, "-np must be at least 1"},
+      {{"-np", "3", "-H", "localhost:2", "true"}, "provides only 2"},
+      {{"-np", "1", "-H", "localhost:two", "true"}, "host:slots"},
+      {{"-np", "1", "-H", "localhost:1,,x", "true"}, "empty host entry"},
+      {{"-np", "1"}, "no command"},
+      {{"-np", "1", "--bogus", "true"}, "unknown option '--bogus'"},
+  };
+  for (const auto& c : cases) {
+    Krugrun run(c.args);
+    int code = run.wait();
+    EXPECT_EQ(code, 2) << c.message << ": " << run.err();
+    EXPECT_TRUE(contains(run.err(), c.message)) << run.err();
+  }
+}
+
+TEST(Launcher, RemoteHostsNeedSsh) {
+  Krugrun run({"-np", "2", "-H", "localhost:1,gpu-node-7:1", "true"});
+  EXPECT_NE(run.wait(), 0);
+  EXPECT_TRUE(contains(run.err(), "'gpu-node-7' is remote")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "ssh support")) << run.err();
+}
+
+TEST(Launcher, MissingCommandIsNamed) {
+  Krugrun run({"-np", "2", "krug-no-such-command"});
+  EXPECT_NE(run.wait(), 0);
+  EXPECT_TRUE(contains(run.err(), "cannot start rank 0 on host localhost: "
+                                  "'krug-no-such-command': No such file or directory"))
+      << run.err();
+}
+
+}  // namespace
