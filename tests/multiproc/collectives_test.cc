@@ -1,0 +1,325 @@
+// Real ranks through the real launcher: `krugrun -np N krug_test_worker <scenario>`.
+//
+// The worker (krug_test_worker.cc) checks every value itself and prints "rank R: <scenario> OK"
+// as its last line; these tests assert krugrun's exit code, those lines, the error messages the
+// failure scenarios must produce, and that no rank outlives its job.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// Every run gets this long before it is killed and failed.
+constexpr auto kRunTimeout = 120s;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string line; std::getline(ss, line);) out.push_back(line);
+  return out;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+std::string unique_marker() {
+  std::random_device rd;
+  return "krugmp" + std::to_string(::getpid()) + "x" + std::to_string(rd());
+}
+
+// Processes (other than this one) whose environment contains `marker`.
+int count_processes_with(const std::string& marker) {
+  int count = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoi(name) == ::getpid()) continue;
+    if (contains(read_file(entry.path() / "environ"), marker)) ++count;
+  }
+  return count;
+}
+
+// One krugrun job running krug_test_worker; output goes to files in a temp directory.
+class Job {
+ public:
+  Job(int np, const std::string& scenario, const std::vector<std::string>& env = {}) {
+    marker_ = unique_marker();
+    dir_ = fs::temp_directory_path() / marker_;
+    fs::create_directories(dir_);
+    std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker_};
+    for (const auto& e : env) {
+      args.push_back("-x");
+      args.push_back(e);
+    }
+    args.push_back(KRUG_TEST_WORKER_PATH);
+    args.push_back(scenario);
+    start_ = std::chrono::steady_clock::now();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int out = ::open((dir_ / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open((dir_ / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      std::vector<char*> argv{const_cast<char*>(KRUGRUN_PATH)};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(KRUGRUN_PATH, argv.data());
+      ::_exit(126);
+    }
+  }
+  ~Job() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);  // the ranks die with it (PR_SET_PDEATHSIG)
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // krugrun's exit code (128 + signal if it was killed); -1 after kRunTimeout (it is killed).
+  int wait() {
+    const auto deadline = start_ + kRunTimeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        exited_ = true;
+        seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(20ms);  // test code: polling a child is simplest
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    exited_ = true;
+    return -1;
+  }
+
+  std::string out() const { return read_file(dir_ / "out"); }
+  std::string err() const { return read_file(dir_ / "err"); }
+  // Both streams, the tail only: enough to see what went wrong in a failure message.
+  std::string output() const {
+    std::string all = "--- stdout ---\n" + out() + "--- stderr ---\n" + err();
+    return all.size() > 12000 ? "...\n" + all.substr(all.size() - 12000) : all;
+  }
+  double seconds() const { return seconds_; }
+  const std::string& marker() const { return marker_; }
+  fs::path dir() const { return dir_; }
+
+  // Lines rank `r` printed on stdout, without krugrun's "[r]<stdout>:" prefix.
+  std::vector<std::string> rank_lines(int r) const {
+    const std::string prefix = "[" + std::to_string(r) + "]<stdout>:";
+    std::vector<std::string> lines;
+    for (const auto& line : lines_of(out()))
+      if (line.rfind(prefix, 0) == 0) lines.push_back(line.substr(prefix.size()));
+    return lines;
+  }
+  bool rank_printed(int r, const std::string& text) const {
+    for (const auto& line : rank_lines(r))
+      if (contains(line, text)) return true;
+    return false;
+  }
+
+ private:
+  std::string marker_;
+  fs::path dir_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  double seconds_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Runs a scenario that must pass on every rank.
+void expect_passes(int np, const std::string& scenario, const std::vector<std::string>& env = {}) {
+  Job job(np, scenario, env);
+  const int code = job.wait();
+  ASSERT_NE(code, -1) << scenario << " -np " << np << " did not finish in "
+                      << kRunTimeout.count() << " s\n" << job.output();
+  EXPECT_EQ(code, 0) << scenario << " -np " << np << "\n" << job.output();
+  for (int r = 0; r < np; ++r)
+    EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": " + scenario + " OK"))
+        << "rank " << r << " did not report success\n" << job.output();
+  EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
+std::string np_name(const ::testing::TestParamInfo<int>& info) {
+  return "np" + std::to_string(info.param);
+}
+
+// ---- Scenarios that pass for every rank count.
+
+class AllSizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(AllSizes, EveryOpAndDtype) { expect_passes(GetParam(), "ops"); }
+TEST_P(AllSizes, ThousandAllreducesInFlight) { expect_passes(GetParam(), "inflight"); }
+TEST_P(AllSizes, JoinWithUnevenBatches) { expect_passes(GetParam(), "join"); }
+TEST_P(AllSizes, InitShutdownInitAgain) { expect_passes(GetParam(), "reinit"); }
+
+INSTANTIATE_TEST_SUITE_P(Np, AllSizes, ::testing::Values(1, 2, 3, 4), np_name);
+
+// ---- Scenarios that need at least two ranks.
+
+class MultiRank : public ::testing::TestWithParam<int> {};
+
+TEST_P(MultiRank, ProcessSetsOfEvenAndOddRanks) { expect_passes(GetParam(), "process_sets"); }
+TEST_P(MultiRank, DuplicateNameInFlightFails) { expect_passes(GetParam(), "duplicate_name"); }
+
+INSTANTIATE_TEST_SUITE_P(Np, MultiRank, ::testing::Values(2, 3, 4), np_name);
+
+// Every rank gets the mismatch error (the worker checks it names the tensor and the odd rank)
+// and the job goes on.
+struct MismatchCase {
+  std::string scenario;
+  int np;
+};
+
+class Mismatch : public ::testing::TestWithParam<MismatchCase> {};
+
+TEST_P(Mismatch, EveryRankGetsTheErrorAndTheJobGoesOn) {
+  const auto& c = GetParam();
+  Job job(c.np, c.scenario);
+  const int code = job.wait();
+  ASSERT_NE(code, -1) << job.output();
+  EXPECT_EQ(code, 0) << job.output();
+  for (int r = 0; r < c.np; ++r) {
+    EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": " + c.scenario + " OK"))
+        << job.output();
+    // The worker prints each error it got; the odd rank is named in every one of them.
+    EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(c.np - 1) + ":")) << job.output();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, Mismatch,
+    ::testing::Values(MismatchCase{"mismatch_dtype", 2}, MismatchCase{"mismatch_dtype", 3},
+                      MismatchCase{"mismatch_shape", 2}, MismatchCase{"mismatch_shape", 4},
+                      MismatchCase{"mismatch_op", 2}, MismatchCase{"mismatch_op", 3},
+                      MismatchCase{"mismatch_root", 2}, MismatchCase{"mismatch_root", 3}),
+    [](const ::testing::TestParamInfo<MismatchCase>& info) {
+      return info.param.scenario + "_np" + std::to_string(info.param.np);
+    });
+
+// ---- Failures: a killed rank and a stall.
+
+class Failures : public ::testing::TestWithParam<int> {};
+
+TEST_P(Failures, KilledRankFailsTheOthersInBoundedTime) {
+  const int np = GetParam();
+  Job job(np, "killed_rank");
+  const int code = job.wait();
+  ASSERT_NE(code, -1) << job.output();
+  EXPECT_EQ(code, 128 + 9) << job.output();
+  const auto err_lines = lines_of(job.err());
+  ASSERT_FALSE(err_lines.empty()) << job.output();
+  EXPECT_EQ(err_lines.back(), "krugrun: rank " + std::to_string(np - 1) +
+                                  " on host localhost was killed by signal 9 (SIGKILL)")
+      << job.output();
+  for (int r = 0; r + 1 < np; ++r) {
+    // "rank R: error after S s: <message>", then "rank R: killed_rank OK".
+    EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": killed_rank OK"))
+        << job.output();
+    for (const auto& line : job.rank_lines(r)) {
+      const std::string tag = "error after ";
+      auto at = line.find(tag);
+      if (at == std::string::npos) continue;
+      const double seconds = std::stod(line.substr(at + tag.size()));
+      EXPECT_LT(seconds, 30.0) << line;
+      EXPECT_TRUE(contains(line, "rank " + std::to_string(np - 1))) << line;
+      std::cout << "[rank " << r << " of " << np << "] " << line << std::endl;
+    }
+  }
+  EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
+TEST_P(Failures, StalledOperationFailsOnEveryRank) {
+  const int np = GetParam();
+  Job job(np, "stall",
+          {"KRUG_STALL_CHECK_TIME_SECONDS=1", "KRUG_STALL_SHUTDOWN_TIME_SECONDS=3"});
+  const int code = job.wait();
+  ASSERT_NE(code, -1) << job.output();
+  EXPECT_EQ(code, 0) << job.output();
+  for (int r = 0; r < np; ++r) {
+    EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": stall OK")) << job.output();
+    EXPECT_TRUE(job.rank_printed(r, "stall.only_rank0")) << job.output();
+  }
+  // The stall inspector warned before it gave up.
+  EXPECT_TRUE(contains(job.err(), "stall")) << job.output();
+  EXPECT_EQ(count_processes_with(job.marker()), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Np, Failures, ::testing::Values(2, 3), np_name);
+
+// ---- Timeline: rank 0 writes a Chrome trace with negotiation and execution phases.
+
+TEST(Timeline, HasNegotiateAndAllreducePhasesPerTensor) {
+  const fs::path path = fs::temp_directory_path() / (unique_marker() + "-timeline.json");
+  expect_passes(2, "timeline", {"KRUG_TIMELINE=" + path.string()});
+  ASSERT_TRUE(fs::exists(path));
+  const std::string text = read_file(path);
+  nlohmann::json trace;
+  ASSERT_NO_THROW(trace = nlohmann::json::parse(text)) << text.substr(0, 2000);
+  // Either a bare array of events or {"traceEvents": [...]}.
+  const nlohmann::json& events = trace.is_array() ? trace : trace.at("traceEvents");
+  std::map<int64_t, std::string> row_name;           // pid -> tensor
+  std::map<std::string, std::set<std::string>> phases;  // tensor -> phases begun
+  for (const auto& e : events)
+    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name")
+      row_name[e.at("pid").get<int64_t>()] = e.at("args").at("name").get<std::string>();
+  for (const auto& e : events)
+    if (e.value("ph", "") == "B" && e.contains("pid"))
+      phases[row_name[e.at("pid").get<int64_t>()]].insert(e.at("name").get<std::string>());
+  for (int k = 0; k < 3; ++k) {
+    const std::string tensor = "timeline.t" + std::to_string(k);
+    ASSERT_TRUE(phases.count(tensor)) << "no row for " << tensor << " in\n" << text.substr(0, 4000);
+    EXPECT_TRUE(phases[tensor].count("NEGOTIATE_ALLREDUCE")) << tensor;
+    EXPECT_TRUE(phases[tensor].count("ALLREDUCE")) << tensor;
+  }
+  fs::remove(path);
+}
+
+// A worker without krugrun is a job of one (no rendezvous needed).
+TEST(Worker, RunsWithoutKrugrunAsAJobOfOne) {
+  const std::string cmd = "timeout 120 " + std::string(KRUG_TEST_WORKER_PATH) + " ops > /dev/null 2>&1";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    // The test's environment may carry KRUG_* variables of an enclosing job; drop them.
+    for (const char* v : {"KRUG_RANK", "KRUG_SIZE", "KRUG_RENDEZVOUS_ADDR", "KRUG_RENDEZVOUS_PORT",
+                          "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+                          "HOROVOD_GLOO_RENDEZVOUS_PORT"})
+      ::unsetenv(v);
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(126);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+}
+
+}  // namespace

@@ -1,0 +1,1016 @@
+// A rank of a multi-process test: `krugrun -np N krug_test_worker <scenario>`.
+//
+// Uses only the public API (krug/krug.h). Every scenario computes the value each rank must see
+// from a closed-form rule (inputs are small integers, exactly representable in every dtype,
+// float16 and bfloat16 included), checks it, and prints one line per wrong element (rank,
+// operation, tensor, element, expected, got). Exit status: 0 when everything held, 1 when a
+// check failed, 2 for a usage error. The last line of a passing rank is "rank R: <scenario> OK".
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "krug/krug.h"
+
+namespace {
+
+using krug::DataType;
+using krug::ReduceOp;
+using krug::Shape;
+using Clock = std::chrono::steady_clock;
+
+constexpr DataType kAllTypes[] = {
+    DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,   DataType::kInt32,
+    DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16, DataType::kFloat32,
+    DataType::kFloat64, DataType::kBool};
+
+int g_rank = -1;
+int g_failures = 0;
+
+std::string who() { return "rank " + std::to_string(g_rank); }
+
+// Prints a failed check; the scenario goes on so one run shows every wrong value (capped).
+void report(const std::string& message) {
+  ++g_failures;
+  if (g_failures <= 40) std::cerr << who() << ": FAIL: " << message << std::endl;
+  if (g_failures == 41) std::cerr << who() << ": FAIL: (further failures not shown)" << std::endl;
+}
+
+[[noreturn]] void die(const std::string& message) {
+  std::cerr << who() << ": FAIL: " << message << std::endl;
+  std::exit(1);
+}
+
+void expect(bool ok, const std::string& message) {
+  if (!ok) report(message);
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string str(DataType t) { return std::string(krug::dtype_name(t)); }
+std::string str(ReduceOp op) { return std::string(krug::reduce_op_name(op)); }
+std::string str(const Shape& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+template <typename T>
+std::string str(const std::vector<T>& v) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i];
+  o << "]";
+  return o.str();
+}
+
+int64_t elements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+bool is_signed(DataType t) { return t != DataType::kUInt8 && t != DataType::kBool; }
+
+// ---- float16 / bfloat16 bit patterns, computed here so the test does not trust the library's
+// own conversions. Only exactly representable values are accepted.
+
+uint16_t half_bits(double v) {
+  if (v == 0) return std::signbit(v) ? 0x8000 : 0;
+  uint16_t sign = v < 0 ? 0x8000 : 0;
+  int exp = 0;
+  double frac = std::frexp(std::fabs(v), &exp);  // |v| = frac * 2^exp, frac in [0.5, 1)
+  int e = exp - 1;                               // |v| = (2 frac) * 2^e, 2 frac in [1, 2)
+  double mant = (2 * frac - 1) * 1024;
+  if (e < -14 || e > 15 || mant != std::floor(mant))
+    die("test bug: " + std::to_string(v) + " is not an exact normal float16");
+  return static_cast<uint16_t>(sign | ((e + 15) << 10) | static_cast<int>(mant));
+}
+
+double half_value(uint16_t h) {
+  int e = (h >> 10) & 0x1f;
+  int m = h & 0x3ff;
+  double sign = (h & 0x8000) ? -1 : 1;
+  if (e == 0) return sign * std::ldexp(m, -24);
+  if (e == 31) return m ? NAN : sign * INFINITY;
+  return sign * std::ldexp(1024 + m, e - 25);
+}
+
+uint16_t bf16_bits(double v) {
+  float f = static_cast<float>(v);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (static_cast<double>(f) != v || (u & 0xffff) != 0)
+    die("test bug: " + std::to_string(v) + " is not an exact bfloat16");
+  return static_cast<uint16_t>(u >> 16);
+}
+
+double bf16_value(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// A tensor of any dtype, read and written as doubles.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DataType t, Shape shape)
+      : type_(t), shape_(std::move(shape)),
+        bytes_(static_cast<size_t>(elements(shape_)) * krug::dtype_size(t)) {}
+  // Wraps a result returned by the library.
+  Tensor(DataType t, Shape shape, const std::vector<uint8_t>& bytes)
+      : type_(t), shape_(std::move(shape)), bytes_(bytes) {}
+
+  DataType type() const { return type_; }
+  const Shape& shape() const { return shape_; }
+  int64_t size() const { return static_cast<int64_t>(bytes_.size() / krug::dtype_size(type_)); }
+  void* data() { return bytes_.empty() ? nullptr : bytes_.data(); }
+  const void* data() const { return bytes_.empty() ? nullptr : bytes_.data(); }
+
+  void set(int64_t i, double v) {
+    uint8_t* p = bytes_.data() + i * krug::dtype_size(type_);
+    switch (type_) {
+      case DataType::kUInt8: *p = static_cast<uint8_t>(v); break;
+      case DataType::kInt8: store<int8_t>(p, v); break;
+      case DataType::kInt16: store<int16_t>(p, v); break;
+      case DataType::kInt32: store<int32_t>(p, v); break;
+      case DataType::kInt64: store<int64_t>(p, v); break;
+      case DataType::kFloat16: store<uint16_t>(p, half_bits(v)); break;
+      case DataType::kBFloat16: store<uint16_t>(p, bf16_bits(v)); break;
+      case DataType::kFloat32: store<float>(p, v); break;
+      case DataType::kFloat64: store<double>(p, v); break;
+      case DataType::kBool: *p = v != 0 ? 1 : 0; break;
+    }
+  }
+  double get(int64_t i) const {
+    const uint8_t* p = bytes_.data() + i * krug::dtype_size(type_);
+    switch (type_) {
+      case DataType::kUInt8: return *p;
+      case DataType::kInt8: return load<int8_t>(p);
+      case DataType::kInt16: return load<int16_t>(p);
+      case DataType::kInt32: return load<int32_t>(p);
+      case DataType::kInt64: return static_cast<double>(load<int64_t>(p));
+      case DataType::kFloat16: return half_value(load<uint16_t>(p));
+      case DataType::kBFloat16: return bf16_value(load<uint16_t>(p));
+      case DataType::kFloat32: return load<float>(p);
+      case DataType::kFloat64: return load<double>(p);
+      case DataType::kBool: return *p;  // raw byte: a bool must come back as 0 or 1
+    }
+    return NAN;
+  }
+  void fill(const std::function<double(int64_t)>& f) {
+    for (int64_t i = 0; i < size(); ++i) set(i, f(i));
+  }
+
+ private:
+  template <typename T, typename V>
+  static void store(uint8_t* p, V v) {
+    T t = static_cast<T>(v);
+    std::memcpy(p, &t, sizeof(T));
+  }
+  template <typename T>
+  static T load(const uint8_t* p) {
+    T t;
+    std::memcpy(&t, p, sizeof(T));
+    return t;
+  }
+
+  DataType type_ = DataType::kFloat32;
+  Shape shape_;
+  std::vector<uint8_t> bytes_;
+};
+
+// Compares every element; `what` names the operation and tensor in the message.
+void check_values(const std::string& what, const Tensor& got,
+                  const std::function<double(int64_t)>& want) {
+  int shown = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    double g = got.get(i), w = want(i);
+    if (g == w) continue;
+    std::ostringstream o;
+    o << what << " (" << str(got.type()) << ", shape " << str(got.shape()) << ") element " << i
+      << ": expected " << w << ", got " << g;
+    report(o.str());
+    if (++shown == 3) {  // a few per tensor are enough to see the pattern
+      report(what + ": more wrong elements not shown");
+      return;
+    }
+  }
+}
+
+void check_shape(const std::string& what, const Shape& got, const Shape& want) {
+  expect(got == want, what + ": expected output shape " + str(want) + ", got " + str(got));
+}
+
+// Runs `f`, which must throw krug::Error; returns its message ("" and a failure if it did not).
+std::string expect_error(const std::string& what, const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const krug::Error& e) {
+    return e.what();
+  }
+  report(what + ": expected a krug::Error, but the operation succeeded");
+  return {};
+}
+
+// ---- Inputs with known reductions.
+
+// Input of element i on rank r for a reduction `op` over `n` ranks. Values are small integers
+// so sums, products and averages are exact in every dtype (average: the sum is a multiple of n).
+double reduce_input(ReduceOp op, DataType t, int64_t i, int r) {
+  const bool sgn = is_signed(t);
+  if (t == DataType::kBool) return (i + r) % 3 == 0 ? 1 : 0;
+  switch (op) {
+    case ReduceOp::kSum: return static_cast<double>(i % 7 + r - (sgn ? 3 : 0));
+    case ReduceOp::kAverage: return static_cast<double>(i % 5 + 2 * r - (sgn ? 2 : 0));
+    case ReduceOp::kMin:
+    case ReduceOp::kMax: return static_cast<double>((i * 5 + r * 3) % 9 - (sgn ? 4 : 0));
+    case ReduceOp::kProduct: {
+      static const double kSigned[] = {1, 2, -1};
+      static const double kUnsigned[] = {1, 2};
+      return sgn ? kSigned[(i + r) % 3] : kUnsigned[(i + r) % 2];
+    }
+  }
+  return 0;
+}
+
+// The reduction of reduce_input over ranks `ranks`, computed in double (exact here).
+// Bool: sum/average/max are OR, min/product are AND; scale factors leave bools unchanged.
+double reduce_expected(ReduceOp op, DataType t, int64_t i, const std::vector<int>& ranks,
+                       double pre = 1, double post = 1) {
+  double acc = 0;
+  bool first = true;
+  for (int r : ranks) {
+    double v = reduce_input(op, t, i, r) * (t == DataType::kBool ? 1 : pre);
+    if (first) {
+      acc = v;
+      first = false;
+      continue;
+    }
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAverage: acc = t == DataType::kBool ? std::max(acc, v) : acc + v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+      case ReduceOp::kProduct: acc = t == DataType::kBool ? std::min(acc, v) : acc * v; break;
+    }
+  }
+  if (t == DataType::kBool) return acc;
+  if (op == ReduceOp::kAverage) acc /= static_cast<double>(ranks.size());
+  return acc * post;
+}
+
+std::vector<int> range_ranks(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// Small per-(rank, row, column) values that fit int8 and are exact in float16.
+double cell(DataType t, int64_t a, int64_t b, int64_t c) {
+  int64_t v = (a * 17 + b * 5 + c) % 100;
+  if (t == DataType::kBool) return v % 2;
+  return static_cast<double>(is_signed(t) ? v - 50 : v);
+}
+
+// ---- Scenarios.
+
+struct PendingCheck {
+  std::string what;
+  krug::Handle handle;
+  std::function<void()> check;  // after a successful wait
+};
+
+void wait_all(std::vector<PendingCheck>& pending) {
+  for (auto& p : pending) {
+    try {
+      p.handle.wait();
+    } catch (const krug::Error& e) {
+      report(p.what + ": unexpected error: " + e.what());
+      continue;
+    }
+    p.check();
+  }
+  pending.clear();
+}
+
+struct ReduceCase {
+  ReduceOp op;
+  double pre, post;
+  const char* label;
+};
+
+const std::vector<Shape> kReduceShapes = {{0}, {3, 0}, {}, {1}, {7}, {7, 11, 13}};
+
+void ops_allreduce(int n) {
+  const ReduceCase cases[] = {
+      {ReduceOp::kSum, 1, 1, "sum"},           {ReduceOp::kAverage, 1, 1, "average"},
+      {ReduceOp::kMin, 1, 1, "min"},           {ReduceOp::kMax, 1, 1, "max"},
+      {ReduceOp::kProduct, 1, 1, "product"},   {ReduceOp::kSum, 2, 3, "sum_scaled"},
+      {ReduceOp::kAverage, 1, 2, "average_postscaled"}};
+  auto all = range_ranks(n);
+  // Everything at once (fusion and ordering get exercised), then checked.
+  std::vector<Tensor> inputs, outputs;
+  inputs.reserve(500);
+  outputs.reserve(500);
+  std::vector<PendingCheck> pending;
+  for (const auto& c : cases)
+    for (DataType t : kAllTypes)
+      for (size_t s = 0; s < kReduceShapes.size(); ++s) {
+        const Shape& shape = kReduceShapes[s];
+        std::string name = std::string("allreduce.") + c.label + "." + str(t) + "." +
+                           std::to_string(s);
+        inputs.emplace_back(t, shape);
+        inputs.back().fill([&](int64_t i) { return reduce_input(c.op, t, i, g_rank); });
+        // Alternate in-place and out-of-place.
+        const bool in_place = s % 2 == 0;
+        Tensor* in = &inputs.back();
+        Tensor* out = in;
+        if (!in_place) {
+          outputs.emplace_back(t, shape);
+          out = &outputs.back();
+        }
+        krug::ReduceOptions o;
+        o.op = c.op;
+        o.prescale_factor = c.pre;
+        o.postscale_factor = c.post;
+        auto h = krug::allreduce_async(name, in->data(), out->data(), t, shape, o);
+        pending.push_back({name, h, [=, &all] {
+                             check_values(name, *out, [&](int64_t i) {
+                               return reduce_expected(c.op, t, i, all, c.pre, c.post);
+                             });
+                           }});
+      }
+  wait_all(pending);
+}
+
+void ops_allgather(int n) {
+  // Variant 0: rank r has r + 1 rows of 3. Variant 1: rows = (r % 2) * 5, one dimension: some
+  // ranks contribute nothing. Variant 2: nobody contributes.
+  std::vector<std::function<int64_t(int)>> rows_of = {
+      [](int r) { return r + 1; }, [](int r) { return (r % 2) * 5; }, [](int) { return 0; }};
+  std::vector<Shape> rest = {{3}, {}, {2}};
+  std::vector<Tensor> inputs;
+  inputs.reserve(64);
+  std::vector<PendingCheck> pending;
+  for (size_t v = 0; v < rows_of.size(); ++v)
+    for (DataType t : kAllTypes) {
+      Shape shape{rows_of[v](g_rank)};
+      shape.insert(shape.end(), rest[v].begin(), rest[v].end());
+      const int64_t row = elements(rest[v]);
+      inputs.emplace_back(t, shape);
+      inputs.back().fill([&](int64_t i) { return cell(t, g_rank, i / row, i % row); });
+      std::string name = "allgather." + std::to_string(v) + "." + str(t);
+      auto h = krug::allgather_async(name, inputs.back().data(), t, shape);
+      pending.push_back({name, h, [=] {
+                           int64_t total = 0;
+                           std::vector<std::pair<int, int64_t>> owner;  // (rank, row in it)
+                           for (int r = 0; r < n; ++r)
+                             for (int64_t k = 0; k < rows_of[v](r); ++k, ++total)
+                               owner.push_back({r, k});
+                           Shape want{total};
+                           want.insert(want.end(), rest[v].begin(), rest[v].end());
+                           check_shape(name, h.output_shape(), want);
+                           Tensor got(t, h.output_shape(), h.output());
+                           if (got.size() != total * row) {
+                             report(name + ": expected " + std::to_string(total * row) +
+                                    " elements, got " + std::to_string(got.size()));
+                             return;
+                           }
+                           check_values(name, got, [&](int64_t i) {
+                             auto [r, k] = owner[i / row];
+                             return cell(t, r, k, i % row);
+                           });
+                         }});
+    }
+  wait_all(pending);
+}
+
+void ops_broadcast(int n) {
+  std::vector<Tensor> data;
+  data.reserve(256);
+  std::vector<PendingCheck> pending;
+  const std::vector<Shape> shapes = {{0}, {7}, {7, 11, 13}};
+  for (int root = 0; root < n; ++root)
+    for (DataType t : kAllTypes)
+      for (size_t s = 0; s < shapes.size(); ++s) {
+        data.emplace_back(t, shapes[s]);
+        Tensor* d = &data.back();
+        // Non-roots hold different values that must be overwritten.
+        d->fill([&](int64_t i) { return cell(t, g_rank + 7, i, 1); });
+        std::string name = "broadcast.root" + std::to_string(root) + "." + str(t) + "." +
+                           std::to_string(s);
+        auto h = krug::broadcast_async(name, d->data(), t, shapes[s], root);
+        pending.push_back({name, h, [=] {
+                             check_values(name + " from root " + std::to_string(root), *d,
+                                          [&](int64_t i) { return cell(t, root + 7, i, 1); });
+                           }});
+      }
+  wait_all(pending);
+}
+
+void ops_alltoall(int n) {
+  std::vector<Tensor> inputs;
+  inputs.reserve(64);
+  std::vector<PendingCheck> pending;
+  // Uneven: rank r sends (r + p) % 3 rows of 2 to rank p (zero rows to some ranks); row k of
+  // what r sends to p holds cell(r * 8 + p, k, col).
+  auto split = [](int from, int to) { return static_cast<int64_t>((from + to) % 3); };
+  for (DataType t : kAllTypes) {
+    std::vector<int64_t> splits;
+    int64_t rows = 0;
+    for (int p = 0; p < n; ++p) {
+      splits.push_back(split(g_rank, p));
+      rows += splits.back();
+    }
+    Shape shape{rows, 2};
+    inputs.emplace_back(t, shape);
+    Tensor& in = inputs.back();
+    int64_t row = 0;
+    for (int p = 0; p < n; ++p)
+      for (int64_t k = 0; k < splits[p]; ++k, ++row)
+        for (int c = 0; c < 2; ++c) in.set(row * 2 + c, cell(t, g_rank * 8 + p, k, c));
+    std::string name = "alltoall.uneven." + str(t);
+    auto h = krug::alltoall_async(name, in.data(), t, shape, splits);
+    pending.push_back({name, h, [=] {
+                         std::vector<int64_t> want_splits;
+                         std::vector<double> want;
+                         for (int p = 0; p < n; ++p) {
+                           want_splits.push_back(split(p, g_rank));
+                           for (int64_t k = 0; k < want_splits.back(); ++k)
+                             for (int c = 0; c < 2; ++c)
+                               want.push_back(cell(t, p * 8 + g_rank, k, c));
+                         }
+                         expect(h.received_splits() == want_splits,
+                                name + ": expected received splits " + str(want_splits) +
+                                    ", got " + str(h.received_splits()));
+                         check_shape(name, h.output_shape(),
+                                     {static_cast<int64_t>(want.size() / 2), 2});
+                         Tensor got(t, h.output_shape(), h.output());
+                         if (got.size() != static_cast<int64_t>(want.size())) {
+                           report(name + ": expected " + std::to_string(want.size()) +
+                                  " elements, got " + std::to_string(got.size()));
+                           return;
+                         }
+                         check_values(name, got, [&](int64_t i) { return want[i]; });
+                       }});
+  }
+  // Even split (no splits given): 2 rows to every rank, 1-D.
+  for (DataType t : {DataType::kFloat32, DataType::kInt64, DataType::kFloat16}) {
+    Shape shape{2 * n};
+    inputs.emplace_back(t, shape);
+    inputs.back().fill([&](int64_t i) { return cell(t, g_rank, i / 2, i % 2); });
+    std::string name = "alltoall.even." + str(t);
+    auto h = krug::alltoall_async(name, inputs.back().data(), t, shape);
+    pending.push_back({name, h, [=] {
+                         check_shape(name, h.output_shape(), {2 * n});
+                         expect(h.received_splits() == std::vector<int64_t>(n, 2),
+                                name + ": expected received splits of 2, got " +
+                                    str(h.received_splits()));
+                         Tensor got(t, h.output_shape(), h.output());
+                         if (got.size() != 2 * n) return report(name + ": wrong size");
+                         // From rank p: p's rows 2 me, 2 me + 1.
+                         check_values(name, got, [&](int64_t i) {
+                           int p = static_cast<int>(i / 2);
+                           int64_t k = 2 * g_rank + i % 2;
+                           return cell(t, p, k / 2, k % 2);
+                         });
+                       }});
+  }
+  wait_all(pending);
+}
+
+void ops_reducescatter(int n) {
+  auto all = range_ranks(n);
+  std::vector<Tensor> inputs;
+  inputs.reserve(128);
+  std::vector<PendingCheck> pending;
+  // Row counts: uneven (2n + 1), fewer rows than ranks (1), and none.
+  const std::vector<int64_t> row_counts = {2 * n + 1, 1, 0};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax})
+    for (DataType t : kAllTypes)
+      for (int64_t rows : row_counts) {
+        Shape shape{rows, 3};
+        inputs.emplace_back(t, shape);
+        inputs.back().fill([&](int64_t i) { return reduce_input(op, t, i, g_rank); });
+        std::string name = "reducescatter." + str(op) + "." + str(t) + "." + std::to_string(rows);
+        krug::ReduceOptions o;
+        o.op = op;
+        auto h = krug::reducescatter_async(name, inputs.back().data(), t, shape, o);
+        pending.push_back({name, h, [=, &all] {
+                             int64_t start = 0;
+                             for (int r = 0; r < g_rank; ++r)
+                               start += rows / n + (r < rows % n ? 1 : 0);
+                             int64_t mine = rows / n + (g_rank < rows % n ? 1 : 0);
+                             check_shape(name, h.output_shape(), {mine, 3});
+                             Tensor got(t, {mine, 3}, h.output());
+                             if (got.size() != mine * 3) {
+                               report(name + ": expected " + std::to_string(mine * 3) +
+                                      " elements, got " + std::to_string(got.size()));
+                               return;
+                             }
+                             check_values(name, got, [&](int64_t i) {
+                               return reduce_expected(op, t, start * 3 + i, all);
+                             });
+                           }});
+      }
+  wait_all(pending);
+}
+
+void ops_grouped(int n) {
+  auto all = range_ranks(n);
+  // A group of one dtype (fusable) and one of mixed dtypes and sizes, zero-size included.
+  std::vector<std::vector<std::pair<DataType, Shape>>> groups = {
+      {{DataType::kFloat32, {1}}, {DataType::kFloat32, {7}}, {DataType::kFloat32, {1001}}},
+      {{DataType::kInt32, {7}}, {DataType::kFloat64, {0}}, {DataType::kBFloat16, {1001}},
+       {DataType::kUInt8, {3, 3}}}};
+  std::vector<std::vector<Tensor>> tensors(groups.size());
+  std::vector<PendingCheck> pending;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<krug::GroupTensor> members;
+    tensors[g].reserve(groups[g].size());
+    for (const auto& [t, shape] : groups[g]) {
+      tensors[g].emplace_back(t, shape);
+      DataType tt = t;
+      tensors[g].back().fill([&](int64_t i) { return reduce_input(ReduceOp::kSum, tt, i, g_rank); });
+      members.push_back({tensors[g].back().data(), tensors[g].back().data(), t, shape});
+    }
+    std::string name = "grouped." + std::to_string(g);
+    krug::ReduceOptions o;
+    o.op = ReduceOp::kSum;
+    auto h = krug::grouped_allreduce_async(name, members, o);
+    pending.push_back({name, h, [=, &tensors, &all] {
+                         for (size_t k = 0; k < tensors[g].size(); ++k) {
+                           const Tensor& got = tensors[g][k];
+                           check_values(name + "." + std::to_string(k), got, [&](int64_t i) {
+                             return reduce_expected(ReduceOp::kSum, got.type(), i, all);
+                           });
+                         }
+                       }});
+  }
+  wait_all(pending);
+}
+
+void scenario_ops() {
+  const int n = krug::size();
+  ops_allreduce(n);
+  ops_allgather(n);
+  ops_broadcast(n);
+  ops_alltoall(n);
+  ops_reducescatter(n);
+  ops_grouped(n);
+  for (int i = 0; i < 3; ++i) krug::barrier();
+  // Synchronous calls too.
+  float x = static_cast<float>(g_rank + 1);
+  krug::ReduceOptions o;
+  o.op = ReduceOp::kSum;
+  krug::allreduce("sync.sum", &x, &x, DataType::kFloat32, {1}, o);
+  expect(x == n * (n + 1) / 2.0f,
+         "sync allreduce: expected " + std::to_string(n * (n + 1) / 2) + ", got " +
+             std::to_string(x));
+  double y = g_rank == n - 1 ? 42.5 : -1;
+  krug::broadcast("sync.broadcast", &y, DataType::kFloat64, {}, n - 1);
+  expect(y == 42.5, "sync broadcast: expected 42.5, got " + std::to_string(y));
+}
+
+void scenario_inflight() {
+  const int n = krug::size();
+  auto all = range_ranks(n);
+  constexpr int kOps = 1000;
+  std::vector<Tensor> tensors;
+  tensors.reserve(kOps);
+  std::vector<krug::Handle> handles;
+  for (int k = 0; k < kOps; ++k) {
+    // Sizes 0..~2000, all different order of magnitude mixes; a few dtypes so fusion splits.
+    const int64_t count = (k * 7919) % 2003;
+    DataType t = k % 3 == 0 ? DataType::kInt32 : (k % 3 == 1 ? DataType::kFloat32 : DataType::kFloat64);
+    tensors.emplace_back(t, Shape{count});
+    tensors.back().fill([&](int64_t i) { return reduce_input(ReduceOp::kSum, t, i + k, g_rank); });
+    krug::ReduceOptions o;
+    o.op = ReduceOp::kSum;
+    handles.push_back(krug::allreduce_async("inflight." + std::to_string(k), tensors.back().data(),
+                                            tensors.back().data(), t, {count}, o));
+  }
+  for (int k = 0; k < kOps; ++k) {
+    std::string name = "inflight." + std::to_string(k);
+    try {
+      handles[k].wait();
+    } catch (const krug::Error& e) {
+      report(name + ": unexpected error: " + e.what());
+      continue;
+    }
+    check_values(name, tensors[k], [&](int64_t i) {
+      return reduce_expected(ReduceOp::kSum, tensors[k].type(), i + k, all);
+    });
+  }
+}
+
+void scenario_process_sets() {
+  const int n = krug::size();
+  if (n < 2) die("process_sets needs at least 2 ranks");
+  std::vector<int> evens, odds;
+  for (int r = 0; r < n; ++r) (r % 2 ? odds : evens).push_back(r);
+  // Every rank adds both sets (collective over all ranks); odds given in descending order.
+  krug::ProcessSet even_set = krug::add_process_set(evens);
+  krug::ProcessSet odd_set = krug::add_process_set(std::vector<int>(odds.rbegin(), odds.rend()));
+  expect(even_set.id != 0 && odd_set.id != 0 && even_set.id != odd_set.id,
+         "add_process_set: expected two distinct non-global ids, got " +
+             std::to_string(even_set.id) + " and " + std::to_string(odd_set.id));
+  expect(krug::process_set_ranks(even_set) == evens,
+         "process_set_ranks(evens): expected " + str(evens) + ", got " +
+             str(krug::process_set_ranks(even_set)));
+  expect(krug::process_set_ranks(odd_set) == odds,
+         "process_set_ranks(odds): expected " + str(odds) + ", got " +
+             str(krug::process_set_ranks(odd_set)));
+  const bool even = g_rank % 2 == 0;
+  const krug::ProcessSet mine = even ? even_set : odd_set;
+  const krug::ProcessSet other = even ? odd_set : even_set;
+  const std::vector<int>& members = even ? evens : odds;
+  const int index = static_cast<int>(std::find(members.begin(), members.end(), g_rank) -
+                                     members.begin());
+  const std::string label = even ? "evens" : "odds";
+
+  // allreduce: sum and average of (rank + 1) over the set; both sets use the same names.
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    std::vector<double> v(5, g_rank + 1.0);
+    krug::ReduceOptions o;
+    o.op = op;
+    o.process_set = mine;
+    krug::allreduce("ps.allreduce." + str(op), v.data(), v.data(), DataType::kFloat64, {5}, o);
+    double want = 0;
+    for (int r : members) want += r + 1;
+    if (op == ReduceOp::kAverage) want /= members.size();
+    for (double x : v)
+      expect(x == want, "allreduce " + str(op) + " in " + label + ": expected " +
+                            std::to_string(want) + ", got " + std::to_string(x));
+  }
+  // allgather: index + 1 rows of the global rank.
+  {
+    std::vector<int32_t> in(index + 1, g_rank);
+    auto h = krug::allgather_async("ps.allgather", in.data(), DataType::kInt32,
+                                   {static_cast<int64_t>(in.size())}, mine);
+    h.wait();
+    std::vector<int32_t> want;
+    for (size_t i = 0; i < members.size(); ++i)
+      for (size_t k = 0; k <= i; ++k) want.push_back(members[i]);
+    std::vector<int32_t> got(h.output().size() / 4);
+    std::memcpy(got.data(), h.output().data(), got.size() * 4);
+    expect(got == want, "allgather in " + label + ": expected " + str(want) + ", got " + str(got));
+  }
+  // broadcast from every index of the set.
+  for (size_t root = 0; root < members.size(); ++root) {
+    int64_t v = g_rank * 1000;
+    krug::broadcast("ps.broadcast." + std::to_string(root), &v, DataType::kInt64, {1},
+                    static_cast<int>(root), mine);
+    expect(v == members[root] * 1000,
+           "broadcast in " + label + " from index " + std::to_string(root) + ": expected " +
+               std::to_string(members[root] * 1000) + ", got " + std::to_string(v));
+  }
+  // An op on a set this rank is not in fails on this rank.
+  {
+    float x = 1;
+    krug::ReduceOptions o;
+    o.process_set = other;
+    std::string msg = expect_error("allreduce on a set without this rank", [&] {
+      krug::allreduce("ps.not_member", &x, &x, DataType::kFloat32, {1}, o);
+    });
+    if (!msg.empty()) std::cout << who() << ": not-a-member error: " << msg << std::endl;
+  }
+  krug::barrier();
+  krug::remove_process_set(even_set);
+  krug::remove_process_set(odd_set);
+  {
+    float x = 1;
+    krug::ReduceOptions o;
+    o.process_set = mine;
+    std::string msg = expect_error("allreduce on a removed set", [&] {
+      krug::allreduce("ps.removed", &x, &x, DataType::kFloat32, {1}, o);
+    });
+    expect(msg.empty() || contains(msg, std::to_string(mine.id)),
+           "removed-set error should name process set " + std::to_string(mine.id) + ": " + msg);
+    if (!msg.empty()) std::cout << who() << ": removed-set error: " << msg << std::endl;
+    expect_error("process_set_ranks of a removed set", [&] { krug::process_set_ranks(mine); });
+  }
+  // The global set still works.
+  int32_t one = 1;
+  krug::ReduceOptions o;
+  o.op = ReduceOp::kSum;
+  krug::allreduce("ps.after", &one, &one, DataType::kInt32, {1}, o);
+  expect(one == n, "global allreduce after removing sets: expected " + std::to_string(n) +
+                       ", got " + std::to_string(one));
+}
+
+void scenario_join() {
+  const int n = krug::size();
+  // Rank r has r + 1 batches. Batch b: ranks b..n-1 contribute (r + 1) * (b + 1); joined ranks
+  // contribute zeros.
+  for (int b = 0; b <= g_rank; ++b) {
+    std::vector<float> f(7, static_cast<float>((g_rank + 1) * (b + 1)));
+    std::vector<int32_t> i(1001, (g_rank + 1) * (b + 1));
+    krug::ReduceOptions o;
+    o.op = ReduceOp::kSum;
+    auto hf = krug::allreduce_async("join.batch" + std::to_string(b) + ".f", f.data(), f.data(),
+                                    DataType::kFloat32, {7}, o);
+    auto hi = krug::allreduce_async("join.batch" + std::to_string(b) + ".i", i.data(), i.data(),
+                                    DataType::kInt32, {1001}, o);
+    try {
+      hf.wait();
+      hi.wait();
+    } catch (const krug::Error& e) {
+      report("batch " + std::to_string(b) + ": unexpected error: " + e.what());
+      continue;
+    }
+    int64_t want = 0;
+    for (int r = b; r < n; ++r) want += (r + 1) * (b + 1);
+    for (float x : f)
+      if (x != static_cast<float>(want)) {
+        report("join batch " + std::to_string(b) + " (float32): expected " +
+               std::to_string(want) + ", got " + std::to_string(x));
+        break;
+      }
+    for (int32_t x : i)
+      if (x != want) {
+        report("join batch " + std::to_string(b) + " (int32): expected " + std::to_string(want) +
+               ", got " + std::to_string(x));
+        break;
+      }
+  }
+  int last = krug::join();
+  std::cout << who() << ": join() returned " << last << std::endl;
+  expect(last == n - 1, "join(): expected the last joined rank " + std::to_string(n - 1) +
+                            ", got " + std::to_string(last));
+  // Everyone is back: a normal allreduce works.
+  int32_t one = 1;
+  krug::ReduceOptions o;
+  o.op = ReduceOp::kSum;
+  krug::allreduce("join.after", &one, &one, DataType::kInt32, {1}, o);
+  expect(one == n, "allreduce after join: expected " + std::to_string(n) + ", got " +
+                       std::to_string(one));
+}
+
+// One rank (the last) disagrees with the others on `what`; every rank must get an error naming
+// the tensor and the disagreeing ranks, then a correct allreduce must work.
+void scenario_mismatch(const std::string& what) {
+  const int n = krug::size();
+  if (n < 2) die("mismatch scenarios need at least 2 ranks");
+  const bool odd_one = g_rank == n - 1;
+  const std::string odd = "rank " + std::to_string(n - 1) + ":";
+  std::vector<std::pair<std::string, std::function<void()>>> attempts;  // (tensor name, op)
+  std::vector<double> buf(64, 1.0);
+  void* p = buf.data();
+  krug::ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  if (what == "dtype") {
+    attempts.push_back({"mm.dtype", [&] {
+                          krug::allreduce("mm.dtype", p, p,
+                                          odd_one ? DataType::kInt32 : DataType::kFloat32, {7}, sum);
+                        }});
+  } else if (what == "shape") {
+    attempts.push_back({"mm.shape", [&] {
+                          krug::allreduce("mm.shape", p, p, DataType::kFloat32,
+                                          odd_one ? Shape{8} : Shape{7}, sum);
+                        }});
+    attempts.push_back({"mm.shape2d", [&] {
+                          krug::allreduce("mm.shape2d", p, p, DataType::kFloat32,
+                                          odd_one ? Shape{3, 2} : Shape{2, 3}, sum);
+                        }});
+    // allgather: the first dimension may differ, the others may not.
+    attempts.push_back({"mm.allgather", [&] {
+                          krug::allgather_async("mm.allgather", p, DataType::kFloat32,
+                                                odd_one ? Shape{2, 4} : Shape{2, 3})
+                              .wait();
+                        }});
+  } else if (what == "op") {
+    attempts.push_back({"mm.reduce_op", [&] {
+                          krug::ReduceOptions o;
+                          o.op = odd_one ? ReduceOp::kMax : ReduceOp::kSum;
+                          krug::allreduce("mm.reduce_op", p, p, DataType::kFloat32, {7}, o);
+                        }});
+    attempts.push_back({"mm.op", [&] {
+                          if (odd_one)
+                            krug::broadcast("mm.op", p, DataType::kFloat32, {7}, 0);
+                          else
+                            krug::allreduce("mm.op", p, p, DataType::kFloat32, {7}, sum);
+                        }});
+  } else if (what == "root") {
+    attempts.push_back({"mm.root", [&] {
+                          krug::broadcast("mm.root", p, DataType::kFloat32, {7}, odd_one ? 1 : 0);
+                        }});
+  } else {
+    die("unknown mismatch kind " + what);
+  }
+  for (auto& [name, run] : attempts) {
+    std::string msg = expect_error("mismatched " + what + " of '" + name + "'", run);
+    if (msg.empty()) continue;
+    std::cout << who() << ": error for '" << name << "': " << msg << std::endl;
+    expect(contains(msg, "'" + name + "'"), "error should name the tensor '" + name + "': " + msg);
+    expect(contains(msg, odd), "error should name the disagreeing " + odd + " " + msg);
+  }
+  // The job goes on.
+  for (int k = 0; k < 2; ++k) {
+    int32_t x = g_rank + 1;
+    krug::allreduce("mm.after" + std::to_string(k), &x, &x, DataType::kInt32, {1}, sum);
+    expect(x == n * (n + 1) / 2, "allreduce after the mismatch: expected " +
+                                     std::to_string(n * (n + 1) / 2) + ", got " +
+                                     std::to_string(x));
+  }
+}
+
+void scenario_duplicate_name() {
+  const int n = krug::size();
+  if (n < 2) die("duplicate_name needs at least 2 ranks");
+  // Rank 0's name "dup.a" cannot complete before the others submit it, which they do only after
+  // the gate below; the others' "dup.b" waits for rank 0 the same way. So each rank's second
+  // submission happens while its first is certainly in flight.
+  krug::ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  int32_t a = g_rank + 1, b = g_rank + 1;
+  const std::string own = g_rank == 0 ? "dup.a" : "dup.b";
+  int32_t* own_buf = g_rank == 0 ? &a : &b;
+  auto first = krug::allreduce_async(own, own_buf, own_buf, DataType::kInt32, {1}, sum);
+  int32_t spare = 0;
+  auto second = krug::allreduce_async(own, &spare, &spare, DataType::kInt32, {1}, sum);
+  std::string msg = expect_error("second submission of '" + own + "'", [&] { second.wait(); });
+  if (!msg.empty()) {
+    std::cout << who() << ": duplicate error: " << msg << std::endl;
+    expect(contains(msg, own), "duplicate error should name '" + own + "': " + msg);
+  }
+  expect(!first.poll() || first.error().empty(),
+         "the first '" + own + "' must not be failed by the duplicate: " +
+             (first.poll() ? first.error() : ""));
+  krug::barrier();  // the gate
+  const std::string theirs = g_rank == 0 ? "dup.b" : "dup.a";
+  int32_t* their_buf = g_rank == 0 ? &b : &a;
+  auto late = krug::allreduce_async(theirs, their_buf, their_buf, DataType::kInt32, {1}, sum);
+  try {
+    first.wait();
+    late.wait();
+  } catch (const krug::Error& e) {
+    report(std::string("first submissions must succeed: ") + e.what());
+    return;
+  }
+  const int32_t want = n * (n + 1) / 2;
+  expect(a == want && b == want, "dup sums: expected " + std::to_string(want) + ", got " +
+                                     std::to_string(a) + " and " + std::to_string(b));
+  // The name is free again once completed.
+  int32_t again = 1;
+  krug::allreduce(own, &again, &again, DataType::kInt32, {1}, sum);
+  expect(again == n, "reusing '" + own + "' after completion: expected " + std::to_string(n) +
+                         ", got " + std::to_string(again));
+}
+
+void scenario_killed_rank() {
+  const int n = krug::size();
+  if (n < 2) die("killed_rank needs at least 2 ranks");
+  // krugrun SIGTERMs the survivors as soon as it sees the dead rank; they ignore it so they can
+  // report the error krug gives them (krugrun SIGKILLs them after its grace period anyway).
+  ::signal(SIGTERM, SIG_IGN);
+  krug::ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  int32_t x = 1;
+  krug::allreduce("killed.first", &x, &x, DataType::kInt32, {1}, sum);
+  expect(x == n, "first allreduce: expected " + std::to_string(n) + ", got " + std::to_string(x));
+  if (g_rank == n - 1) {
+    std::cout << who() << ": killing myself" << std::endl;
+    ::raise(SIGKILL);
+  }
+  const auto start = Clock::now();
+  int32_t y = 1;
+  std::string msg = expect_error("allreduce with a dead rank", [&] {
+    krug::allreduce("killed.second", &y, &y, DataType::kInt32, {1}, sum);
+  });
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::cout << who() << ": error after " << seconds << " s: " << msg << std::endl;
+  expect(seconds < 30, "the error took " + std::to_string(seconds) + " s (limit 30 s)");
+  expect(contains(msg, "rank " + std::to_string(n - 1)),
+         "the error should name the dead rank " + std::to_string(n - 1) + ": " + msg);
+  // Later operations fail at once with the same cause.
+  std::string later = expect_error("allreduce after the failure", [&] {
+    krug::allreduce("killed.third", &y, &y, DataType::kInt32, {1}, sum);
+  });
+  expect(later.empty() || contains(later, "rank " + std::to_string(n - 1)),
+         "later errors should keep the root cause: " + later);
+}
+
+void scenario_stall() {
+  const int n = krug::size();
+  if (n < 2) die("stall needs at least 2 ranks");
+  // Rank 0 waits on a name the others never submit; they wait on one rank 0 never submits.
+  const std::string name = g_rank == 0 ? "stall.only_rank0" : "stall.only_others";
+  float x = 1;
+  krug::ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  const auto start = Clock::now();
+  std::string msg = expect_error("stalled allreduce '" + name + "'", [&] {
+    krug::allreduce(name, &x, &x, DataType::kFloat32, {1}, sum);
+  });
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::cout << who() << ": stall error after " << seconds << " s: " << msg << std::endl;
+  std::vector<int> others;
+  for (int r = 1; r < n; ++r) others.push_back(r);
+  std::string missing = "for ranks " + str(others);
+  expect(contains(msg, "stall.only_rank0"), "stall error should name 'stall.only_rank0': " + msg);
+  expect(contains(msg, missing), "stall error should say it waits " + missing + ": " + msg);
+  expect(seconds < 20, "stall error took " + std::to_string(seconds) + " s");
+}
+
+void scenario_timeline() {
+  krug::ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> v(100 + k, 1.0f);
+    krug::allreduce("timeline.t" + std::to_string(k), v.data(), v.data(), DataType::kFloat32,
+                    {static_cast<int64_t>(v.size())}, sum);
+    expect(v[0] == krug::size(), "timeline allreduce: wrong sum " + std::to_string(v[0]));
+  }
+  krug::barrier();
+}
+
+void scenario_reinit() {
+  krug::ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  for (int round = 0; round < 2; ++round) {
+    if (round > 0) {
+      expect(!krug::is_initialized(), "is_initialized() after shutdown()");
+      krug::init();
+    }
+    const int n = krug::size();
+    int32_t x = g_rank + 1 + round;
+    krug::allreduce("reinit.x", &x, &x, DataType::kInt32, {1}, sum);
+    const int32_t want = n * (n + 1) / 2 + n * round;
+    expect(x == want, "round " + std::to_string(round) + ": expected " + std::to_string(want) +
+                          ", got " + std::to_string(x));
+    krug::barrier();
+    krug::shutdown();
+  }
+  expect_error("an op after shutdown()", [] {
+    float y = 0;
+    krug::allreduce("reinit.after", &y, &y, DataType::kFloat32, {1});
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: krug_test_worker <scenario>" << std::endl;
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const std::map<std::string, std::function<void()>> scenarios = {
+      {"ops", scenario_ops},
+      {"inflight", scenario_inflight},
+      {"process_sets", scenario_process_sets},
+      {"join", scenario_join},
+      {"mismatch_dtype", [] { scenario_mismatch("dtype"); }},
+      {"mismatch_shape", [] { scenario_mismatch("shape"); }},
+      {"mismatch_op", [] { scenario_mismatch("op"); }},
+      {"mismatch_root", [] { scenario_mismatch("root"); }},
+      {"duplicate_name", scenario_duplicate_name},
+      {"killed_rank", scenario_killed_rank},
+      {"stall", scenario_stall},
+      {"timeline", scenario_timeline},
+      {"reinit", scenario_reinit},
+  };
+  auto it = scenarios.find(scenario);
+  if (it == scenarios.end()) {
+    std::cerr << "krug_test_worker: unknown scenario '" << scenario << "'" << std::endl;
+    return 2;
+  }
+  try {
+    krug::init();
+    g_rank = krug::rank();
+    it->second();
+    if (krug::is_initialized()) {
+      // Everybody finishes before anybody shuts down (a shutdown ends the job for all ranks),
+      // except in scenarios whose job already failed on purpose.
+      if (scenario != "killed_rank" && scenario != "stall") krug::barrier();
+      krug::shutdown();
+    }
+  } catch (const krug::Error& e) {
+    die(scenario + ": unexpected krug::Error: " + e.what());
+  }
+  if (g_failures > 0) {
+    std::cerr << who() << ": " << scenario << " FAILED (" << g_failures << " failed checks)"
+              << std::endl;
+    return 1;
+  }
+  std::cout << who() << ": " << scenario << " OK" << std::endl;
+  return 0;
+}
