@@ -21,7 +21,7 @@ struct Config {
   double timeout_seconds = 30.0;  // KRUG_TIMEOUT_SECONDS: any blocking step, dead-peer detection
   // Observability
   std::string timeline_path;           // KRUG_TIMELINE
-  bool timeline_mark_cycles = false;   // KRUG_TIMELINE_MARK_CYCLES
+  bool timeline_mark_cycles = true;    // KRUG_TIMELINE_MARK_CYCLES
   double stall_check_seconds = 60.0;   // KRUG_STALL_CHECK_TIME_SECONDS
   double stall_shutdown_seconds = 0;   // KRUG_STALL_SHUTDOWN_TIME_SECONDS (0 = never)
   bool stall_check_disable = false;    // KRUG_STALL_CHECK_DISABLE

@@ -41,7 +41,8 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
             timeout.count() / 1000.0, fmt::join(missing, ", "), advertise_host));
       }
       if (auto reason = conn->authenticate_as_server(secret, until)) continue;  // stray peer
-      net::Reader hello(conn->recv_frame(until));
+      const auto hello_frame = conn->recv_frame(until);  // Reader borrows; keep the bytes alive
+      net::Reader hello(hello_frame);
       int peer = static_cast<int>(hello.i64());
       std::string peer_host = hello.str();
       if (peer <= 0 || peer >= size || workers_[peer].valid())
@@ -67,7 +68,8 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
     hello.i64(rank);
     hello.str(hostname);
     coordinator_.send_frame(hello.take(), until);
-    net::Reader table(coordinator_.recv_frame(until));
+    const auto table_frame = coordinator_.recv_frame(until);
+    net::Reader table(table_frame);
     for (auto& h : hosts_) h = table.str();
   }
 }

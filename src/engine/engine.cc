@@ -456,6 +456,8 @@ void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
 }
 
 void Engine::Impl::process(ResponseList list) {
+  // Expand cached responses first so the timeline can show every name's QUEUE phase: the time
+  // between the decision and the start of its collective, behind earlier responses.
   for (auto& r : list.responses) {
     if (r.from_cache && r.names.empty()) {
       for (uint32_t id : r.cache_ids) {
@@ -475,6 +477,16 @@ void Engine::Impl::process(ResponseList list) {
         if (!cache_.contains(r.cache_ids[i]))
           cache_.insert(r.cache_ids[i], controller::cache_form(r, i));
     }
+    for (const auto& name : r.names) {
+      if (!timeline_ || !table_.count(controller::table_key(r.process_set, name))) continue;
+      timeline_end(name, "NEGOTIATE_" + upper(controller::op_name(r.op)));
+      timeline_begin(name, "QUEUE");
+    }
+  }
+  for (auto& r : list.responses) {
+    for (const auto& name : r.names)
+      if (timeline_ && table_.count(controller::table_key(r.process_set, name)))
+        timeline_end(name, "QUEUE");
     if (r.type == ResponseType::kError) {
       fail_names(r, r.error);
       continue;
@@ -521,9 +533,6 @@ void Engine::Impl::finish(const std::string& key, const std::string& error) {
 }
 
 void Engine::Impl::execute(const Response& r) {
-  for (const auto& name : r.names) {
-    timeline_end(name, "NEGOTIATE_" + upper(controller::op_name(r.op)));
-  }
   switch (r.op) {
     case OpType::kAddProcessSet:
       add_process_set(r.process_set, r.set_ranks);

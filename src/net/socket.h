@@ -120,6 +120,8 @@ class Reader {
  public:
   Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
   explicit Reader(const std::vector<uint8_t>& v) : Reader(v.data(), v.size()) {}
+  // Reader borrows the bytes: reading a temporary would dangle.
+  explicit Reader(std::vector<uint8_t>&&) = delete;
   uint8_t u8();
   uint32_t u32();
   uint64_t u64();

@@ -16,11 +16,11 @@ namespace krug::reduce {
 // For kBool: sum/max are logical OR, min/product are logical AND.
 void reduce_into(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count);
 
-// dst[i] = op(a[i], b[i]); dst may alias a or b.
+// dst[i] = op(a[i], b[i]); dst may be a or b (the same pointer; partial overlap is not supported).
 void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b, size_t count);
 
-// data[i] *= factor. Integers are computed in double and rounded to nearest, then saturated to
-// the type's range; bool is unchanged. factor == 1.0 is a no-op.
+// data[i] *= factor. Integers are computed in double and rounded to nearest (ties to even), then
+// saturated to the type's range (NaN becomes 0); bool is unchanged. factor == 1.0 is a no-op.
 void scale(DataType dtype, void* data, size_t count, double factor);
 
 // IEEE binary16 and bfloat16 conversions (round to nearest even, NaN preserved).

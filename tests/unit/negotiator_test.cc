@@ -1,0 +1,263 @@
+// Negotiation as a pure function: request lists in, ordered fused responses out. No network.
+#include "controller/negotiator.h"
+
+#include <gtest/gtest.h>
+
+namespace krug::controller {
+namespace {
+
+Request allreduce(const std::string& name, int64_t n, DataType dtype = DataType::kFloat32) {
+  Request q;
+  q.name = name;
+  q.op = OpType::kAllreduce;
+  q.dtype = dtype;
+  q.shape = {n};
+  return q;
+}
+
+RequestList from(int rank, std::vector<Request> requests) {
+  RequestList l;
+  l.rank = rank;
+  l.requests = std::move(requests);
+  return l;
+}
+
+class NegotiatorTest : public ::testing::Test {
+ protected:
+  ResponseCache cache{100};
+  Clock::time_point now = Clock::now();
+};
+
+TEST_F(NegotiatorTest, NothingIsReadyUntilEveryRankAsked) {
+  Negotiator n(3, 1 << 20, cache);
+  n.add(from(0, {allreduce("a", 4)}), now);
+  n.add(from(2, {allreduce("a", 4)}), now);
+  EXPECT_TRUE(n.compute().empty());
+  n.add(from(1, {allreduce("a", 4)}), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].names, std::vector<std::string>{"a"});
+  EXPECT_FALSE(n.has_pending());
+}
+
+TEST_F(NegotiatorTest, ReadyAllreducesFuseUpToTheThresholdInArrivalOrder) {
+  Negotiator n(2, 3 * 400, cache);  // room for three 100-float tensors
+  std::vector<Request> reqs;
+  for (auto name : {"w", "b", "c", "d"}) reqs.push_back(allreduce(name, 100));
+  n.add(from(1, reqs), now);
+  n.add(from(0, reqs), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].names, (std::vector<std::string>{"w", "b", "c"}));
+  EXPECT_EQ(out[1].names, (std::vector<std::string>{"d"}));
+}
+
+TEST_F(NegotiatorTest, DifferentDtypesAreNotFused) {
+  Negotiator n(2, 1 << 20, cache);
+  std::vector<Request> reqs = {allreduce("f", 8), allreduce("d", 8, DataType::kFloat64),
+                               allreduce("f2", 8)};
+  n.add(from(0, reqs), now);
+  n.add(from(1, reqs), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].names, (std::vector<std::string>{"f", "f2"}));
+  EXPECT_EQ(out[1].names, (std::vector<std::string>{"d"}));
+}
+
+TEST_F(NegotiatorTest, MismatchedShapesGiveOneErrorNamingTensorAndRanks) {
+  Negotiator n(3, 1 << 20, cache);
+  n.add(from(0, {allreduce("g", 4)}), now);
+  n.add(from(1, {allreduce("g", 5)}), now);
+  n.add(from(2, {allreduce("g", 4)}), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].type, ResponseType::kError);
+  EXPECT_NE(out[0].error.find("Mismatched shapes for allreduce 'g'"), std::string::npos) << out[0].error;
+  EXPECT_NE(out[0].error.find("ranks 0, 2: [4]"), std::string::npos) << out[0].error;
+  EXPECT_NE(out[0].error.find("rank 1: [5]"), std::string::npos) << out[0].error;
+}
+
+TEST_F(NegotiatorTest, MismatchedBroadcastRootIsAnError) {
+  Negotiator n(2, 1 << 20, cache);
+  Request a = allreduce("p", 3);
+  a.op = OpType::kBroadcast;
+  Request b = a;
+  b.root = 1;
+  n.add(from(0, {a}), now);
+  n.add(from(1, {b}), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NE(out[0].error.find("Mismatched root ranks"), std::string::npos) << out[0].error;
+}
+
+TEST_F(NegotiatorTest, SteadyStateUsesTheCache) {
+  Negotiator n(2, 1 << 20, cache);
+  n.add(from(0, {allreduce("x", 4)}), now);
+  n.add(from(1, {allreduce("x", 4)}), now);
+  auto first = n.compute();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_FALSE(first[0].from_cache);
+  ASSERT_EQ(first[0].cache_ids.size(), 1u);
+  // Next step: both ranks only send the id.
+  RequestList hits;
+  hits.cache_hits = {first[0].cache_ids[0]};
+  hits.rank = 0;
+  n.add(hits, now);
+  hits.rank = 1;
+  n.add(hits, now);
+  auto second = n.compute();
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_TRUE(second[0].from_cache);
+  EXPECT_EQ(second[0].names, std::vector<std::string>{"x"});
+  // Over the wire a cached response is ids only.
+  ResponseList list;
+  list.responses = second;
+  auto decoded = decode_response_list(encode(list));
+  EXPECT_TRUE(decoded.responses[0].names.empty());
+  EXPECT_EQ(decoded.responses[0].cache_ids, second[0].cache_ids);
+}
+
+TEST_F(NegotiatorTest, GroupIsReleasedOnlyWhenComplete) {
+  Negotiator n(2, 1 << 20, cache);
+  Request a = allreduce("g.0", 2), b = allreduce("g.1", 2);
+  a.group = b.group = "g";
+  a.group_size = b.group_size = 2;
+  n.add(from(0, {a, b}), now);
+  n.add(from(1, {a}), now);
+  EXPECT_TRUE(n.compute().empty());  // g.0 is ready everywhere, but g.1 is not
+  n.add(from(1, {b}), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].names, (std::vector<std::string>{"g.0", "g.1"}));
+}
+
+TEST_F(NegotiatorTest, JoinedRanksLetAllreduceProceedAndJoinCompletesWhenAllJoined) {
+  Negotiator n(3, 1 << 20, cache);
+  Request join;
+  join.name = "__join";
+  join.op = OpType::kJoin;
+  n.add(from(2, {join}), now);
+  n.add(from(0, {allreduce("late", 4)}), now);
+  n.add(from(1, {allreduce("late", 4)}), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].type, ResponseType::kOp);
+  EXPECT_EQ(out[0].shapes[0], (std::vector<int64_t>{4}));  // rank 2 needs it to send zeros
+  n.add(from(0, {join}), now);
+  n.add(from(1, {join}), now);
+  out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].op, OpType::kJoin);
+  EXPECT_EQ(out[0].last_joined_rank, 1);
+}
+
+TEST_F(NegotiatorTest, AllgatherCollectsFirstDimensionsPerRank) {
+  Negotiator n(3, 1 << 20, cache);
+  for (int r = 0; r < 3; ++r) {
+    Request q = allreduce("ag", 0);
+    q.op = OpType::kAllgather;
+    q.shape = {r * 2 + 1, 3};
+    n.add(from(r, {q}), now);
+  }
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].rank_dims, (std::vector<int64_t>{1, 3, 5}));
+}
+
+TEST_F(NegotiatorTest, ProcessSetsAreNegotiatedTogetherAndIndependently) {
+  Negotiator n(4, 1 << 20, cache);
+  Request add;
+  add.name = "__add_process_set[1,3]";
+  add.op = OpType::kAddProcessSet;
+  add.set_ranks = {1, 3};
+  for (int r = 0; r < 4; ++r) n.add(from(r, {add}), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  const int32_t id = out[0].process_set;
+  EXPECT_EQ(n.members(id), (std::vector<int32_t>{1, 3}));
+  Request in_set = allreduce("odd", 2);
+  in_set.process_set = id;
+  n.add(from(1, {in_set}), now);
+  n.add(from(3, {in_set}), now);
+  out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].process_set, id);
+  // A rank outside the set gets an immediate error.
+  n.add(from(0, {in_set}), now);
+  out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].type, ResponseType::kError);
+}
+
+TEST_F(NegotiatorTest, StallsNameTheMissingRanks) {
+  Negotiator n(3, 1 << 20, cache);
+  n.add(from(0, {allreduce("slow", 1)}), now);
+  n.add(from(2, {allreduce("slow", 1)}), now);
+  auto stalls = n.stalls(now + std::chrono::seconds(61), 60);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].missing_ranks, std::vector<int32_t>{1});
+  EXPECT_EQ(stalls[0].ready_ranks, (std::vector<int32_t>{0, 2}));
+  EXPECT_NE(describe(stalls).find("waiting 61 s for ranks [1]"), std::string::npos) << describe(stalls);
+  EXPECT_TRUE(n.stalls(now + std::chrono::seconds(10), 60).empty());
+}
+
+TEST(MessageCodecTest, RequestListRoundTrips) {
+  RequestList l;
+  l.rank = 3;
+  Request q = allreduce("weights/conv1", 7, DataType::kBFloat16);
+  q.shape = {7, 0, 2};
+  q.splits = {1, 2, 4};
+  q.prescale = 0.5;
+  q.group = "grp";
+  q.group_size = 4;
+  l.requests = {q, allreduce("b", 1)};
+  l.cache_hits = {0, 5, 99};
+  l.fatal_error = "boom";
+  auto d = decode_request_list(encode(l));
+  EXPECT_EQ(d.rank, 3);
+  EXPECT_EQ(d.requests, l.requests);
+  EXPECT_EQ(d.cache_hits, l.cache_hits);
+  EXPECT_EQ(d.fatal_error, "boom");
+}
+
+TEST(MessageCodecTest, ResponseListRoundTripsAndRejectsGarbage) {
+  ResponseList l;
+  Response r;
+  r.names = {"a", "b"};
+  r.shapes = {{1}, {2, 3}};
+  r.rank_dims = {4, 5};
+  r.error = "x";
+  l.responses = {r};
+  l.shutdown = true;
+  l.shutdown_reason = "rank 2 called shutdown()";
+  auto d = decode_response_list(encode(l));
+  EXPECT_EQ(d.responses[0], r);
+  EXPECT_EQ(d.shutdown_reason, l.shutdown_reason);
+  std::vector<uint8_t> garbage = {1, 2, 3, 4, 5, 6, 7, 8};
+  EXPECT_THROW(decode_response_list(garbage), Error);
+  auto truncated = encode(l);
+  truncated.resize(truncated.size() / 2);
+  EXPECT_THROW(decode_response_list(truncated), Error);
+}
+
+TEST(ResponseCacheTest, IdsAreStableAndChangedParametersGetANewId) {
+  ResponseCache cache(2);
+  Request a = allreduce("a", 4);
+  ASSERT_EQ(cache.next_id(), 0u);
+  cache.insert(0, cache_form(a));
+  EXPECT_EQ(cache.find(cache_form(a)), 0u);
+  Request a5 = allreduce("a", 5);
+  EXPECT_FALSE(cache.find(cache_form(a5)).has_value());
+  cache.insert(1, cache_form(a5));
+  EXPECT_EQ(cache.find(cache_form(a5)), 1u);
+  EXPECT_FALSE(cache.find(cache_form(a)).has_value());  // the name now means the new shape
+  EXPECT_EQ(cache.at(0).shape, (std::vector<int64_t>{4}));  // but id 0 still means the old one
+  EXPECT_FALSE(cache.next_id().has_value());             // capacity reached
+  EXPECT_THROW(cache.at(7), Error);
+  Request grouped = a;
+  grouped.group = "g";
+  EXPECT_FALSE(ResponseCache::cacheable(grouped));
+}
+
+}  // namespace
+}  // namespace krug::controller
