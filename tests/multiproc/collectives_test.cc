@@ -230,32 +230,44 @@ INSTANTIATE_TEST_SUITE_P(
 
 class Failures : public ::testing::TestWithParam<int> {};
 
-TEST_P(Failures, KilledRankFailsTheOthersInBoundedTime) {
-  const int np = GetParam();
-  Job job(np, "killed_rank");
+// `victim` SIGKILLs itself after a first allreduce while the others wait on a second one.
+void expect_killed_rank_reported(int np, const std::string& scenario, int victim) {
+  Job job(np, scenario);
   const int code = job.wait();
   ASSERT_NE(code, -1) << job.output();
   EXPECT_EQ(code, 128 + 9) << job.output();
   const auto err_lines = lines_of(job.err());
   ASSERT_FALSE(err_lines.empty()) << job.output();
-  EXPECT_EQ(err_lines.back(), "krugrun: rank " + std::to_string(np - 1) +
+  EXPECT_EQ(err_lines.back(), "krugrun: rank " + std::to_string(victim) +
                                   " on host localhost was killed by signal 9 (SIGKILL)")
       << job.output();
-  for (int r = 0; r + 1 < np; ++r) {
-    // "rank R: error after S s: <message>", then "rank R: killed_rank OK".
-    EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": killed_rank OK"))
+  for (int r = 0; r < np; ++r) {
+    if (r == victim) continue;
+    // "rank R: error after S s: <message>", then "rank R: <scenario> OK".
+    EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": " + scenario + " OK"))
         << job.output();
+    int reports = 0;
     for (const auto& line : job.rank_lines(r)) {
       const std::string tag = "error after ";
       auto at = line.find(tag);
       if (at == std::string::npos) continue;
+      ++reports;
       const double seconds = std::stod(line.substr(at + tag.size()));
       EXPECT_LT(seconds, 30.0) << line;
-      EXPECT_TRUE(contains(line, "rank " + std::to_string(np - 1))) << line;
+      EXPECT_TRUE(contains(line, "rank " + std::to_string(victim))) << line;
       std::cout << "[rank " << r << " of " << np << "] " << line << std::endl;
     }
+    EXPECT_EQ(reports, 1) << "rank " << r << " did not report its error\n" << job.output();
   }
   EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
+TEST_P(Failures, KilledRankFailsTheOthersInBoundedTime) {
+  expect_killed_rank_reported(GetParam(), "killed_rank", GetParam() - 1);
+}
+
+TEST_P(Failures, KilledCoordinatorFailsTheOthersInBoundedTime) {
+  expect_killed_rank_reported(GetParam(), "killed_coordinator", 0);
 }
 
 TEST_P(Failures, StalledOperationFailsOnEveryRank) {

@@ -358,6 +358,28 @@ void ops_allreduce(int n) {
                            }});
       }
   wait_all(pending);
+  // One at a time too: a lone tensor takes the engine's unfused path (reduced in place in the
+  // user's buffer), which the burst above mostly does not.
+  for (const auto& c : cases)
+    for (DataType t : kAllTypes) {
+      const Shape shape{7, 11};
+      Tensor in(t, shape), out(t, shape);
+      in.fill([&](int64_t i) { return reduce_input(c.op, t, i, g_rank); });
+      krug::ReduceOptions o;
+      o.op = c.op;
+      o.prescale_factor = c.pre;
+      o.postscale_factor = c.post;
+      std::string name = std::string("allreduce.sync.") + c.label + "." + str(t);
+      try {
+        krug::allreduce(name, in.data(), out.data(), t, shape, o);
+      } catch (const krug::Error& e) {
+        report(name + ": unexpected error: " + e.what());
+        continue;
+      }
+      check_values(name, out, [&](int64_t i) {
+        return reduce_expected(c.op, t, i, all, c.pre, c.post);
+      });
+    }
 }
 
 void ops_allgather(int n) {
@@ -868,16 +890,20 @@ void scenario_duplicate_name() {
   const int32_t want = n * (n + 1) / 2;
   expect(a == want && b == want, "dup sums: expected " + std::to_string(want) + ", got " +
                                      std::to_string(a) + " and " + std::to_string(b));
-  // The name is free again once completed.
-  int32_t again = 1;
-  krug::allreduce(own, &again, &again, DataType::kInt32, {1}, sum);
-  expect(again == n, "reusing '" + own + "' after completion: expected " + std::to_string(n) +
-                         ", got " + std::to_string(again));
+  // The names are free again once completed (every rank reuses both, in the same order).
+  for (const std::string name : {"dup.a", "dup.b"}) {
+    int32_t again = 1;
+    krug::allreduce(name, &again, &again, DataType::kInt32, {1}, sum);
+    expect(again == n, "reusing '" + name + "' after completion: expected " + std::to_string(n) +
+                           ", got " + std::to_string(again));
+  }
 }
 
-void scenario_killed_rank() {
+// `victim` SIGKILLs itself after a first allreduce; the others must get an error naming it.
+void scenario_killed_rank(int victim_from_end) {
   const int n = krug::size();
   if (n < 2) die("killed_rank needs at least 2 ranks");
+  const int victim = victim_from_end < 0 ? n + victim_from_end : victim_from_end;
   // krugrun SIGTERMs the survivors as soon as it sees the dead rank; they ignore it so they can
   // report the error krug gives them (krugrun SIGKILLs them after its grace period anyway).
   ::signal(SIGTERM, SIG_IGN);
@@ -886,7 +912,7 @@ void scenario_killed_rank() {
   int32_t x = 1;
   krug::allreduce("killed.first", &x, &x, DataType::kInt32, {1}, sum);
   expect(x == n, "first allreduce: expected " + std::to_string(n) + ", got " + std::to_string(x));
-  if (g_rank == n - 1) {
+  if (g_rank == victim) {
     std::cout << who() << ": killing myself" << std::endl;
     ::raise(SIGKILL);
   }
@@ -898,13 +924,13 @@ void scenario_killed_rank() {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::cout << who() << ": error after " << seconds << " s: " << msg << std::endl;
   expect(seconds < 30, "the error took " + std::to_string(seconds) + " s (limit 30 s)");
-  expect(contains(msg, "rank " + std::to_string(n - 1)),
-         "the error should name the dead rank " + std::to_string(n - 1) + ": " + msg);
+  expect(contains(msg, "rank " + std::to_string(victim)),
+         "the error should name the dead rank " + std::to_string(victim) + ": " + msg);
   // Later operations fail at once with the same cause.
   std::string later = expect_error("allreduce after the failure", [&] {
     krug::allreduce("killed.third", &y, &y, DataType::kInt32, {1}, sum);
   });
-  expect(later.empty() || contains(later, "rank " + std::to_string(n - 1)),
+  expect(later.empty() || contains(later, "rank " + std::to_string(victim)),
          "later errors should keep the root cause: " + later);
 }
 
@@ -983,7 +1009,8 @@ int main(int argc, char** argv) {
       {"mismatch_op", [] { scenario_mismatch("op"); }},
       {"mismatch_root", [] { scenario_mismatch("root"); }},
       {"duplicate_name", scenario_duplicate_name},
-      {"killed_rank", scenario_killed_rank},
+      {"killed_rank", [] { scenario_killed_rank(-1); }},
+      {"killed_coordinator", [] { scenario_killed_rank(0); }},
       {"stall", scenario_stall},
       {"timeline", scenario_timeline},
       {"reinit", scenario_reinit},
@@ -1000,7 +1027,7 @@ int main(int argc, char** argv) {
     if (krug::is_initialized()) {
       // Everybody finishes before anybody shuts down (a shutdown ends the job for all ranks),
       // except in scenarios whose job already failed on purpose.
-      if (scenario != "killed_rank" && scenario != "stall") krug::barrier();
+      if (scenario != "killed_rank" && scenario != "killed_coordinator" && scenario != "stall") krug::barrier();
       krug::shutdown();
     }
   } catch (const krug::Error& e) {
