@@ -86,7 +86,7 @@ std::vector<std::string> normalize_args(const CLI::App& app, int argc, const cha
     if (a.find('=') != std::string::npos) continue;
     const CLI::Option* opt = app.get_option_no_throw(a);
     if (opt == nullptr) break;                 // unknown: CLI11 / the check below reports it
-    if (opt->get_type_size() > 0) ++i;         // skip the option's value
+    if (opt->get_items_expected_min() > 0) ++i;  // skip the option's value (flags have none)
   }
   return args;
 }

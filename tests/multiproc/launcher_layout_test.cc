@@ -99,6 +99,13 @@ TEST(Options, CommandStartsAtFirstPositional) {
   EXPECT_EQ(o.hosts[0].slots, 2);
 }
 
+TEST(Options, NpMayFollowFlagsAndValuedOptions) {
+  auto o = parse({"--no-prefix", "--verbose", "--timeout-seconds", "5", "-np", "3", "true"});
+  EXPECT_EQ(o.np, 3);
+  EXPECT_FALSE(o.prefix);
+  EXPECT_EQ(o.command, std::vector<std::string>{"true"});
+}
+
 TEST(Options, DoubleDashAndHostList) {
   auto o = parse({"-np", "3", "-H", "localhost:2,127.0.0.1:1", "--", "-weird-cmd"});
   EXPECT_EQ(o.command, std::vector<std::string>{"-weird-cmd"});

@@ -75,6 +75,15 @@ GlooCommunicator::~GlooCommunicator() = default;
 
 uint64_t GlooCommunicator::next_slot() { return kSlotBase + slot_counter_++; }
 
+uint8_t* GlooCommunicator::scratch_for(size_t bytes) {
+  // Reused across calls and never zero-filled: every byte read was received first.
+  if (scratch_size_ < bytes) {
+    scratch_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+    scratch_size_ = bytes;
+  }
+  return scratch_.get();
+}
+
 void GlooCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0 || size_ == 1) return;
   std::vector<size_t> counts(size_);
@@ -107,8 +116,9 @@ void GlooCommunicator::reduce_scatter_ordered(const void* in, void* out,
     if (dst != src && counts[0] > 0) std::memmove(dst, src, counts[0] * esize);
     return;
   }
-  const size_t seg_elems = std::max<size_t>(1, kSegmentBytes / esize);
   const size_t max_count = *std::max_element(counts.begin(), counts.end());
+  // Small buffers get small segments: scratch is sized by what actually moves.
+  const size_t seg_elems = std::max<size_t>(1, std::min(kSegmentBytes / esize, max_count));
   const size_t steps = (max_count + seg_elems - 1) / seg_elems;
   if (steps == 0) return;
 
@@ -116,10 +126,10 @@ void GlooCommunicator::reduce_scatter_ordered(const void* in, void* out,
   auto send_buf = context_->createUnboundBuffer(const_cast<uint8_t*>(src), offsets[size_] * esize);
   // Two scratch halves so step s+1's receives are in flight while step s is reduced.
   const size_t half_bytes = static_cast<size_t>(size_) * seg_elems * esize;
-  std::vector<uint8_t> scratch(2 * half_bytes);
+  uint8_t* scratch = scratch_for(2 * half_bytes);
   std::unique_ptr<gloo::transport::UnboundBuffer> recv_buf[2] = {
-      context_->createUnboundBuffer(scratch.data(), half_bytes),
-      context_->createUnboundBuffer(scratch.data() + half_bytes, half_bytes)};
+      context_->createUnboundBuffer(scratch, half_bytes),
+      context_->createUnboundBuffer(scratch + half_bytes, half_bytes)};
   const uint64_t base_slot = next_slot();
   slot_counter_ += steps;  // one slot per step keeps steps from matching each other's messages
 
@@ -154,7 +164,7 @@ void GlooCommunicator::reduce_scatter_ordered(const void* in, void* out,
 
     const size_t n = seg_len(rank_, step);
     if (n == 0) continue;
-    uint8_t* half = scratch.data() + (step % 2) * half_bytes;
+    uint8_t* half = scratch + (step % 2) * half_bytes;
     const uint8_t* mine = src + (offsets[rank_] + step * seg_elems) * esize;
     auto contribution = [&](int r) { return r == rank_ ? mine : half + r * seg_elems * esize; };
     // Reduce in rank order into a scratch slot first: `out` may alias this rank's input.

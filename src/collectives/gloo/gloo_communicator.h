@@ -54,12 +54,15 @@ class GlooCommunicator : public Communicator {
   // Every rank's chunk (already in place in `data`) is sent to every other rank.
   void allgather_in_place(void* data, const std::vector<size_t>& bytes_per_rank);
   uint64_t next_slot();
+  uint8_t* scratch_for(size_t bytes);
 
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> context_;
   uint64_t slot_counter_ = 0;
+  std::unique_ptr<uint8_t[]> scratch_;
+  size_t scratch_size_ = 0;
 };
 
 }  // namespace krug::collectives
