@@ -456,18 +456,6 @@ void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
 }
 
 void Engine::Impl::process(ResponseList list) {
-  // Record the list's new cache entries in id order. The coordinator numbers them as it decides
-  // them, but fusion may append a later-numbered name to an earlier response of the list (same
-  // dtype and op, while other responses came between), so list order is not id order.
-  std::vector<std::pair<uint32_t, Request>> fresh;
-  for (const auto& r : list.responses)
-    if (!r.from_cache)
-      for (size_t i = 0; i < r.cache_ids.size(); ++i)
-        if (!cache_.contains(r.cache_ids[i]))
-          fresh.emplace_back(r.cache_ids[i], controller::cache_form(r, i));
-  std::sort(fresh.begin(), fresh.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (auto& [id, q] : fresh) cache_.insert(id, q);
   // Expand cached responses first so the timeline can show every name's QUEUE phase: the time
   // between the decision and the start of its collective, behind earlier responses.
   for (auto& r : list.responses) {
@@ -484,6 +472,10 @@ void Engine::Impl::process(ResponseList list) {
         r.prescale = q.prescale;
         r.postscale = q.postscale;
       }
+    } else {
+      for (size_t i = 0; i < r.cache_ids.size(); ++i)
+        if (!cache_.contains(r.cache_ids[i]))
+          cache_.insert(r.cache_ids[i], controller::cache_form(r, i));
     }
     for (const auto& name : r.names) {
       if (!timeline_ || !table_.count(controller::table_key(r.process_set, name))) continue;
