@@ -253,21 +253,30 @@ Response Negotiator::make_response(const Pending& p) {
   }
   if (first.op == OpType::kAddProcessSet) r.set_ranks = first.set_ranks;
   if (first.op == OpType::kRemoveProcessSet) r.root = first.target_process_set;
-  assign_cache_ids(r, first);
+  find_cached(r);
   return r;
 }
 
-void Negotiator::assign_cache_ids(Response& r, const Request& first) {
-  // Grouped requests stay on the full path: a group's readiness is more than one name's.
-  if (!first.group.empty()) return;
-  Request q = cache_form(r, 0);
-  if (!ResponseCache::cacheable(q)) return;
-  if (auto id = cache_.find(q)) {
+void Negotiator::find_cached(Response& r) const {
+  if (!ResponseCache::cacheable(r.op)) return;
+  if (auto id = cache_.find(cache_form(r, 0))) {
     r.cache_ids = {*id};
     r.from_cache = true;
-  } else if (auto next = cache_.next_id()) {
-    cache_.insert(*next, q);
-    r.cache_ids = {*next};
+  }
+}
+
+void Negotiator::assign_new_cache_ids(std::vector<Response>& out) {
+  // After fusion and in list order: every rank inserts the new entries in the order it meets
+  // them in this list, so ids must increase along the list.
+  for (auto& r : out) {
+    if (r.type != ResponseType::kOp || r.from_cache) continue;
+    if (!ResponseCache::cacheable(r.op)) continue;
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      auto next = cache_.next_id();
+      if (!next) return;  // full: the remaining names (here and later) take the full path
+      cache_.insert(*next, cache_form(r, i));
+      r.cache_ids.push_back(*next);
+    }
   }
 }
 
@@ -286,7 +295,7 @@ void Negotiator::fuse_into(std::vector<Response>& out, Response r) {
     for (auto it = out.rbegin(); it != out.rend(); ++it) {
       if (!same_fusion_key(*it, r)) continue;
       // Mixed cached/uncached fusion would need per-name flags on the wire; keep them apart.
-      if (it->from_cache != r.from_cache || it->cache_ids.empty() != r.cache_ids.empty()) continue;
+      if (it->from_cache != r.from_cache) continue;
       if (response_bytes(*it) + bytes > fusion_threshold_) continue;
       it->names.push_back(r.names[0]);
       it->shapes.push_back(r.shapes[0]);
@@ -361,6 +370,7 @@ std::vector<Response> Negotiator::compute() {
     out.push_back(std::move(r));
     joined_.clear();
   }
+  assign_new_cache_ids(out);
   return out;
 }
 

@@ -59,7 +59,8 @@ class Negotiator {
   bool is_ready(const Pending& p) const;
   std::string validate(const std::string& key, const Pending& p) const;
   Response make_response(const Pending& p);
-  void assign_cache_ids(Response& r, const Request& first);
+  void find_cached(Response& r) const;
+  void assign_new_cache_ids(std::vector<Response>& out);
   void apply_membership_change(Response& r);
   void fuse_into(std::vector<Response>& out, Response r);
   void error_on(std::vector<Response>& out, const Pending& p, std::string message);

@@ -36,10 +36,11 @@ Request cache_form(const Response& r, size_t index) {
   return q;
 }
 
-bool ResponseCache::cacheable(const Request& r) {
-  return r.group.empty() && (r.op == OpType::kAllreduce || r.op == OpType::kBroadcast ||
-                             r.op == OpType::kReducescatter);
+bool ResponseCache::cacheable(OpType op) {
+  return op == OpType::kAllreduce || op == OpType::kBroadcast || op == OpType::kReducescatter;
 }
+
+bool ResponseCache::cacheable(const Request& r) { return r.group.empty() && cacheable(r.op); }
 
 std::optional<uint32_t> ResponseCache::find(const Request& request) const {
   auto it = latest_.find(table_key(request.process_set, request.name));

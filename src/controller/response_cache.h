@@ -23,6 +23,7 @@ class ResponseCache {
   // Whether a request of this kind can be served from the cache: its response is fully
   // determined by any one rank's request (not allgather/alltoall, not grouped).
   static bool cacheable(const Request& request);
+  static bool cacheable(OpType op);
 
   // The id under which `request` (same name and parameters) is cached, if any.
   std::optional<uint32_t> find(const Request& request) const;

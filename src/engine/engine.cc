@@ -87,6 +87,7 @@ class Engine::Impl {
   void send_requests(Clock::time_point now);
   void coordinate(Clock::time_point now);
   void on_readable(const std::vector<pollfd>& fds);
+  void inspect_stalls(Clock::time_point now);
   void process(ResponseList list);
   void execute(const Response& r);
   void run_allreduce(const Response& r, ProcessSetState& set);
@@ -134,6 +135,7 @@ class Engine::Impl {
   bool stopped_ = false;
   bool negotiation_dirty_ = false;
   Clock::time_point next_stall_check_{};
+  Clock::time_point next_stall_warning_{};
   std::vector<uint8_t> fusion_;
   std::thread thread_;
 };
@@ -379,29 +381,35 @@ void Engine::Impl::coordinate(Clock::time_point now) {
     list.shutdown = true;
     list.shutdown_reason = fmt::format("rank 0 ({}) called shutdown()", config_.hostname);
   }
-  if (!config_.stall_check_disable && negotiator_->has_pending() && now >= next_stall_check_) {
-    auto stalls = negotiator_->stalls(now, config_.stall_check_seconds);
-    if (!stalls.empty()) {
-      log::at(log::Level::kWarning, config_.rank,
-              "stalled operations: some ranks submitted them, others have not after {} s "
-              "(a rank may be stuck, or ranks submit different names):{}",
-              config_.stall_check_seconds, controller::describe(stalls));
-      if (config_.stall_shutdown_seconds > 0) {
-        auto fatal_stalls = negotiator_->stalls(now, config_.stall_shutdown_seconds);
-        if (!fatal_stalls.empty())
-          fatal(fmt::format("stalled for more than {} s (KRUG_STALL_SHUTDOWN_TIME_SECONDS), "
-                            "stopping the job:{}",
-                            config_.stall_shutdown_seconds, controller::describe(fatal_stalls)),
-                true);
-      }
-    }
-    next_stall_check_ = now + seconds_to_ms(std::min(config_.stall_check_seconds, 60.0) / 4 + 0.25);
-  }
+  inspect_stalls(now);
   if (stopped_) return;
   if (list.responses.empty() && !list.shutdown) return;
   for (int r : control_->broadcast(list))
     log::at(log::Level::kWarning, 0, "could not send responses to rank {}", r);
   process(std::move(list));
+}
+
+void Engine::Impl::inspect_stalls(Clock::time_point now) {
+  if (config_.stall_check_disable || !negotiator_->has_pending() || now < next_stall_check_) return;
+  const double check = config_.stall_check_seconds;
+  const double stop = config_.stall_shutdown_seconds;
+  auto stalls = negotiator_->stalls(now, stop > 0 ? std::min(check, stop) : check);
+  if (!stalls.empty() && now >= next_stall_warning_) {
+    log::at(log::Level::kWarning, config_.rank,
+            "stalled operations: some ranks submitted them, others have not after {} s "
+            "(a rank may be stuck, or ranks submit different names):{}",
+            check, controller::describe(stalls));
+    next_stall_warning_ = now + seconds_to_ms(check);
+  }
+  if (stop > 0 && !negotiator_->stalls(now, stop).empty()) {
+    fatal(fmt::format("stalled for more than {} s (KRUG_STALL_SHUTDOWN_TIME_SECONDS), stopping "
+                      "the job:{}",
+                      stop, controller::describe(stalls)),
+          true);
+    return;
+  }
+  // Wake often enough to warn once per check period and to stop within a quarter of the limit.
+  next_stall_check_ = now + seconds_to_ms(stop > 0 ? std::min(check, std::max(0.25, stop / 4)) : check);
 }
 
 void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {

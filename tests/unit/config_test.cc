@@ -42,7 +42,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(c.cache_capacity, d.cache_capacity);
   EXPECT_EQ(c.timeout_seconds, d.timeout_seconds);
   EXPECT_EQ(c.timeline_path, "");
-  EXPECT_FALSE(c.timeline_mark_cycles);
+  EXPECT_TRUE(c.timeline_mark_cycles);
   EXPECT_EQ(c.stall_check_seconds, d.stall_check_seconds);
   EXPECT_EQ(c.stall_shutdown_seconds, 0);
   EXPECT_FALSE(c.stall_check_disable);

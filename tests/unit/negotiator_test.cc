@@ -117,6 +117,28 @@ TEST_F(NegotiatorTest, SteadyStateUsesTheCache) {
   EXPECT_EQ(decoded.responses[0].cache_ids, second[0].cache_ids);
 }
 
+TEST_F(NegotiatorTest, NewCacheIdsIncreaseAlongTheFusedList) {
+  // Fusion pulls a later float32 tensor into the first response; ids must still follow the
+  // list order, which is the order every rank inserts them.
+  Negotiator n(2, 1 << 20, cache);
+  std::vector<Request> reqs = {allreduce("f0", 2), allreduce("i", 2, DataType::kInt32),
+                               allreduce("d", 2, DataType::kFloat64), allreduce("f1", 2)};
+  n.add(from(0, reqs), now);
+  n.add(from(1, reqs), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 3u);
+  std::vector<uint32_t> ids;
+  for (const auto& r : out) {
+    ASSERT_EQ(r.cache_ids.size(), r.names.size());
+    ids.insert(ids.end(), r.cache_ids.begin(), r.cache_ids.end());
+  }
+  EXPECT_EQ(ids, (std::vector<uint32_t>{0, 1, 2, 3}));
+  ResponseCache worker_cache(100);  // a worker replaying the list must accept it
+  for (const auto& r : out)
+    for (size_t i = 0; i < r.names.size(); ++i) worker_cache.insert(r.cache_ids[i], cache_form(r, i));
+  EXPECT_EQ(worker_cache.size(), 4u);
+}
+
 TEST_F(NegotiatorTest, GroupIsReleasedOnlyWhenComplete) {
   Negotiator n(2, 1 << 20, cache);
   Request a = allreduce("g.0", 2), b = allreduce("g.1", 2);

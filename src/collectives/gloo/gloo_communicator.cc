@@ -149,8 +149,9 @@ void GlooCommunicator::reduce_scatter_ordered(const void* in, void* out,
     return posted;
   };
 
+  // Every send is posted up front: Gloo transmits each one as soon as the peer posts the
+  // matching receive, so the wire never waits for this rank's reduction of an earlier step.
   int sends_posted = 0;
-  int recvs_pending = post_recvs(0);
   for (size_t step = 0; step < steps; ++step) {
     for (int p = 0; p < size_; ++p) {
       const size_t n = seg_len(p, step);
@@ -158,6 +159,9 @@ void GlooCommunicator::reduce_scatter_ordered(const void* in, void* out,
       send_buf->send(p, base_slot + step, (offsets[p] + step * seg_elems) * esize, n * esize);
       ++sends_posted;
     }
+  }
+  int recvs_pending = post_recvs(0);
+  for (size_t step = 0; step < steps; ++step) {
     const int next_pending = step + 1 < steps ? post_recvs(step + 1) : 0;
     for (int i = 0; i < recvs_pending; ++i) recv_buf[step % 2]->waitRecv(timeout_);
     recvs_pending = next_pending;
