@@ -17,6 +17,7 @@ namespace {
 using controller::OpType;
 using controller::Request;
 using engine::TensorArgs;
+using engine::tensor_args;
 
 // The process's runtime: the engine, and how many times init() ran (so each initialization
 // rendezvouses in its own namespace of the job's store). The only mutable global in krug
@@ -153,8 +154,8 @@ int cross_size() {
 
 Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
                        const Shape& shape, const ReduceOptions& options) {
-  return submit({TensorArgs{reduce_request(name, OpType::kAllreduce, dtype, shape, options), input,
-                            output}});
+  return submit({tensor_args(reduce_request(name, OpType::kAllreduce, dtype, shape, options), input,
+                            output)});
 }
 
 void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
@@ -171,7 +172,7 @@ Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupT
         reduce_request(fmt::format("{}.{}", name, i), OpType::kAllreduce, t.dtype, t.shape, options);
     q.group = name;
     q.group_size = static_cast<int32_t>(tensors.size());
-    args.push_back(TensorArgs{std::move(q), t.input, t.output});
+    args.push_back(tensor_args(std::move(q), t.input, t.output));
   }
   if (args.empty()) throw Error("grouped_allreduce '" + name + "': no tensors");
   return submit(std::move(args));
@@ -179,15 +180,15 @@ Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupT
 
 Handle allgather_async(const std::string& name, const void* input, DataType dtype,
                        const Shape& shape, ProcessSet process_set) {
-  return submit({TensorArgs{make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
-                            input, nullptr}});
+  return submit({tensor_args(make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
+                            input, nullptr)});
 }
 
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
                        int root, ProcessSet process_set) {
   Request q = make_request(name, OpType::kBroadcast, dtype, shape, process_set.id);
   q.root = root;
-  return submit({TensorArgs{std::move(q), data, data}});
+  return submit({tensor_args(std::move(q), data, data)});
 }
 
 void broadcast(const std::string& name, void* data, DataType dtype, const Shape& shape, int root,
@@ -200,25 +201,25 @@ Handle alltoall_async(const std::string& name, const void* input, DataType dtype
                       ProcessSet process_set) {
   Request q = make_request(name, OpType::kAlltoall, dtype, shape, process_set.id);
   q.splits = splits;
-  return submit({TensorArgs{std::move(q), input, nullptr}});
+  return submit({tensor_args(std::move(q), input, nullptr)});
 }
 
 Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
                            const Shape& shape, const ReduceOptions& options) {
-  return submit({TensorArgs{reduce_request(name, OpType::kReducescatter, dtype, shape, options),
-                            input, nullptr}});
+  return submit({tensor_args(reduce_request(name, OpType::kReducescatter, dtype, shape, options),
+                            input, nullptr)});
 }
 
 void barrier(ProcessSet process_set) {
-  submit({TensorArgs{make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {},
+  submit({tensor_args(make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {},
                                   process_set.id),
-                     nullptr, nullptr}})
+                     nullptr, nullptr)})
       .wait();
 }
 
 Handle join_async() {
   return submit(
-      {TensorArgs{make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr, nullptr}});
+      {tensor_args(make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr, nullptr)});
 }
 
 int join() {
@@ -232,7 +233,7 @@ ProcessSet add_process_set(std::vector<int> ranks) {
   Request q = make_request(fmt::format("__add_process_set[{}]", fmt::join(ranks, ",")),
                            OpType::kAddProcessSet, DataType::kUInt8, {}, 0);
   q.set_ranks.assign(ranks.begin(), ranks.end());
-  Handle h = submit({TensorArgs{std::move(q), nullptr, nullptr}});
+  Handle h = submit({tensor_args(std::move(q), nullptr, nullptr)});
   h.wait();
   return ProcessSet{static_cast<int32_t>(h.value())};
 }
@@ -241,7 +242,7 @@ void remove_process_set(ProcessSet process_set) {
   Request q = make_request(fmt::format("__remove_process_set[{}]", process_set.id),
                            OpType::kRemoveProcessSet, DataType::kUInt8, {}, 0);
   q.target_process_set = process_set.id;
-  submit({TensorArgs{std::move(q), nullptr, nullptr}}).wait();
+  submit({tensor_args(std::move(q), nullptr, nullptr)}).wait();
 }
 
 std::vector<int> process_set_ranks(ProcessSet process_set) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <string_view>
 
+#include "common/log.h"
+
 namespace krug::engine {
 namespace {
 
@@ -40,7 +42,12 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
             "KRUG_TIMEOUT_SECONDS for slow starts)",
             timeout.count() / 1000.0, fmt::join(missing, ", "), advertise_host));
       }
-      if (auto reason = conn->authenticate_as_server(secret, until)) continue;  // stray peer
+      if (auto reason = conn->authenticate_as_server(secret, until)) {
+        // A stray process (or another job) found the port: refuse it and keep waiting.
+        log::at(log::Level::kWarning, 0, "control plane: rejected connection from {}: {}",
+                conn->peer(), *reason);
+        continue;
+      }
       const auto hello_frame = conn->recv_frame(until);  // Reader borrows; keep the bytes alive
       net::Reader hello(hello_frame);
       int peer = static_cast<int>(hello.i64());

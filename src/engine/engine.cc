@@ -52,6 +52,17 @@ std::string upper(std::string_view s) {
   return u;
 }
 
+// Memory for an output whose shape negotiation just decided.
+void* output_memory(TensorArgs& args, OpResult& out, size_t bytes) {
+  if (args.allocate_output) {
+    void* p = args.allocate_output(out.shape);
+    if (p == nullptr && bytes > 0) throw Error("the output allocator returned no memory");
+    return p;
+  }
+  out.data.resize(bytes);
+  return out.data.data();
+}
+
 std::chrono::milliseconds seconds_to_ms(double s) {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
 }
@@ -658,8 +669,8 @@ void Engine::Impl::run_allgather(const Response& r, ProcessSetState& set, LocalE
   OpResult& out = e.handle->result();
   out.shape = shape;
   out.shape[0] = rows;
-  out.data.resize(static_cast<size_t>(rows) * row_bytes);
-  set.comm->allgatherv(e.args.input, out.data.data(), bytes);
+  void* dst = output_memory(e.args, out, static_cast<size_t>(rows) * row_bytes);
+  set.comm->allgatherv(e.args.input, dst, bytes);
 }
 
 void Engine::Impl::run_broadcast(const Response& r, ProcessSetState& set, LocalEntry& e) {
@@ -685,8 +696,8 @@ void Engine::Impl::run_alltoall(const Response& r, ProcessSetState& set, LocalEn
   }
   out.shape = shape;
   out.shape[0] = rows;
-  out.data.resize(static_cast<size_t>(rows) * row_bytes);
-  set.comm->alltoallv(e.args.input, send, out.data.data(), recv);
+  void* dst = output_memory(e.args, out, static_cast<size_t>(rows) * row_bytes);
+  set.comm->alltoallv(e.args.input, send, dst, recv);
 }
 
 void Engine::Impl::run_reducescatter(const Response& r, ProcessSetState& set, LocalEntry& e) {
@@ -710,12 +721,12 @@ void Engine::Impl::run_reducescatter(const Response& r, ProcessSetState& set, Lo
   out.shape = shape;
   out.shape[0] = row == 0 ? shape[0] / n + (set.my_index < shape[0] % n ? 1 : 0)
                           : static_cast<int64_t>(mine) / row;
-  out.data.resize(mine * esize);
+  void* dst = output_memory(e.args, out, mine * esize);
   const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  set.comm->reducescatter(input, out.data.data(), counts, r.dtype, kernel_op);
+  set.comm->reducescatter(input, dst, counts, r.dtype, kernel_op);
   double post = r.postscale;
   if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(n);
-  reduce::scale(r.dtype, out.data.data(), mine, post);
+  reduce::scale(r.dtype, dst, mine, post);
 }
 
 std::string Engine::Impl::root_cause(const std::string& local_error) {

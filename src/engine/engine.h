@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,7 +25,19 @@ struct TensorArgs {
   controller::Request request;  // name, op, dtype, shape, ... (group fields set by enqueue)
   const void* input = nullptr;
   void* output = nullptr;  // allreduce/broadcast: may equal input; unused for sized-later ops
+  // Ops whose output size is known only after negotiation (allgather, alltoall, reducescatter)
+  // call this with the output shape to get memory for it (a framework tensor, say). Without it
+  // the output lives in the handle's OpResult::data.
+  std::function<void*(const std::vector<int64_t>& shape)> allocate_output;
 };
+
+inline TensorArgs tensor_args(controller::Request request, const void* input, void* output) {
+  TensorArgs args;
+  args.request = std::move(request);
+  args.input = input;
+  args.output = output;
+  return args;
+}
 
 class Engine {
  public:

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "net/socket.h"
 #include "rendezvous/store.h"
 
 namespace krug::engine {
@@ -65,7 +66,7 @@ Request request(const std::string& name, OpType op, DataType dtype, std::vector<
 
 std::shared_ptr<HandleState> submit(Engine& e, Request q, const void* in, void* out) {
   std::vector<TensorArgs> args;
-  args.push_back(TensorArgs{std::move(q), in, out});
+  args.push_back(tensor_args(std::move(q), in, out));
   return e.enqueue(std::move(args));
 }
 
@@ -112,6 +113,31 @@ TEST_P(EngineThreads, AllgatherWithUnevenFirstDimension) {
     int64_t at = 0;
     for (int r = 0; r < size; ++r)
       for (int64_t i = 0; i < (count + r) * 2; ++i) ASSERT_EQ(got[at++], r * 100000 + int32_t(i));
+  });
+}
+
+TEST_P(EngineThreads, AllgatherIntoCallerAllocatedOutput) {
+  auto [size, count] = GetParam();
+  run_ranks(size, [count = count, size = size](Engine& e, int rank) {
+    std::vector<int16_t> in(count, int16_t(rank + 1));
+    std::vector<int16_t> out;
+    std::vector<int64_t> seen_shape;
+    TensorArgs args =
+        tensor_args(request("ag-alloc", OpType::kAllgather, DataType::kInt16, {count}), in.data(),
+                    nullptr);
+    args.allocate_output = [&](const std::vector<int64_t>& shape) -> void* {
+      seen_shape = shape;
+      out.resize(shape[0]);
+      return out.data();
+    };
+    std::vector<TensorArgs> v;
+    v.push_back(std::move(args));
+    auto h = e.enqueue(std::move(v));
+    expect_ok(h);
+    ASSERT_EQ(seen_shape, (std::vector<int64_t>{count * size}));
+    EXPECT_TRUE(h->result().data.empty());  // nothing was copied into the handle
+    for (int r = 0; r < size; ++r)
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out[r * count + i], r + 1);
   });
 }
 
@@ -244,14 +270,14 @@ TEST(EngineThreadsDeterminism, FusionLayoutDoesNotChangeBits) {
         auto qp = request("pad", OpType::kAllreduce, DataType::kFloat32, {int64_t(pad.size())});
         qp.group = "g";
         qp.group_size = 2;
-        group.push_back({qp, pad.data(), pad.data()});
+        group.push_back(tensor_args(qp, pad.data(), pad.data()));
       }
       auto qx = request("x", OpType::kAllreduce, DataType::kFloat32, {int64_t(x.size())});
       if (layout == 1) {
         qx.group = "g";
         qx.group_size = 2;
       }
-      group.push_back({qx, x.data(), x.data()});
+      group.push_back(tensor_args(qx, x.data(), x.data()));
       auto h = e.enqueue(std::move(group));
       expect_ok(h);
       if (rank == 1) results[layout] = x;
@@ -259,6 +285,50 @@ TEST(EngineThreadsDeterminism, FusionLayoutDoesNotChangeBits) {
   }
   ASSERT_EQ(results[0].size(), results[1].size());
   EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace krug::engine
+
+namespace krug::engine {
+namespace {
+
+TEST(EngineThreadsSecurity, ControlPlaneRefusesAClientWithoutTheSecret) {
+  auto store = std::make_shared<rendezvous::InMemoryStore>();
+  std::string stray_error;
+  std::thread stray([&] {
+    // Find the coordinator's address the way a rank does, then fail the handshake.
+    auto bytes = store->get("control/address", std::chrono::seconds(30));
+    std::string address(bytes.begin(), bytes.end());
+    auto colon = address.rfind(':');
+    auto deadline = net::Clock::now() + std::chrono::seconds(10);
+    auto conn = net::Connection::connect(address.substr(0, colon),
+                                         uint16_t(std::stoi(address.substr(colon + 1))), deadline);
+    try {
+      conn.authenticate_as_client("not-the-job-secret", deadline);
+    } catch (const std::exception& e) {
+      stray_error = e.what();
+    }
+    // Only now may the real rank 1 join; the coordinator must still accept it.
+    store->set("stray/done", {1});
+  });
+  std::vector<std::thread> ranks;
+  std::vector<float> results(2, 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      if (r == 1) store->get("stray/done", std::chrono::seconds(30));
+      Engine e(rank_config(r, 2), store);
+      float v = float(r + 1);
+      auto h = submit(e, request("x", OpType::kAllreduce, DataType::kFloat32, {1}), &v, &v);
+      h->wait();
+      results[r] = h->error().empty() ? v : -1.0f;
+      e.shutdown();
+    });
+  }
+  stray.join();
+  for (auto& t : ranks) t.join();
+  EXPECT_NE(stray_error.find("rejected"), std::string::npos) << stray_error;
+  EXPECT_EQ(results, (std::vector<float>{3.0f, 3.0f}));
 }
 
 }  // namespace
