@@ -8,6 +8,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "api/runtime.h"
 #include "engine/engine.h"
 #include "rendezvous/server.h"
 
@@ -33,12 +34,7 @@ Runtime& runtime() {
   return r;
 }
 
-std::shared_ptr<engine::Engine> current() {
-  auto& rt = runtime();
-  std::lock_guard lock(rt.mu);
-  if (!rt.engine) throw Error("krug is not initialized: call krug::init() first");
-  return rt.engine;
-}
+std::shared_ptr<engine::Engine> current() { return current_engine(); }
 
 Request make_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
                      int32_t process_set) {
@@ -66,6 +62,13 @@ Request reduce_request(const std::string& name, OpType op, DataType dtype, const
 }
 
 }  // namespace
+
+std::shared_ptr<engine::Engine> current_engine() {
+  auto& rt = runtime();
+  std::lock_guard lock(rt.mu);
+  if (!rt.engine) throw Error("krug is not initialized: call init() first");
+  return rt.engine;
+}
 
 const engine::HandleState& Handle::checked() const {
   if (!state_) throw Error("krug::Handle is empty: it was not returned by an operation");
