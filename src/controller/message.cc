@@ -128,6 +128,20 @@ std::string_view op_name(OpType op) {
   return "unknown";
 }
 
+Response response_for(const Request& q) {
+  Response r;
+  r.op = q.op;
+  r.dtype = q.dtype;
+  r.reduce_op = q.reduce_op;
+  r.process_set = q.process_set;
+  r.root = q.root;
+  r.prescale = q.prescale;
+  r.postscale = q.postscale;
+  r.names = {q.name};
+  r.shapes = {q.shape};
+  return r;
+}
+
 int64_t Request::num_elements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

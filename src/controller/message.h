@@ -93,6 +93,9 @@ struct ResponseList {
   bool fatal = false;           // true when shutdown is due to an error
 };
 
+// The op response for one request: its parameters, name and shape.
+Response response_for(const Request& request);
+
 std::vector<uint8_t> encode(const RequestList& list);
 RequestList decode_request_list(const std::vector<uint8_t>& bytes);
 std::vector<uint8_t> encode(const ResponseList& list);

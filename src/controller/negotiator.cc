@@ -235,16 +235,7 @@ std::string Negotiator::validate(const std::string& key, const Pending& p) const
 Response Negotiator::make_response(const Pending& p) {
   const Request& first = p.by_rank.begin()->second;
   const auto& set = members(first.process_set);
-  Response r;
-  r.op = first.op;
-  r.dtype = first.dtype;
-  r.reduce_op = first.reduce_op;
-  r.process_set = first.process_set;
-  r.root = first.root;
-  r.prescale = first.prescale;
-  r.postscale = first.postscale;
-  r.names = {first.name};
-  r.shapes = {first.shape};
+  Response r = response_for(first);
   if (first.op == OpType::kAllgather) {
     for (int32_t m : set) r.rank_dims.push_back(p.by_rank.at(m).shape[0]);
   } else if (first.op == OpType::kAlltoall) {

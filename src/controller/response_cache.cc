@@ -55,6 +55,21 @@ const Request& ResponseCache::at(uint32_t id) const {
   return entries_[id];
 }
 
+void ResponseCache::expand(Response& r) const {
+  const std::vector<uint32_t> ids = r.cache_ids;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Request& q = at(ids[i]);
+    if (i == 0) {
+      r = response_for(q);
+      r.cache_ids = ids;
+      r.from_cache = true;
+    } else {
+      r.names.push_back(q.name);
+      r.shapes.push_back(q.shape);
+    }
+  }
+}
+
 std::optional<uint32_t> ResponseCache::next_id() const {
   if (static_cast<int64_t>(entries_.size()) >= capacity_) return std::nullopt;
   return static_cast<uint32_t>(entries_.size());

@@ -30,6 +30,9 @@ class ResponseCache {
   const Request& at(uint32_t id) const;
   bool contains(uint32_t id) const { return id < entries_.size(); }
 
+  // A response that arrived as cache ids only gets its names, shapes and parameters back.
+  void expand(Response& response) const;
+
   // Coordinator: the id the next insert will get, or nullopt when full.
   std::optional<uint32_t> next_id() const;
   // Every rank: record `request` under `id` (must equal next_id()).

@@ -479,18 +479,7 @@ void Engine::Impl::process(ResponseList list) {
   // between the decision and the start of its collective, behind earlier responses.
   for (auto& r : list.responses) {
     if (r.from_cache && r.names.empty()) {
-      for (uint32_t id : r.cache_ids) {
-        const Request& q = cache_.at(id);
-        r.names.push_back(q.name);
-        r.shapes.push_back(q.shape);
-        r.op = q.op;
-        r.dtype = q.dtype;
-        r.reduce_op = q.reduce_op;
-        r.process_set = q.process_set;
-        r.root = q.root;
-        r.prescale = q.prescale;
-        r.postscale = q.postscale;
-      }
+      cache_.expand(r);
     } else {
       for (size_t i = 0; i < r.cache_ids.size(); ++i)
         if (!cache_.contains(r.cache_ids[i]))

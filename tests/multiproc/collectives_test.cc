@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include "krugrun_process.h"
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -31,129 +33,33 @@ namespace fs = std::filesystem;
 // Every run gets this long before it is killed and failed.
 constexpr auto kRunTimeout = 120s;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using namespace krug::testing;
 
-std::vector<std::string> lines_of(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string line; std::getline(ss, line);) out.push_back(line);
-  return out;
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-std::string unique_marker() {
-  std::random_device rd;
-  return "krugmp" + std::to_string(::getpid()) + "x" + std::to_string(rd());
-}
-
-// Processes (other than this one) whose environment contains `marker`.
-int count_processes_with(const std::string& marker) {
-  int count = 0;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (std::stoi(name) == ::getpid()) continue;
-    if (contains(read_file(entry.path() / "environ"), marker)) ++count;
+std::vector<std::string> job_args(const std::string& marker, int np, const std::string& scenario,
+                                  const std::vector<std::string>& env) {
+  std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker};
+  for (const auto& e : env) {
+    args.push_back("-x");
+    args.push_back(e);
   }
-  return count;
+  args.push_back(KRUG_TEST_WORKER_PATH);
+  args.push_back(scenario);
+  return args;
 }
 
-// One krugrun job running krug_test_worker; output goes to files in a temp directory.
-class Job {
+// One krugrun job running krug_test_worker <scenario>, its ranks marked for the /proc scan.
+class Job : public KrugrunProcess {
  public:
-  Job(int np, const std::string& scenario, const std::vector<std::string>& env = {}) {
-    marker_ = unique_marker();
-    dir_ = fs::temp_directory_path() / marker_;
-    fs::create_directories(dir_);
-    std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker_};
-    for (const auto& e : env) {
-      args.push_back("-x");
-      args.push_back(e);
-    }
-    args.push_back(KRUG_TEST_WORKER_PATH);
-    args.push_back(scenario);
-    start_ = std::chrono::steady_clock::now();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int out = ::open((dir_ / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int err = ::open((dir_ / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(out, 1);
-      ::dup2(err, 2);
-      std::vector<char*> argv{const_cast<char*>(KRUGRUN_PATH)};
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(KRUGRUN_PATH, argv.data());
-      ::_exit(126);
-    }
-  }
-  ~Job() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);  // the ranks die with it (PR_SET_PDEATHSIG)
-      ::waitpid(pid_, nullptr, 0);
-    }
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  // krugrun's exit code (128 + signal if it was killed); -1 after kRunTimeout (it is killed).
-  int wait() {
-    const auto deadline = start_ + kRunTimeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int st = 0;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        exited_ = true;
-        seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(20ms);  // test code: polling a child is simplest
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    exited_ = true;
-    return -1;
-  }
-
-  std::string out() const { return read_file(dir_ / "out"); }
-  std::string err() const { return read_file(dir_ / "err"); }
-  // Both streams, the tail only: enough to see what went wrong in a failure message.
-  std::string output() const {
-    std::string all = "--- stdout ---\n" + out() + "--- stderr ---\n" + err();
-    return all.size() > 12000 ? "...\n" + all.substr(all.size() - 12000) : all;
-  }
-  double seconds() const { return seconds_; }
+  Job(int np, const std::string& scenario, const std::vector<std::string>& env = {})
+      : Job(unique_marker("krugmp"), np, scenario, env) {}
+  int wait() { return KrugrunProcess::wait(kRunTimeout); }
   const std::string& marker() const { return marker_; }
-  fs::path dir() const { return dir_; }
-
-  // Lines rank `r` printed on stdout, without krugrun's "[r]<stdout>:" prefix.
-  std::vector<std::string> rank_lines(int r) const {
-    const std::string prefix = "[" + std::to_string(r) + "]<stdout>:";
-    std::vector<std::string> lines;
-    for (const auto& line : lines_of(out()))
-      if (line.rfind(prefix, 0) == 0) lines.push_back(line.substr(prefix.size()));
-    return lines;
-  }
-  bool rank_printed(int r, const std::string& text) const {
-    for (const auto& line : rank_lines(r))
-      if (contains(line, text)) return true;
-    return false;
-  }
 
  private:
+  Job(std::string marker, int np, const std::string& scenario, const std::vector<std::string>& env)
+      : KrugrunProcess(KRUGRUN_PATH, job_args(marker, np, scenario, env)),
+        marker_(std::move(marker)) {}
   std::string marker_;
-  fs::path dir_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  double seconds_ = 0;
-  std::chrono::steady_clock::time_point start_;
 };
 
 // Runs a scenario that must pass on every rank.

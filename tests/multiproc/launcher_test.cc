@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "krugrun_process.h"
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -24,100 +26,14 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using namespace krug::testing;
 
-std::vector<std::string> lines_of(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string line; std::getline(ss, line);) out.push_back(line);
-  return out;
-}
-
-// A unique string per test, put into ranks' environments to find their processes in /proc.
-std::string unique_marker() {
-  std::random_device rd;
-  return "krugtest" + std::to_string(::getpid()) + "x" + std::to_string(rd());
-}
-
-// Processes (other than the test's own) whose environment contains `marker`.
-int count_processes_with(const std::string& marker) {
-  int count = 0;
-  std::error_code ec;  // processes come and go while we look
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (std::stoi(name) == ::getpid()) continue;
-    std::string env = read_file(entry.path() / "environ");
-    // A zombie has an empty environ; it is dead already, not an orphan.
-    if (env.find(marker) != std::string::npos) ++count;
-  }
-  return count;
-}
-
-class Krugrun {
+// krugrun with `args`; wait() gives it 60 s by default.
+class Krugrun : public KrugrunProcess {
  public:
-  explicit Krugrun(const std::vector<std::string>& args) {
-    dir_ = fs::temp_directory_path() / unique_marker();
-    fs::create_directories(dir_);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      int out = ::open((dir_ / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      int err = ::open((dir_ / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(out, 1);
-      ::dup2(err, 2);
-      std::vector<char*> argv{const_cast<char*>(KRUGRUN_PATH)};
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(KRUGRUN_PATH, argv.data());
-      ::_exit(126);
-    }
-    start_ = std::chrono::steady_clock::now();
-  }
-  ~Krugrun() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-
-  // Waits for krugrun to exit; returns its exit code (128 + signal if killed), -1 on timeout.
-  int wait(std::chrono::seconds timeout = 60s) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int st = 0;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        exited_ = true;
-        elapsed_ = std::chrono::steady_clock::now() - start_;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(10ms);  // test code: a short sleep loop keeps it simple
-    }
-    return -1;
-  }
-  pid_t pid() const { return pid_; }
-  std::string out() const { return read_file(dir_ / "out"); }
-  std::string err() const { return read_file(dir_ / "err"); }
-  double seconds() const { return std::chrono::duration<double>(elapsed_).count(); }
-  fs::path dir() const { return dir_; }
-
- private:
-  fs::path dir_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  std::chrono::steady_clock::time_point start_;
-  std::chrono::steady_clock::duration elapsed_{};
+  explicit Krugrun(const std::vector<std::string>& args) : KrugrunProcess(KRUGRUN_PATH, args) {}
+  int wait(std::chrono::seconds timeout = 60s) { return KrugrunProcess::wait(timeout); }
 };
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 // Each rank prints "KEY=value" lines for every variable the launcher sets.
 const char* kPrintEnv =

@@ -1,0 +1,144 @@
+// Test helper: runs the real krugrun as a child of the test, output in temp files, and finds
+// processes a job left behind. Shared by the multi-process test binaries.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace krug::testing {
+
+namespace fs = std::filesystem;
+
+inline std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string line; std::getline(ss, line);) out.push_back(line);
+  return out;
+}
+
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// A unique string per job, put into ranks' environments to find their processes in /proc.
+inline std::string unique_marker(const std::string& prefix = "krugtest") {
+  std::random_device rd;
+  return prefix + std::to_string(::getpid()) + "x" + std::to_string(rd());
+}
+
+// Processes (other than the test's own) whose environment contains `marker`. A zombie has an
+// empty environ: it is dead already, not an orphan.
+inline int count_processes_with(const std::string& marker) {
+  int count = 0;
+  std::error_code ec;  // processes come and go while we look
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoi(name) == ::getpid()) continue;
+    if (contains(read_file(entry.path() / "environ"), marker)) ++count;
+  }
+  return count;
+}
+
+// `krugrun args...` as a child process with stdout/stderr in files. Killed (with its ranks,
+// which die with krugrun) if still running when destroyed or when wait() times out.
+class KrugrunProcess {
+ public:
+  KrugrunProcess(const std::string& krugrun, const std::vector<std::string>& args) {
+    dir_ = fs::temp_directory_path() / unique_marker("krugrun");
+    fs::create_directories(dir_);
+    start_ = std::chrono::steady_clock::now();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int out = ::open((dir_ / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open((dir_ / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      std::vector<char*> argv{const_cast<char*>(krugrun.c_str())};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(krugrun.c_str(), argv.data());
+      ::_exit(126);
+    }
+  }
+  KrugrunProcess(const KrugrunProcess&) = delete;
+  KrugrunProcess& operator=(const KrugrunProcess&) = delete;
+  ~KrugrunProcess() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // krugrun's exit code (128 + signal if it was killed); -1 on timeout (it is then killed).
+  int wait(std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        exited_ = true;
+        elapsed_ = std::chrono::steady_clock::now() - start_;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // test code: simple polling
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    exited_ = true;
+    return -1;
+  }
+
+  pid_t pid() const { return pid_; }
+  std::string out() const { return read_file(dir_ / "out"); }
+  std::string err() const { return read_file(dir_ / "err"); }
+  // Both streams, the tail only: enough to see what went wrong in a failure message.
+  std::string output() const {
+    std::string all = "--- stdout ---\n" + out() + "--- stderr ---\n" + err();
+    return all.size() > 12000 ? "...\n" + all.substr(all.size() - 12000) : all;
+  }
+  double seconds() const { return std::chrono::duration<double>(elapsed_).count(); }
+  fs::path dir() const { return dir_; }
+
+  // Lines rank `r` printed on stdout, without krugrun's "[r]<stdout>:" prefix.
+  std::vector<std::string> rank_lines(int r) const {
+    const std::string prefix = "[" + std::to_string(r) + "]<stdout>:";
+    std::vector<std::string> lines;
+    for (const auto& line : lines_of(out()))
+      if (line.rfind(prefix, 0) == 0) lines.push_back(line.substr(prefix.size()));
+    return lines;
+  }
+  bool rank_printed(int r, const std::string& text) const {
+    for (const auto& line : rank_lines(r))
+      if (contains(line, text)) return true;
+    return false;
+  }
+
+ private:
+  fs::path dir_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::duration elapsed_{};
+};
+
+}  // namespace krug::testing
