@@ -149,8 +149,10 @@ void GlooCommunicator::reduce_scatter_ordered(const void* in, void* out,
     return posted;
   };
 
-  // Every send is posted up front: Gloo transmits each one as soon as the peer posts the
-  // matching receive, so the wire never waits for this rank's reduction of an earlier step.
+  // Receives first: a send whose receive is already posted goes straight onto the wire from
+  // this thread instead of waiting for a "ready to receive" round trip through Gloo's loop.
+  // Every send is then posted up front, so the wire never waits for a reduction.
+  int recvs_pending = post_recvs(0);
   int sends_posted = 0;
   for (size_t step = 0; step < steps; ++step) {
     for (int p = 0; p < size_; ++p) {
@@ -160,7 +162,6 @@ void GlooCommunicator::reduce_scatter_ordered(const void* in, void* out,
       ++sends_posted;
     }
   }
-  int recvs_pending = post_recvs(0);
   for (size_t step = 0; step < steps; ++step) {
     const int next_pending = step + 1 < steps ? post_recvs(step + 1) : 0;
     for (int i = 0; i < recvs_pending; ++i) recv_buf[step % 2]->waitRecv(timeout_);
@@ -187,13 +188,15 @@ void GlooCommunicator::allgather_in_place(void* data, const std::vector<size_t>&
   auto buf = context_->createUnboundBuffer(data, offsets[size_]);
   const uint64_t slot = next_slot();
   int sends = 0, recvs = 0;
+  // All receives before any send (see reduce_scatter_ordered).
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    if (bytes_per_rank[p] > 0) {
+    if (p != rank_ && bytes_per_rank[p] > 0) {
       buf->recv(p, slot, offsets[p], bytes_per_rank[p]);
       ++recvs;
     }
-    if (bytes_per_rank[rank_] > 0) {
+  }
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && bytes_per_rank[rank_] > 0) {
       buf->send(p, slot, offsets[rank_], bytes_per_rank[rank_]);
       ++sends;
     }
@@ -240,12 +243,13 @@ void GlooCommunicator::alltoallv(const void* in, const std::vector<size_t>& send
     const uint64_t slot = next_slot();
     int sends = 0, recvs = 0;
     for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      if (recv_bytes[p] > 0) {
+      if (p != rank_ && recv_bytes[p] > 0) {
         rbuf->recv(p, slot, recv_off[p], recv_bytes[p]);
         ++recvs;
       }
-      if (send_bytes[p] > 0) {
+    }
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && send_bytes[p] > 0) {
         sbuf->send(p, slot, send_off[p], send_bytes[p]);
         ++sends;
       }
