@@ -246,6 +246,8 @@ double reduce_input(ReduceOp op, DataType t, int64_t i, int r) {
       static const double kUnsigned[] = {1, 2};
       return sgn ? kSigned[(i + r) % 3] : kUnsigned[(i + r) % 2];
     }
+    case ReduceOp::kAdasum:  // not element-wise: scenario_adasum has its own inputs
+      break;
   }
   return 0;
 }
@@ -269,6 +271,7 @@ double reduce_expected(ReduceOp op, DataType t, int64_t i, const std::vector<int
       case ReduceOp::kMin: acc = std::min(acc, v); break;
       case ReduceOp::kMax: acc = std::max(acc, v); break;
       case ReduceOp::kProduct: acc = t == DataType::kBool ? std::min(acc, v) : acc * v; break;
+      case ReduceOp::kAdasum: break;  // not element-wise; never requested here
     }
   }
   if (t == DataType::kBool) return acc;
