@@ -147,7 +147,7 @@ TEST(RankEnv, LauncherVariablesWinOverInheritedOnes) {
   o.knob_env["KRUG_CYCLE_TIME"] = "5";
   o.set_env = {{"FOO", "bar"}, {"KRUG_CYCLE_TIME", "6"}};
   RankSlot slot{3, 4, 1, 2, 1, 2, "localhost"};
-  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234"};
+  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234", ""};
   EnvMap env = rank_environment({{"PATH", "/bin"}, {"KRUG_RANK", "99"}}, o, slot, job);
   EXPECT_EQ(env["PATH"], "/bin");
   EXPECT_EQ(env["FOO"], "bar");
@@ -172,7 +172,7 @@ TEST(RankEnv, LauncherVariablesWinOverInheritedOnes) {
 TEST(RankEnv, PrependsTheBuildTreePythonDirToPythonPath) {
   LaunchOptions o;
   RankSlot slot{0, 1, 0, 1, 0, 1, "localhost"};
-  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234"};
+  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234", ""};
   EXPECT_EQ(rank_environment({}, o, slot, job).count("PYTHONPATH"), 0u);
   job.python_dir = "/b/python";
   EXPECT_EQ(rank_environment({}, o, slot, job)["PYTHONPATH"], "/b/python");
