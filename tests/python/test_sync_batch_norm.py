@@ -162,3 +162,20 @@ def test_training_with_distributed_optimizer():
         ref_opt.step()
     for (name, p), q in zip(model.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, atol=1e-9), name
+
+
+def test_empty_batch_on_one_rank():
+    cs = [0] + [3] * (SIZE - 1) if SIZE > 1 else [3]
+    sync = hvd.SyncBatchNorm(2).double()
+    ref = torch.nn.BatchNorm1d(2).double()
+    lo, hi = bounds(cs, RANK)
+    x, dy = whole_batch((2, 3), sum(cs), seed=50)
+    xs = x[lo:hi].clone().requires_grad_()
+    xr = x.clone().requires_grad_()
+    out = sync(xs)
+    out_ref = ref(xr)
+    assert torch.allclose(out, out_ref[lo:hi], atol=1e-10)
+    out.backward(dy[lo:hi])
+    out_ref.backward(dy)
+    assert torch.allclose(xs.grad, xr.grad[lo:hi], atol=1e-10)
+    assert torch.allclose(sync.running_var, ref.running_var, atol=1e-10)
