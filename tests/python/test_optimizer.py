@@ -370,6 +370,8 @@ def adasum_available():
 
 
 def test_adasum_keeps_ranks_identical():
+    if SIZE & (SIZE - 1):  # the core rejects it on every rank (HorovodInternalError)
+        pytest.skip('Adasum needs a power-of-two number of ranks')
     if SIZE > 1 and not adasum_available():
         pytest.skip('Adasum is not available in this build')
     model = make_model()
