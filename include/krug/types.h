@@ -37,6 +37,9 @@ enum class ReduceOp : uint8_t {
   kMin = 2,
   kMax = 3,
   kProduct = 4,
+  // Adaptive summation (Maleki et al., 2020): not element-wise. Allreduce only, floating-point
+  // dtypes only, process sets whose size is a power of two; applied per tensor of a fused buffer.
+  kAdasum = 5,
 };
 std::string_view reduce_op_name(ReduceOp op);
 

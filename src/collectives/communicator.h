@@ -33,6 +33,19 @@ class Communicator {
   virtual void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                          const std::vector<size_t>& recv_bytes) = 0;
   virtual void barrier() = 0;
+
+  // Point to point, between ranks of this set (indexes in [0, size())). Sends `send_bytes` from
+  // `send_data` to rank `send_to` while receiving exactly `recv_bytes` into `recv_data` from rank
+  // `recv_from`; returns when both are done. A peer of -1 skips that direction. Messages between
+  // two ranks match in call order, per direction, independently of the collectives above (only
+  // the two ranks involved take part), so the sender's byte count must equal the receiver's.
+  // A zero byte count sends (or expects) nothing. Blocking, like MPI_Ssend: a send may not
+  // complete before the peer posts the matching receive.
+  virtual void sendrecv(const void* send_data, size_t send_bytes, int send_to, void* recv_data,
+                        size_t recv_bytes, int recv_from) = 0;
+  void send(const void* data, size_t bytes, int peer) { sendrecv(data, bytes, peer, nullptr, 0, -1); }
+  void recv(void* data, size_t bytes, int peer) { sendrecv(nullptr, 0, -1, data, bytes, peer); }
+
   virtual const char* backend_name() const = 0;
 };
 

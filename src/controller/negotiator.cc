@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <functional>
 
+#include "collectives/adasum.h"
+
 namespace krug::controller {
 namespace {
 
@@ -146,6 +148,15 @@ std::string Negotiator::validate(const std::string& key, const Pending& p) const
                      [](const Request& r) { return std::string(reduce_op_name(r.reduce_op)); }))
                .empty())
         return e;
+      if (first.reduce_op == ReduceOp::kAdasum) {
+        if (first.op != OpType::kAllreduce)
+          return fmt::format("{} '{}': the adasum reduction runs only as an allreduce",
+                             op_name(first.op), first.name);
+        if (std::string why = collectives::adasum_unsupported(
+                first.dtype, static_cast<int>(set.size()), first.process_set);
+            !why.empty())
+          return fmt::format("allreduce '{}': {}", first.name, why);
+      }
       if (!(e = what("scale factors", [](const Request& r) {
               return fmt::format("prescale {} postscale {}", r.prescale, r.postscale);
             })).empty())

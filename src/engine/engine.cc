@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "collectives/adasum.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "common/log.h"
 #include "controller/negotiator.h"
@@ -600,12 +601,31 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
   double post = r.postscale;
   if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(set.ranks.size());
   std::vector<LocalEntry*> entries;
+  std::vector<size_t> counts;  // per tensor: Adasum works tensor by tensor inside a fused buffer
   size_t total = 0;
   for (size_t i = 0; i < r.names.size(); ++i) {
     auto it = table_.find(controller::table_key(r.process_set, r.names[i]));
     entries.push_back(it == table_.end() ? nullptr : &it->second);
-    total += static_cast<size_t>(elements(r.shapes[i]));
+    counts.push_back(static_cast<size_t>(elements(r.shapes[i])));
+    total += counts.back();
   }
+  const bool adasum = r.reduce_op == ReduceOp::kAdasum;
+  if (adasum) {
+    // The coordinator rejects these already; every rank reaches the same verdict without
+    // talking to the others, so failing the names here leaves the engine running.
+    std::string why = collectives::adasum_unsupported(r.dtype, static_cast<int>(set.ranks.size()),
+                                                      r.process_set);
+    if (!why.empty()) {
+      fail_names(r, fmt::format("allreduce of [{}]: {}", fmt::join(r.names, ", "), why));
+      return;
+    }
+  }
+  auto reduce_in_place = [&](void* buf) {
+    if (adasum)
+      collectives::adasum_allreduce(*set.comm, buf, r.dtype, counts, r.process_set);
+    else
+      set.comm->allreduce(buf, total, r.dtype, kernel_op);
+  };
   const std::string phase = "ALLREDUCE";
   if (entries.size() == 1 && entries[0]) {
     // One tensor: reduce in the user's output buffer, no fusion copies.
@@ -613,7 +633,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
     timeline_begin(r.names[0], phase);
     if (a.output != a.input && total > 0) std::memcpy(a.output, a.input, total * esize);
     reduce::scale(r.dtype, a.output, total, r.prescale);
-    set.comm->allreduce(a.output, total, r.dtype, kernel_op);
+    reduce_in_place(a.output);
     reduce::scale(r.dtype, a.output, total, post);
     timeline_end(r.names[0], phase);
   } else {
@@ -631,7 +651,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       offset += bytes;
     }
     reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
-    set.comm->allreduce(fusion_.data(), total, r.dtype, kernel_op);
+    reduce_in_place(fusion_.data());
     reduce::scale(r.dtype, fusion_.data(), total, post);
     offset = 0;
     for (size_t i = 0; i < entries.size(); ++i) {

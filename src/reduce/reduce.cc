@@ -78,6 +78,9 @@ void run16(void* dst_v, const void* a_v, const void* b_v, size_t n) {
 }
 
 [[noreturn]] void fail(DataType dtype, ReduceOp op) {
+  if (op == ReduceOp::kAdasum)
+    throw Error("reduce: adasum is not an element-wise reduction: it runs only as an allreduce "
+                "(collectives/adasum.h), never through the element-wise kernels");
   throw Error("reduce: unsupported data type " + std::to_string(static_cast<int>(dtype)) + " (" +
               std::string(dtype_name(dtype)) + ") with op " + std::to_string(static_cast<int>(op)) +
               " (" + std::string(reduce_op_name(op)) + ")");
@@ -123,6 +126,8 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b
       case ReduceOp::kMin:
       case ReduceOp::kProduct:
         return run<uint8_t, ops::And>(dst, a, b, count);
+      case ReduceOp::kAdasum:
+        break;
     }
     fail(dtype, op);
   }
@@ -136,6 +141,8 @@ void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b
       return run_numeric<ops::Max>(dtype, op, dst, a, b, count);
     case ReduceOp::kProduct:
       return run_numeric<ops::Product>(dtype, op, dst, a, b, count);
+    case ReduceOp::kAdasum:
+      break;
   }
   fail(dtype, op);
 }

@@ -246,6 +246,8 @@ double reduce_input(ReduceOp op, DataType t, int64_t i, int r) {
       static const double kUnsigned[] = {1, 2};
       return sgn ? kSigned[(i + r) % 3] : kUnsigned[(i + r) % 2];
     }
+    case ReduceOp::kAdasum:  // not element-wise: scenario_adasum has its own inputs
+      break;
   }
   return 0;
 }
@@ -269,6 +271,7 @@ double reduce_expected(ReduceOp op, DataType t, int64_t i, const std::vector<int
       case ReduceOp::kMin: acc = std::min(acc, v); break;
       case ReduceOp::kMax: acc = std::max(acc, v); break;
       case ReduceOp::kProduct: acc = t == DataType::kBool ? std::min(acc, v) : acc * v; break;
+      case ReduceOp::kAdasum: break;  // not element-wise; never requested here
     }
   }
   if (t == DataType::kBool) return acc;
@@ -991,6 +994,71 @@ void scenario_reinit() {
   });
 }
 
+// Adasum through the public API. Inputs follow a closed form that tests/python/
+// adasum_reference.py repeats (multiples of 1/16, exact in every float dtype):
+//   x[r][t][i] = ((7 i + 13 t) % 17 - 8) / 8 + ((i (r + 3) + t) % 11 - 5) / 16
+// Every result is printed as "ADASUM <dtype> <tensor> <count> <values...>" (%.17g) for the
+// NumPy reference to check; float32 tensors 0..3 go as one group (fused, per-tensor Adasum).
+// With a size that is not a power of two, every rank must get the clear error instead.
+double adasum_input(int r, int t, int64_t i) {
+  return double((7 * i + 13 * t) % 17 - 8) / 8.0 + double((i * (r + 3) + t) % 11 - 5) / 16.0;
+}
+
+void print_adasum(const std::string& dtype, int t, const std::vector<double>& v) {
+  std::ostringstream o;
+  o.precision(17);
+  o << "ADASUM " << dtype << " " << t << " " << v.size();
+  for (double x : v) o << " " << x;
+  std::cout << o.str() << std::endl;
+}
+
+void scenario_adasum() {
+  const int n = krug::size(), r = krug::rank();
+  krug::ReduceOptions opts;
+  opts.op = ReduceOp::kAdasum;
+  if ((n & (n - 1)) != 0) {
+    std::vector<float> x(4, 1.0f);
+    try {
+      krug::allreduce("adasum.bad", x.data(), x.data(), DataType::kFloat32, {4}, opts);
+      report("adasum with " + std::to_string(n) + " ranks did not fail");
+    } catch (const krug::Error& e) {
+      const std::string want = "Adasum needs a power-of-two number of ranks (process set 0 has " +
+                               std::to_string(n) + ")";
+      expect(contains(e.what(), want), std::string("error lacks '") + want + "': " + e.what());
+      std::cout << "ADASUM-ERROR " << e.what() << std::endl;
+    }
+    return;
+  }
+  const std::vector<int64_t> counts = {5, 1000, 1, 77};
+  std::vector<std::vector<float>> f32(counts.size());
+  std::vector<krug::GroupTensor> group;
+  for (size_t t = 0; t < counts.size(); ++t) {
+    for (int64_t i = 0; i < counts[t]; ++i) f32[t].push_back(float(adasum_input(r, int(t), i)));
+    group.push_back({f32[t].data(), f32[t].data(), DataType::kFloat32, {counts[t]}});
+  }
+  krug::grouped_allreduce_async("adasum.f32", group, opts).wait();
+  for (size_t t = 0; t < counts.size(); ++t)
+    print_adasum("float32", int(t), std::vector<double>(f32[t].begin(), f32[t].end()));
+
+  const int64_t m = 300;
+  std::vector<double> f64(m);
+  std::vector<uint16_t> f16(m), bf16(m);
+  for (int64_t i = 0; i < m; ++i) {
+    const double x = adasum_input(r, 4, i);
+    f64[i] = x;
+    f16[i] = half_bits(x);
+    bf16[i] = bf16_bits(x);
+  }
+  krug::allreduce("adasum.f64", f64.data(), f64.data(), DataType::kFloat64, {m}, opts);
+  krug::allreduce("adasum.f16", f16.data(), f16.data(), DataType::kFloat16, {m}, opts);
+  krug::allreduce("adasum.bf16", bf16.data(), bf16.data(), DataType::kBFloat16, {m}, opts);
+  print_adasum("float64", 4, f64);
+  std::vector<double> h(m), b(m);
+  for (int64_t i = 0; i < m; ++i) h[i] = half_value(f16[i]), b[i] = bf16_value(bf16[i]);
+  print_adasum("float16", 4, h);
+  print_adasum("bfloat16", 4, b);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1014,6 +1082,7 @@ int main(int argc, char** argv) {
       {"stall", scenario_stall},
       {"timeline", scenario_timeline},
       {"reinit", scenario_reinit},
+      {"adasum", scenario_adasum},
   };
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {

@@ -147,7 +147,7 @@ TEST(RankEnv, LauncherVariablesWinOverInheritedOnes) {
   o.knob_env["KRUG_CYCLE_TIME"] = "5";
   o.set_env = {{"FOO", "bar"}, {"KRUG_CYCLE_TIME", "6"}};
   RankSlot slot{3, 4, 1, 2, 1, 2, "localhost"};
-  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234"};
+  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234", ""};
   EnvMap env = rank_environment({{"PATH", "/bin"}, {"KRUG_RANK", "99"}}, o, slot, job);
   EXPECT_EQ(env["PATH"], "/bin");
   EXPECT_EQ(env["FOO"], "bar");
@@ -167,6 +167,19 @@ TEST(RankEnv, LauncherVariablesWinOverInheritedOnes) {
   EXPECT_EQ(env["HOROVOD_CONTROLLER"], "gloo");
   EXPECT_EQ(env["HOROVOD_CPU_OPERATIONS"], "gloo");
   EXPECT_EQ(make_job_id().size(), 8u);
+}
+
+TEST(RankEnv, PrependsTheBuildTreePythonDirToPythonPath) {
+  LaunchOptions o;
+  RankSlot slot{0, 1, 0, 1, 0, 1, "localhost"};
+  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234", ""};
+  EXPECT_EQ(rank_environment({}, o, slot, job).count("PYTHONPATH"), 0u);
+  job.python_dir = "/b/python";
+  EXPECT_EQ(rank_environment({}, o, slot, job)["PYTHONPATH"], "/b/python");
+  EXPECT_EQ(rank_environment({{"PYTHONPATH", "/x:/y"}}, o, slot, job)["PYTHONPATH"],
+            "/b/python:/x:/y");
+  o.set_env = {{"PYTHONPATH", "/z"}};
+  EXPECT_EQ(rank_environment({{"PYTHONPATH", "/x"}}, o, slot, job)["PYTHONPATH"], "/b/python:/z");
 }
 
 TEST(LineBuffer, EmitsWholePrefixedLines) {

@@ -54,6 +54,8 @@ T ref_int(ReduceOp op, T a, T b) {
       return std::min(a, b);
     case ReduceOp::kMax:
       return std::max(a, b);
+    case ReduceOp::kAdasum:  // not element-wise: no kernel
+      break;
   }
   return 0;
 }
@@ -71,6 +73,8 @@ F ref_float(ReduceOp op, F a, F b) {
       return std::isnan(a) || std::isnan(b) ? nan : std::min(a, b);
     case ReduceOp::kMax:
       return std::isnan(a) || std::isnan(b) ? nan : std::max(a, b);
+    case ReduceOp::kAdasum:  // not element-wise: no kernel
+      break;
   }
   return 0;
 }

@@ -20,6 +20,9 @@ namespace {
 
 // Gloo builds its own slots as (prefix << 56 | tag); krug's live above every Gloo prefix.
 constexpr uint64_t kSlotBase = uint64_t{0x7e} << 56;
+// Point-to-point slots: (base + n) for the n-th message of one direction of one pair. Gloo
+// matches a receive by (peer, slot), so the two directions of a pair never collide.
+constexpr uint64_t kP2PSlotBase = uint64_t{0x7f} << 56;
 // Bytes per peer per pipeline step of the reduce-scatter: bounds scratch memory at
 // 2 * size * kSegmentBytes while keeping per-step latency small against transfer time.
 constexpr size_t kSegmentBytes = size_t{1} << 20;
@@ -62,7 +65,7 @@ std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& hos
 GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<rendezvous::Store> store,
                                    std::shared_ptr<gloo::transport::Device> device,
                                    std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), timeout_(timeout) {
+    : rank_(rank), size_(size), timeout_(timeout), sent_to_(size, 0), received_from_(size, 0) {
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(timeout);
   rendezvous::GlooStore gloo_store(std::move(store), timeout);
@@ -266,6 +269,61 @@ void GlooCommunicator::barrier() {
     opts.setTimeout(timeout_);
     gloo::barrier(opts);
   });
+}
+
+}  // namespace krug::collectives
+
+namespace krug::collectives {
+
+void GlooCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
+                                void* recv_data, size_t recv_bytes, int recv_from) {
+  auto describe = [&] {
+    std::string what;
+    if (send_to >= 0) what = fmt::format("send of {} bytes to rank {}", send_bytes, send_to);
+    if (recv_from >= 0)
+      what += fmt::format("{}receive of {} bytes from rank {}", what.empty() ? "" : " and ",
+                          recv_bytes, recv_from);
+    return what;
+  };
+  if (send_to < -1 || send_to >= size_ || recv_from < -1 || recv_from >= size_)
+    throw Error(fmt::format("gloo point-to-point {} on rank {} of {}: peer out of range",
+                            describe(), rank_, size_));
+  if ((send_to == rank_) != (recv_from == rank_))
+    throw Error(fmt::format("gloo point-to-point {} on rank {} of {}: a rank can exchange with "
+                            "itself only in both directions",
+                            describe(), rank_, size_));
+  if (send_to == rank_) {
+    if (send_bytes != recv_bytes)
+      throw Error(fmt::format("gloo point-to-point on rank {}: sends {} bytes to itself but "
+                              "expects {}",
+                              rank_, send_bytes, recv_bytes));
+    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
+    return;
+  }
+  // Slots advance even for empty messages: both sides of a pair agree on every byte count, so
+  // they skip the same messages and stay in step.
+  const uint64_t send_slot = send_to >= 0 ? kP2PSlotBase + sent_to_[send_to]++ : 0;
+  const uint64_t recv_slot = recv_from >= 0 ? kP2PSlotBase + received_from_[recv_from]++ : 0;
+  try {
+    std::unique_ptr<gloo::transport::UnboundBuffer> rbuf, sbuf;
+    if (recv_from >= 0 && recv_bytes > 0) {
+      rbuf = context_->createUnboundBuffer(recv_data, recv_bytes);
+      rbuf->recv(recv_from, recv_slot);
+    }
+    if (send_to >= 0 && send_bytes > 0) {
+      // Gloo registers buffers by pointer; it never writes through a send-only buffer.
+      sbuf = context_->createUnboundBuffer(const_cast<void*>(send_data), send_bytes);
+      sbuf->send(send_to, send_slot);
+    }
+    if (rbuf) rbuf->waitRecv(timeout_);
+    if (sbuf) sbuf->waitSend(timeout_);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("gloo point-to-point {} failed on rank {} of {} (ranks of this "
+                            "process set; timeout {} ms): {}",
+                            describe(), rank_, size_, timeout_.count(), e.what()));
+  }
 }
 
 }  // namespace krug::collectives

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "rendezvous/store.h"
@@ -45,6 +46,8 @@ class GlooCommunicator : public Communicator {
   void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                  const std::vector<size_t>& recv_bytes) override;
   void barrier() override;
+  void sendrecv(const void* send_data, size_t send_bytes, int send_to, void* recv_data,
+                size_t recv_bytes, int recv_from) override;
   const char* backend_name() const override { return "gloo"; }
 
  private:
@@ -61,6 +64,10 @@ class GlooCommunicator : public Communicator {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> context_;
   uint64_t slot_counter_ = 0;
+  // Point-to-point messages sent to / received from each peer: the slot of the n-th message in
+  // one direction of a pair. Kept apart from slot_counter_, which every rank advances together.
+  std::vector<uint64_t> sent_to_;
+  std::vector<uint64_t> received_from_;
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_size_ = 0;
 };

@@ -1,0 +1,135 @@
+#!/usr/bin/python3
+"""Data-parallel training of a small network on scikit-learn's bundled digits with krug.torch.
+
+    krugrun -np 4 /usr/bin/python3 examples/torch_digits.py --epochs 30
+
+The 1797 8x8 images ship with scikit-learn (no download). They are split 80/20 once, the same
+way on every rank (--seed); each epoch the training set is shuffled identically everywhere and
+dealt out round-robin, padded so that every rank runs the same number of steps (as
+torch.utils.data.DistributedSampler does). Gradients are averaged by hvd.DistributedOptimizer
+(or combined with Adasum, --use-adasum); rank 0's initial parameters and optimizer state are
+broadcast first. Rank 0 prints the mean training loss and the held-out accuracy every epoch;
+each rank scores its share of the held-out set and the counts are summed with hvd.allreduce.
+Exits 1 when the final accuracy is below --min-accuracy (0.95).
+"""
+import argparse
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+
+import krug.torch as hvd
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--lr", type=float, default=0.025,
+                   help="learning rate for one rank; scaled by the number of ranks unless "
+                        "--use-adasum")
+    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum")
+    p.add_argument("--min-accuracy", type=float, default=0.95)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    return p.parse_args()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)   # 8x8 -> 8x8
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)  # 4x4 -> 4x4
+        self.fc1 = nn.Linear(32 * 2 * 2, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def split(n, seed):
+    """The same deterministic 80/20 split on every rank."""
+    order = np.random.RandomState(seed).permutation(n)
+    cut = int(round(0.8 * n))
+    return order[:cut], order[cut:]
+
+
+def epoch_shard(train_idx, epoch, seed, rank, size):
+    """DistributedSampler-style: same shuffle everywhere, padded to a multiple of size."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    order = train_idx[torch.randperm(len(train_idx), generator=g).numpy()]
+    padded = -(-len(order) // size) * size
+    order = np.concatenate([order, order[: padded - len(order)]])
+    return order[rank::size]
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rank, size = hvd.rank(), hvd.size()
+
+    digits = load_digits()
+    images = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)  # N,1,8,8
+    labels = torch.tensor(digits.target, dtype=torch.int64)
+    train_idx, test_idx = split(len(labels), args.seed)
+    test_mine = test_idx[rank::size]  # each rank scores its share of the held-out set
+
+    model = Net()
+    lr = args.lr if args.use_adasum else args.lr * size
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(),
+        op=hvd.Adasum if args.use_adasum else hvd.Average)
+
+    accuracy = 0.0
+    for epoch in range(args.epochs):
+        model.train()
+        shard = epoch_shard(train_idx, epoch, args.seed, rank, size)
+        total_loss, steps = 0.0, 0
+        for start in range(0, len(shard), args.batch_size):
+            batch = torch.from_numpy(shard[start:start + args.batch_size])
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(images[batch]), labels[batch])
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.item()
+            steps += 1
+        mean_loss = hvd.allreduce(torch.tensor(total_loss / max(steps, 1)),
+                                  name="train_loss", op=hvd.Average).item()
+
+        model.eval()
+        with torch.no_grad():
+            batch = torch.from_numpy(test_mine)
+            correct = (model(images[batch]).argmax(1) == labels[batch]).sum().item()
+        counts = hvd.allreduce(torch.tensor([float(correct), float(len(test_mine))],
+                                            dtype=torch.float64),
+                               name="test_counts", op=hvd.Sum)
+        accuracy = (counts[0] / counts[1]).item()
+        if rank == 0:
+            print("epoch %3d  loss %.4f  held-out accuracy %.4f" % (epoch + 1, mean_loss, accuracy),
+                  flush=True)
+
+    if rank == 0:
+        print("final held-out accuracy %.4f with %d rank%s (train %d, test %d)"
+              % (accuracy, size, "" if size == 1 else "s", len(train_idx), len(test_idx)),
+              flush=True)
+    ok = accuracy >= args.min_accuracy
+    if not ok and rank == 0:
+        print("accuracy %.4f is below %.2f" % (accuracy, args.min_accuracy), file=sys.stderr)
+    hvd.shutdown()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Helpers that make ranks agree on state: parameters, optimizer state, arbitrary objects
+(the horovod.torch.functions API)."""
+
+import io
+import pickle
+
+import torch
+
+from krug.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
+                                global_process_set, synchronize)
+
+
+def _set_rank(process_set):
+    # Roots are rank indices within the process set (as in the core API).
+    r = process_set.rank()
+    return r
+
+
+def _dumps(obj):
+    # Plain pickle (no cloudpickle on these machines): lambdas and locally defined classes
+    # cannot be sent; everything picklable can.
+    buf = io.BytesIO()
+    pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _loads(t):
+    return pickle.loads(t.numpy().tobytes())
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Broadcasts the parameters from ``root_rank`` to every rank of ``process_set``, in place.
+
+    ``params``: a ``model.state_dict()`` (or any dict name -> tensor), a list of
+    ``(name, tensor)`` pairs such as ``list(model.named_parameters())``, or a list of tensors
+    such as ``list(model.parameters())``. The broadcasts run asynchronously and are all
+    waited for before returning.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, (list, tuple)) or hasattr(params, '__iter__'):
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError('invalid params of type: %s' % type(params))
+
+    handles = []
+    for index, (name, p) in enumerate(items):
+        if not torch.is_tensor(p):
+            raise ValueError('broadcast_parameters: value of %r is not a tensor (%s)'
+                             % (name, type(p).__name__))
+        # Unnamed tensors are named by position; every rank passes them in the same order.
+        full_name = 'broadcast_parameters.%s' % (name if name is not None else index)
+        # .data: parameters are leaves that require grad; broadcasting into their storage must
+        # not be recorded by autograd.
+        handles.append(broadcast_async_(p.data, root_rank, name=full_name,
+                                        process_set=process_set))
+    for handle in handles:
+        synchronize(handle)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Returns ``obj`` as passed on ``root_rank``, on every rank of ``process_set``.
+
+    The object is pickled on the root into a uint8 tensor; its length is broadcast first so
+    the other ranks can allocate the buffer. Non-root ranks may pass anything (e.g. None).
+    """
+    if name is None:
+        # A fixed default (Horovod derives it from type(obj), which makes non-root ranks
+        # that pass None hang); the call is synchronous so reusing the name is safe.
+        name = 'broadcast_object'
+    if _set_rank(process_set) == root_rank:
+        payload = _dumps(obj)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        payload = None
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name=name + '.sz', process_set=process_set)
+    if payload is None:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name=name + '.t', process_set=process_set)
+    if _set_rank(process_set) == root_rank:
+        return obj
+    return _loads(payload)
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Returns the list of the objects passed by every rank of ``process_set``, in rank order."""
+    if name is None:
+        name = 'allgather_object'
+    payload = _dumps(obj)
+    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
+                        name=name + '.sz', process_set=process_set)
+    gathered = allgather(payload, name=name + '.t', process_set=process_set)
+    result, start = [], 0
+    for n in lengths.tolist():
+        result.append(_loads(gathered[start:start + n]))
+        start += n
+    return result
+
+
+def _initialize_optimizer_state(optimizer):
+    """Gives a freshly constructed optimizer its state by one step with zero gradients.
+
+    Parameters and gradients are restored afterwards, so the model is unchanged even for
+    optimizers whose step moves parameters without gradient (weight decay)."""
+    saved = []
+    for group in optimizer.param_groups:
+        for p in group['params']:
+            if p.requires_grad:
+                saved.append((p, p.data.clone(), p.grad))
+                grad = torch.zeros_like(p.data)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    grad = grad.to_sparse()
+                p.grad = grad
+    if getattr(optimizer, '_krug_distributed', False):
+        # A DistributedOptimizer's step() would allreduce; only rank-local work is wanted.
+        super(optimizer.__class__, optimizer).step()
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        for p, data, grad in saved:
+            p.data.copy_(data)
+            p.grad = grad
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Makes the optimizer state (per-parameter state tensors and scalars, and the options
+    of every param group such as the learning rate) of every rank equal to ``root_rank``'s.
+
+    An optimizer without state yet (never stepped) first creates it with a zero-gradient
+    step that leaves the parameters untouched. Accepts a torch optimizer or a
+    DistributedOptimizer.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError('cannot broadcast torch.optim.LBFGS state')
+
+    state_dict = optimizer.state_dict()
+    if len(state_dict['state']) == 0:
+        _initialize_optimizer_state(optimizer)
+        state_dict = optimizer.state_dict()
+    # state_dict()['state'][pid] is the same dict object as optimizer.state[param], so
+    # writing into it writes the optimizer's state.
+
+    tensors = []
+    scalars = {}
+    for group in state_dict['param_groups']:
+        for pid in group['params']:
+            if pid not in state_dict['state']:
+                continue  # no state (parameter does not require grad)
+            for key, value in sorted(state_dict['state'][pid].items(), key=lambda kv: str(kv[0])):
+                if torch.is_tensor(value):
+                    tensors.append(('optimizer_state.%s.%s' % (pid, key), value))
+                else:
+                    scalars[(pid, key)] = value
+    options = [{k: v for k, v in group.items() if k != 'params'}
+               for group in state_dict['param_groups']]
+
+    # Options and non-tensor state travel together as one pickled object (they may be any
+    # Python value: floats, tuples such as Adam's betas, bools, None).
+    root_options, root_scalars = broadcast_object(
+        (options, scalars), root_rank, name='broadcast_optimizer_state.options',
+        process_set=process_set)
+    broadcast_parameters(tensors, root_rank, process_set=process_set)
+
+    if len(root_options) != len(optimizer.param_groups):
+        raise ValueError('broadcast_optimizer_state: rank %s has %d param groups, root has %d'
+                         % (_set_rank(process_set), len(optimizer.param_groups),
+                            len(root_options)))
+    for group, opts in zip(optimizer.param_groups, root_options):
+        group.update(opts)
+    for (pid, key), value in root_scalars.items():
+        if pid in state_dict['state']:
+            state_dict['state'][pid][key] = value

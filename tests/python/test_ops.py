@@ -1,0 +1,519 @@
+"""krug.torch collectives, run inside every rank of `krugrun -np N python3 -m pytest`.
+
+Expected values are built from rank numbers: rank r contributes 2r+1, so over n ranks
+Sum = n^2, Average = n, Min = 1, Max = 2n-1, Product = 1*3*5*..., all exact in every dtype
+for n <= 3. Every test uses its own tensor names.
+"""
+
+import math
+import os
+import warnings
+
+import pytest
+import torch
+
+import krug.torch as hvd
+from krug.torch import _torch_core
+
+NUMERIC = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+           torch.bfloat16, torch.float32, torch.float64]
+ALL = NUMERIC + [torch.bool]
+OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+       "product": hvd.Product}
+
+
+def n():
+    return hvd.size()
+
+
+def r():
+    return hvd.rank()
+
+
+def contribution(rank):
+    return 2 * rank + 1
+
+
+def expected(op):
+    values = [contribution(k) for k in range(n())]
+    return {"sum": sum(values), "average": sum(values) // n(), "min": min(values),
+            "max": max(values), "product": math.prod(values)}[op]
+
+
+def dname(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+# ---- topology and flags ----
+
+def test_topology_matches_the_launcher():
+    assert hvd.is_initialized()
+    assert hvd.size() == int(os.environ.get("KRUG_SIZE", "1"))
+    assert hvd.rank() == int(os.environ.get("KRUG_RANK", "0"))
+    assert hvd.local_size() == hvd.size()
+    assert hvd.local_rank() == hvd.rank()
+    assert hvd.cross_size() == 1 and hvd.cross_rank() == 0
+    assert hvd.global_process_set.process_set_id == 0
+    assert hvd.global_process_set.ranks == list(range(n()))
+    assert hvd.global_process_set.size() == n()
+    assert hvd.global_process_set.rank() == r()
+    assert hvd.global_process_set.included()
+
+
+def test_build_flags():
+    assert hvd.gloo_built() and hvd.gloo_enabled()
+    assert not hvd.mpi_built() and not hvd.mpi_enabled() and not hvd.mpi_threads_supported()
+    assert not any([hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.cuda_built(),
+                    hvd.rocm_built()])
+    init_again = hvd.init  # init() while initialized does nothing
+    init_again()
+    assert hvd.is_initialized()
+
+
+# ---- allreduce ----
+
+@pytest.mark.parametrize("dtype", NUMERIC, ids=dname)
+@pytest.mark.parametrize("op", list(OPS))
+def test_allreduce_every_dtype_and_op(dtype, op):
+    x = torch.full((3, 5), contribution(r()), dtype=dtype)
+    before = x.clone()
+    y = hvd.allreduce(x, name="ar.{}.{}".format(dname(dtype), op), op=OPS[op])
+    assert y.dtype == dtype and y.shape == x.shape
+    assert torch.equal(y, torch.full((3, 5), expected(op), dtype=dtype))
+    assert torch.equal(x, before)  # out of place
+
+
+@pytest.mark.parametrize("op,value", [("sum", None), ("max", None), ("min", None),
+                                      ("product", None)])
+def test_allreduce_bool(op, value):
+    # Sum/Max are OR, Min/Product are AND. Rank 0 contributes [T, T, F], others [F, T, F].
+    x = torch.tensor([r() == 0, True, False])
+    y = hvd.allreduce(x, name="ar.bool." + op, op=OPS[op])
+    any_ = torch.tensor([True, True, False])
+    all_ = torch.tensor([n() == 1, True, False])
+    assert torch.equal(y, any_ if op in ("sum", "max") else all_)
+
+
+def test_allreduce_in_place_and_async():
+    x = torch.full((4,), float(contribution(r())))
+    y = hvd.allreduce_(x, name="ar.inplace", op=hvd.Sum)
+    assert y is x
+    assert torch.equal(x, torch.full((4,), float(n() * n())))
+
+    a = torch.full((2, 2), float(contribution(r())), dtype=torch.float64)
+    h1 = hvd.allreduce_async(a, name="ar.async.out")
+    b = torch.full((7,), contribution(r()), dtype=torch.int32)
+    h2 = hvd.allreduce_async_(b, name="ar.async.in", op=hvd.Max)
+    out = hvd.synchronize(h1)
+    assert torch.equal(out, torch.full((2, 2), float(n()), dtype=torch.float64))
+    assert torch.equal(a, torch.full((2, 2), float(contribution(r())), dtype=torch.float64))
+    hvd.synchronize(h2)
+    assert torch.equal(b, torch.full((7,), 2 * n() - 1, dtype=torch.int32))
+
+
+def test_poll_and_synchronize():
+    x = torch.ones(1000)
+    h = hvd.allreduce_async(x, name="ar.poll", op=hvd.Sum)
+    while not hvd.poll(h):
+        pass
+    assert hvd.poll(h)
+    assert torch.equal(hvd.synchronize(h), torch.full((1000,), float(n())))
+    with pytest.raises(ValueError):
+        hvd.poll(h)  # already synchronized
+    assert hvd.synchronize(h) is None
+
+
+def test_allreduce_scale_factors():
+    x = torch.full((3,), float(contribution(r())), dtype=torch.float64)
+    y = hvd.allreduce(x, name="ar.scaled", op=hvd.Sum, prescale_factor=2.0,
+                      postscale_factor=0.25)
+    assert torch.allclose(y, torch.full((3,), n() * n() * 0.5, dtype=torch.float64))
+    y = hvd.allreduce(x, name="ar.scaled.avg", op=hvd.Average, postscale_factor=3.0)
+    assert torch.allclose(y, torch.full((3,), 3.0 * n(), dtype=torch.float64))
+
+
+def test_average_argument_is_deprecated():
+    x = torch.full((2,), float(contribution(r())))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        y = hvd.allreduce(x, average=False, name="ar.average.false")
+        assert any(issubclass(i.category, DeprecationWarning) for i in w)
+    assert torch.equal(y, torch.full((2,), float(n() * n())))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = hvd.allreduce(x, average=True, name="ar.average.true")
+    assert torch.equal(y, torch.full((2,), float(n())))
+    with pytest.raises(ValueError):
+        hvd.allreduce(x, average=True, op=hvd.Sum, name="ar.average.both")
+    # The default op is Average.
+    assert torch.equal(hvd.allreduce(x, name="ar.default"), torch.full((2,), float(n())))
+
+
+def test_allreduce_non_contiguous_and_odd_shapes():
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r() + 1)
+    view = base.t()  # non-contiguous
+    assert not view.is_contiguous()
+    total = sum(k + 1 for k in range(n()))
+    y = hvd.allreduce(view, name="ar.noncontig", op=hvd.Sum)
+    assert torch.equal(y, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * total)
+    hvd.allreduce_(view, name="ar.noncontig.inplace", op=hvd.Sum)
+    assert torch.equal(base, torch.arange(12, dtype=torch.float32).reshape(3, 4) * total)
+
+    empty = hvd.allreduce(torch.zeros(0, 3), name="ar.empty", op=hvd.Sum)
+    assert empty.shape == (0, 3)
+    scalar = hvd.allreduce(torch.tensor(float(contribution(r()))), name="ar.scalar", op=hvd.Sum)
+    assert scalar.shape == () and scalar.item() == n() * n()
+    big = hvd.allreduce(torch.ones(100003), name="ar.big", op=hvd.Sum)
+    assert torch.equal(big, torch.full((100003,), float(n())))
+
+
+def test_unnamed_ops_get_the_same_names_on_every_rank():
+    for _ in range(3):
+        y = hvd.allreduce(torch.ones(2), op=hvd.Sum)
+        assert torch.equal(y, torch.full((2,), float(n())))
+    handles = [hvd.allreduce_async(torch.ones(3) * k, op=hvd.Sum) for k in range(4)]
+    for k, h in enumerate(handles):
+        assert torch.equal(hvd.synchronize(h), torch.full((3,), float(k * n())))
+    assert torch.equal(hvd.allgather(torch.ones(1)), torch.ones(n()))
+
+
+def test_adasum_is_explicit():
+    x = torch.ones(4)
+    if not _torch_core.adasum_available():
+        with pytest.raises(NotImplementedError, match="Adasum is not available"):
+            hvd.allreduce(x, op=hvd.Adasum, name="ar.adasum")
+    with pytest.raises(ValueError):
+        hvd.allreduce(x, op=42, name="ar.badop")
+
+
+# ---- grouped allreduce ----
+
+def test_grouped_allreduce():
+    xs = [torch.full((k + 1, 2), contribution(r()), dtype=dtype)
+          for k, dtype in enumerate([torch.float32, torch.int64, torch.float16])]
+    ys = hvd.grouped_allreduce(xs, name="gar.out", op=hvd.Sum)
+    assert isinstance(ys, list) and len(ys) == 3
+    for x, y in zip(xs, ys):
+        assert y.dtype == x.dtype
+        assert torch.equal(y, torch.full(x.shape, n() * n(), dtype=x.dtype))
+        assert torch.equal(x, torch.full(x.shape, contribution(r()), dtype=x.dtype))
+
+    zs = hvd.grouped_allreduce_(xs, name="gar.inplace", op=hvd.Min)
+    for x, z in zip(xs, zs):
+        assert z is x and torch.equal(x, torch.ones(x.shape, dtype=x.dtype))
+
+    h = hvd.grouped_allreduce_async([torch.ones(3), torch.ones(5)], name="gar.async")
+    outs = hvd.synchronize(h)
+    assert [o.shape[0] for o in outs] == [3, 5] and all(torch.equal(o, torch.ones(o.shape))
+                                                        for o in outs)
+    ws = [torch.full((2,), float(contribution(r()))) for _ in range(2)]
+    h = hvd.grouped_allreduce_async_(ws, name="gar.async.inplace", op=hvd.Max)
+    hvd.synchronize(h)
+    assert all(torch.equal(w, torch.full((2,), float(2 * n() - 1))) for w in ws)
+
+
+# ---- allgather ----
+
+@pytest.mark.parametrize("dtype", ALL, ids=dname)
+def test_allgather_every_dtype(dtype):
+    # Rank k contributes k+1 rows of value k+1 (bool: k+1 is odd).
+    def rows(k):
+        v = (k + 1) % 2 == 1 if dtype == torch.bool else k + 1
+        return torch.full((k + 1, 2, 3), v, dtype=dtype)
+    y = hvd.allgather(rows(r()), name="ag." + dname(dtype))
+    assert y.dtype == dtype
+    assert torch.equal(y, torch.cat([rows(k) for k in range(n())]))
+
+
+def test_allgather_async_and_grouped():
+    h = hvd.allgather_async(torch.full((1,), float(r())), name="ag.async")
+    assert torch.equal(hvd.synchronize(h), torch.arange(n(), dtype=torch.float32))
+    xs = [torch.full((r() + 1,), r(), dtype=torch.int32), torch.full((2, 2), float(r()))]
+    ys = hvd.grouped_allgather(xs, name="ag.grouped")
+    assert torch.equal(ys[0], torch.cat([torch.full((k + 1,), k, dtype=torch.int32)
+                                         for k in range(n())]))
+    assert torch.equal(ys[1], torch.cat([torch.full((2, 2), float(k)) for k in range(n())]))
+    h = hvd.grouped_allgather_async([torch.ones(1), torch.zeros(2)], name="ag.grouped.async")
+    a, b = hvd.synchronize(h)
+    assert a.shape == (n(),) and b.shape == (2 * n(),)
+    # Non-contiguous input.
+    t = (torch.arange(6.0).reshape(2, 3) + r()).t()
+    y = hvd.allgather(t, name="ag.noncontig")
+    assert torch.equal(y, torch.cat([(torch.arange(6.0).reshape(2, 3) + k).t()
+                                     for k in range(n())]))
+
+
+# ---- broadcast ----
+
+@pytest.mark.parametrize("dtype", ALL, ids=dname)
+def test_broadcast_every_dtype_and_root(dtype):
+    for root in range(n()):
+        v = (r() == root) if dtype == torch.bool else contribution(r())
+        x = torch.full((2, 3), v, dtype=dtype)
+        before = x.clone()
+        y = hvd.broadcast(x, root_rank=root, name="bc.{}.{}".format(dname(dtype), root))
+        want = True if dtype == torch.bool else contribution(root)
+        assert torch.equal(y, torch.full((2, 3), want, dtype=dtype))
+        assert torch.equal(x, before)  # out of place
+        z = hvd.broadcast_(x, root, name="bc_.{}.{}".format(dname(dtype), root))
+        assert z is x and torch.equal(x, torch.full((2, 3), want, dtype=dtype))
+
+
+def test_broadcast_async():
+    x = torch.full((5,), float(r()))
+    h = hvd.broadcast_async(x, 0, name="bc.async")
+    assert torch.equal(hvd.synchronize(h), torch.zeros(5))
+    assert torch.equal(x, torch.full((5,), float(r())))
+    root = n() - 1
+    h = hvd.broadcast_async_(x, root, name="bc.async_")
+    assert hvd.synchronize(h) is x and torch.equal(x, torch.full((5,), float(root)))
+    base = torch.arange(6.0).reshape(2, 3) * (r() + 1)
+    hvd.broadcast_(base.t(), 0, name="bc.noncontig")
+    assert torch.equal(base, torch.arange(6.0).reshape(2, 3))
+
+
+# ---- alltoall ----
+
+@pytest.mark.parametrize("dtype", ALL, ids=dname)
+def test_alltoall_even_split(dtype):
+    # Rank k sends to rank j two rows of value (k*n + j) (bool: its parity).
+    def value(k, j):
+        v = k * n() + j
+        return v % 2 == 1 if dtype == torch.bool else v
+    x = torch.cat([torch.full((2, 3), value(r(), j), dtype=dtype) for j in range(n())])
+    y = hvd.alltoall(x, name="a2a." + dname(dtype))
+    assert isinstance(y, torch.Tensor)
+    want = torch.cat([torch.full((2, 3), value(k, r()), dtype=dtype) for k in range(n())])
+    assert torch.equal(y, want)
+
+
+def test_alltoall_with_splits_and_async():
+    # Rank k sends j+1 rows of value 10k+j to rank j; so rank j receives j+1 rows from each.
+    splits = [j + 1 for j in range(n())]
+    x = torch.cat([torch.full((j + 1,), 10 * r() + j, dtype=torch.int64) for j in range(n())])
+    y, received = hvd.alltoall(x, splits=splits, name="a2a.splits")
+    assert received.dtype == torch.int32
+    assert received.tolist() == [r() + 1] * n()
+    assert torch.equal(y, torch.cat([torch.full((r() + 1,), 10 * k + r(), dtype=torch.int64)
+                                     for k in range(n())]))
+    h = hvd.alltoall_async(x, torch.tensor(splits, dtype=torch.int32), name="a2a.async")
+    y2, received2 = hvd.synchronize(h)
+    assert torch.equal(y2, y) and torch.equal(received2, received)
+    h = hvd.alltoall_async(torch.zeros(n(), 2), name="a2a.async.even")
+    y3, received3 = hvd.synchronize(h)
+    assert y3.shape == (n(), 2) and received3.tolist() == [1] * n()
+    with pytest.raises(ValueError):
+        hvd.alltoall(x, splits=[1] * (n() + 1), name="a2a.badsplits")
+
+
+# ---- reducescatter ----
+
+@pytest.mark.parametrize("dtype", NUMERIC, ids=dname)
+@pytest.mark.parametrize("op", ["sum", "average", "min", "max"])
+def test_reducescatter_every_dtype(dtype, op):
+    rows = 2 * n() + 1  # uneven: rank 0 gets 3 rows, the others 2
+    x = torch.full((rows, 2), contribution(r()), dtype=dtype)
+    y = hvd.reducescatter(x, name="rs.{}.{}".format(dname(dtype), op), op=OPS[op])
+    mine = 3 if r() == 0 else 2
+    assert y.dtype == dtype
+    assert torch.equal(y, torch.full((mine, 2), expected(op), dtype=dtype))
+
+
+def test_reducescatter_default_op_async_and_grouped():
+    x = torch.arange(2.0 * n()).reshape(n(), 2) * contribution(r())
+    y = hvd.reducescatter(x, name="rs.default")  # Average
+    assert torch.allclose(y, torch.arange(2.0 * n()).reshape(n(), 2)[r()] * n())
+    h = hvd.reducescatter_async(x, name="rs.async", op=hvd.Sum)
+    assert torch.allclose(hvd.synchronize(h), torch.arange(2.0 * n()).reshape(n(), 2)[r()]
+                          * n() * n())
+    xs = [torch.ones(n(), 3), torch.full((2 * n(),), contribution(r()), dtype=torch.int32)]
+    ys = hvd.grouped_reducescatter(xs, name="rs.grouped", op=hvd.Sum)
+    assert torch.equal(ys[0], torch.full((1, 3), float(n())))
+    assert torch.equal(ys[1], torch.full((2,), n() * n(), dtype=torch.int32))
+    h = hvd.grouped_reducescatter_async(xs, name="rs.grouped.async", op=hvd.Max)
+    zs = hvd.synchronize(h)
+    assert torch.equal(zs[1], torch.full((2,), 2 * n() - 1, dtype=torch.int32))
+    y = hvd.reducescatter(x, name="rs.scaled", op=hvd.Sum, prescale_factor=0.5,
+                          postscale_factor=4.0)
+    assert torch.allclose(y, torch.arange(2.0 * n()).reshape(n(), 2)[r()] * n() * n() * 2)
+
+
+# ---- autograd ----
+
+def weight():
+    return float(r() + 1)
+
+
+def test_allreduce_gradient():
+    for op, factor in [(hvd.Sum, 1.0), (hvd.Average, 1.0 / n())]:
+        x = torch.full((4,), float(r()), dtype=torch.float64, requires_grad=True)
+        y = hvd.allreduce(x, op=op, name="grad.ar.{}".format(op), prescale_factor=2.0)
+        (y * weight()).sum().backward()
+        # Horovod's rule: grad = allreduce(grad_y) with the same op and scale factors.
+        total = sum(k + 1 for k in range(n()))
+        assert torch.allclose(x.grad, torch.full((4,), total * factor * 2.0, dtype=torch.float64))
+
+
+def test_grouped_allreduce_gradient():
+    xs = [torch.ones(k + 1, requires_grad=True) for k in range(2)]
+    ys = hvd.grouped_allreduce(xs, op=hvd.Sum, name="grad.gar")
+    sum((y * weight() * (k + 1)).sum() for k, y in enumerate(ys)).backward()
+    total = sum(k + 1 for k in range(n()))
+    for k, x in enumerate(xs):
+        assert torch.allclose(x.grad, torch.full((k + 1,), float(total * (k + 1))))
+
+
+def test_allgather_gradient():
+    x = torch.ones(r() + 1, 2, requires_grad=True)
+    y = hvd.allgather(x, name="grad.ag")
+    assert y.shape == (n() * (n() + 1) // 2, 2)
+    # d loss / d y = rank+1 everywhere; Horovod averages it over ranks and keeps our rows.
+    (y * weight()).sum().backward()
+    avg = sum(k + 1 for k in range(n())) / n()
+    assert torch.allclose(x.grad, torch.full((r() + 1, 2), avg))
+
+
+def test_grouped_allgather_gradient():
+    xs = [torch.ones(r() + 1, requires_grad=True), torch.ones(1, 3, requires_grad=True)]
+    ys = hvd.grouped_allgather(xs, name="grad.gag")
+    (ys[0].sum() * weight() + ys[1].sum() * 2 * weight()).backward()
+    avg = sum(k + 1 for k in range(n())) / n()
+    assert torch.allclose(xs[0].grad, torch.full((r() + 1,), avg))
+    assert torch.allclose(xs[1].grad, torch.full((1, 3), 2 * avg))
+
+
+def test_broadcast_gradient():
+    root = n() - 1
+    x = torch.full((3,), float(r()), requires_grad=True)
+    y = hvd.broadcast(x, root, name="grad.bc")
+    assert torch.equal(y.detach(), torch.full((3,), float(root)))
+    (y * weight()).sum().backward()
+    # Horovod's rule: the averaged gradient on the root, zeros elsewhere.
+    avg = sum(k + 1 for k in range(n())) / n()
+    assert torch.allclose(x.grad, torch.full((3,), avg if r() == root else 0.0))
+
+
+def test_alltoall_gradient():
+    splits = [j + 1 for j in range(n())]
+    rows = sum(splits)
+    x = torch.ones(rows, 2, requires_grad=True)
+    y, received = hvd.alltoall(x, splits=splits, name="grad.a2a")
+    (y * weight()).sum().backward()
+    # The rows sent to rank j come back with j's weight.
+    want = torch.cat([torch.full((j + 1, 2), float(j + 1)) for j in range(n())])
+    assert torch.allclose(x.grad, want)
+    x2 = torch.ones(2 * n(), requires_grad=True)
+    y2 = hvd.alltoall(x2, name="grad.a2a.even")
+    (y2 * weight()).sum().backward()
+    assert torch.allclose(x2.grad, torch.cat([torch.full((2,), float(j + 1))
+                                              for j in range(n())]))
+
+
+def test_reducescatter_gradient():
+    for op, factor in [(hvd.Sum, 1.0), (hvd.Average, 1.0 / n())]:
+        x = torch.ones(2 * n() + 1, 2, dtype=torch.float64, requires_grad=True)
+        y = hvd.reducescatter(x, op=op, name="grad.rs.{}".format(op))
+        (y * weight()).sum().backward()
+        # Rank j's rows of every input get rank j's weight.
+        counts = [3 if j == 0 else 2 for j in range(n())]
+        want = torch.cat([torch.full((c, 2), (j + 1) * factor, dtype=torch.float64)
+                          for j, c in enumerate(counts)])
+        assert torch.allclose(x.grad, want)
+
+
+# ---- process sets ----
+
+def test_process_sets():
+    with pytest.raises(hvd.HorovodInternalError, match="already has these ranks"):
+        hvd.add_process_set(list(range(n())))  # the global set
+    if n() == 1:
+        return
+    evens = hvd.ProcessSet(list(range(0, n(), 2)))
+    assert evens.process_set_id is None and evens.size() is None
+    ps = hvd.add_process_set(evens)
+    assert ps is evens and ps.process_set_id > 0
+    assert ps.size() == len(evens.ranks)
+    assert ps.included() == (r() % 2 == 0)
+    assert ps.rank() == (r() // 2 if r() % 2 == 0 else -1)
+    last = hvd.add_process_set([n() - 1])
+    if ps.included():
+        y = hvd.allreduce(torch.full((3,), float(contribution(r()))), op=hvd.Sum,
+                          name="ps.ar", process_set=ps)
+        assert torch.equal(y, torch.full((3,), float(sum(contribution(k) for k in evens.ranks))))
+        g = hvd.allgather(torch.full((1,), r()), name="ps.ag", process_set=ps)
+        assert g.tolist() == evens.ranks
+        b = hvd.broadcast(torch.full((2,), r()), root_rank=len(evens.ranks) - 1,
+                          name="ps.bc", process_set=ps)
+        assert b.tolist() == [evens.ranks[-1]] * 2
+        hvd.barrier(process_set=ps)
+    else:
+        with pytest.raises(hvd.HorovodInternalError, match="not a member"):
+            hvd.allreduce(torch.ones(1), name="ps.notmember", process_set=ps)
+    if r() == n() - 1:
+        y = hvd.allreduce(torch.ones(2), name="ps.last", process_set=last, op=hvd.Sum)
+        assert torch.equal(y, torch.ones(2))
+    hvd.barrier()
+    assert hvd.remove_process_set(ps)
+    assert ps.process_set_id is None
+    assert hvd.remove_process_set(last)
+    assert not hvd.remove_process_set(hvd.global_process_set)
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allreduce(torch.ones(1), name="ps.removed", process_set=ps)
+
+
+# ---- barrier, join ----
+
+def test_barrier():
+    for _ in range(3):
+        hvd.barrier()
+
+
+def test_join():
+    # The last rank joins at once; the others allreduce with it contributing zeros.
+    if r() == n() - 1:
+        last = hvd.join()
+    else:
+        y = hvd.allreduce(torch.ones(3), name="join.ar", op=hvd.Sum)
+        assert torch.equal(y, torch.full((3,), float(n() - 1)))
+        last = hvd.join()
+    assert 0 <= last < n()
+    lasts = hvd.allgather(torch.tensor([last]), name="join.check")
+    assert len(set(lasts.tolist())) == 1
+
+
+# ---- errors ----
+
+def test_mismatched_shapes_fail_on_every_rank():
+    if n() == 1:
+        pytest.skip("needs two ranks to disagree")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched"):
+        hvd.allreduce(torch.ones(r() + 1), name="err.shape")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched"):
+        hvd.broadcast(torch.ones(2, dtype=torch.float32 if r() == 0 else torch.float64), 0,
+                      name="err.dtype")
+    # krug keeps working afterwards.
+    assert torch.equal(hvd.allreduce(torch.ones(2), name="err.after", op=hvd.Sum),
+                       torch.full((2,), float(n())))
+
+
+def test_duplicate_name_in_flight():
+    t = torch.ones(3)
+    h1 = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
+    h2 = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
+    with pytest.raises(hvd.HorovodInternalError, match="already in flight"):
+        hvd.synchronize(h2)
+    assert torch.equal(hvd.synchronize(h1), torch.full((3,), float(n())))
+
+
+def test_invalid_tensors_raise_value_error():
+    with pytest.raises(ValueError, match="complex64"):
+        hvd.allreduce(torch.ones(2, dtype=torch.complex64), name="err.complex")
+    with pytest.raises(ValueError, match="not supported"):
+        hvd.allreduce(torch.ones(2, device="meta"), name="err.meta")
+    with pytest.raises(ValueError, match="at least one dimension"):
+        hvd.allgather(torch.tensor(1.0), name="err.scalar")
+    with pytest.raises(ValueError):
+        hvd.allreduce(torch.ones(2), name="err.set", process_set=hvd.ProcessSet([0]))
+    # Nothing was enqueued: the names are free and the ranks still agree.
+    assert torch.equal(hvd.allreduce(torch.ones(1), name="err.complex", op=hvd.Sum),
+                       torch.full((1,), float(n())))
