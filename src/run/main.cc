@@ -45,6 +45,7 @@ int launch(const LaunchOptions& options) {
 
   Fd signal_fd = open_signal_fd();
   JobInfo job{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id()};
+  job.python_dir = build_python_dir();
   rendezvous::RendezvousServer server(kLocalBindAddr, 0, job.secret, [](const std::string& m) {
     std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
   });

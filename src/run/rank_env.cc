@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <random>
+#include <system_error>
 
 extern char** environ;
 
@@ -42,7 +44,21 @@ EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const 
   env["KRUG_JOB_ID"] = job.job_id;
   env["HOROVOD_CONTROLLER"] = "gloo";
   env["HOROVOD_CPU_OPERATIONS"] = "gloo";
+  if (!job.python_dir.empty()) {
+    auto it = env.find("PYTHONPATH");
+    env["PYTHONPATH"] = (it == env.end() || it->second.empty())
+                            ? job.python_dir
+                            : job.python_dir + ":" + it->second;
+  }
   return env;
+}
+
+std::string build_python_dir() {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  std::filesystem::path dir = exe.parent_path() / "python";
+  return std::filesystem::is_directory(dir, ec) ? dir.string() : std::string();
 }
 
 std::vector<std::string> to_envp(const EnvMap& env) {

@@ -20,6 +20,9 @@ struct JobInfo {
   uint16_t rendezvous_port = 0;
   std::string secret;
   std::string job_id;
+  // Prepended to every rank's PYTHONPATH when set: the build tree's Python package
+  // (build/python, next to krugrun), so `krugrun python3 train.py` imports krug with no set-up.
+  std::string python_dir;
 };
 
 EnvMap current_environment();
@@ -28,6 +31,9 @@ EnvMap current_environment();
 // stray KRUG_RANK in the parent environment can never confuse a rank about who it is.
 EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const RankSlot& slot,
                         const JobInfo& job);
+
+// `<directory of this executable>/python` when it exists (krugrun in a build tree), else "".
+std::string build_python_dir();
 
 // "NAME=value" strings for execve.
 std::vector<std::string> to_envp(const EnvMap& env);

@@ -169,6 +169,19 @@ TEST(RankEnv, LauncherVariablesWinOverInheritedOnes) {
   EXPECT_EQ(make_job_id().size(), 8u);
 }
 
+TEST(RankEnv, PrependsTheBuildTreePythonDirToPythonPath) {
+  LaunchOptions o;
+  RankSlot slot{0, 1, 0, 1, 0, 1, "localhost"};
+  JobInfo job{"127.0.0.1", 1234, "s3cret", "abcd1234"};
+  EXPECT_EQ(rank_environment({}, o, slot, job).count("PYTHONPATH"), 0u);
+  job.python_dir = "/b/python";
+  EXPECT_EQ(rank_environment({}, o, slot, job)["PYTHONPATH"], "/b/python");
+  EXPECT_EQ(rank_environment({{"PYTHONPATH", "/x:/y"}}, o, slot, job)["PYTHONPATH"],
+            "/b/python:/x:/y");
+  o.set_env = {{"PYTHONPATH", "/z"}};
+  EXPECT_EQ(rank_environment({{"PYTHONPATH", "/x"}}, o, slot, job)["PYTHONPATH"], "/b/python:/z");
+}
+
 TEST(LineBuffer, EmitsWholePrefixedLines) {
   LineBuffer lines("[1]<stdout>:");
   std::string out;

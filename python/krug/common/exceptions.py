@@ -1,0 +1,21 @@
+"""Exceptions shared by krug's frameworks, named as Horovod names them so that
+``except HorovodInternalError`` in existing scripts (and elastic training) keeps working."""
+
+
+class HorovodInternalError(RuntimeError):
+    """An operation failed inside krug: mismatched tensors across ranks, a reused name,
+    a dead peer, a timeout, or krug was shut down. The message names the tensor, the ranks
+    and the cause. In elastic mode this triggers a restore of the last committed state."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The set of hosts changed (elastic mode): training should stop at a consistent
+    point and re-initialize. ``skip_sync`` says whether the state may be used without
+    synchronizing it again (hosts were only added)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("hosts updated")
+        self.skip_sync = skip_sync
+
+
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt"]

@@ -1,0 +1,820 @@
+"""Horovod's ``horovod.torch`` collective API on krug's engine.
+
+Names, arguments, defaults and semantics follow Horovod, so ``import krug.torch as hvd``
+works for existing scripts. Operations are submitted by name to krug's background engine;
+the ``*_async`` forms return an integer handle for :func:`poll` and :func:`synchronize`.
+Only CPU tensors are supported by this build.
+"""
+
+import itertools
+import threading
+import warnings
+
+import torch
+
+from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from krug.torch import _torch_core as _core
+
+# Reduction ops (the values are krug::ReduceOp's).
+Sum = 0
+Average = 1
+Min = 2
+Max = 3
+Product = 4
+Adasum = 5
+
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
+             Adasum: "Adasum"}
+
+
+def _no_compression():
+    # Compression lives in krug/torch/compression.py; until it exists (or if importing it
+    # fails) operations default to no compression, as Horovod's Compression.none does.
+    try:
+        from krug.torch.compression import Compression
+        return Compression.none
+    except ImportError:
+        class _NoneCompressor:
+            @staticmethod
+            def compress(tensor):
+                return tensor, None
+
+            @staticmethod
+            def decompress(tensor, ctx):
+                return tensor
+        return _NoneCompressor
+
+
+_NoCompression = _no_compression()
+
+
+# ---------------------------------------------------------------------------------------------
+# Process sets
+
+
+class ProcessSet:
+    """A subset of ranks that runs collectives among themselves.
+
+    Create it with a list of global ranks and register it with :func:`add_process_set` (or
+    ``init(process_sets=[...])``); every rank must register the same sets in the same order.
+    ``process_set_id`` is None until registered."""
+
+    def __init__(self, ranks_or_comm):
+        if isinstance(ranks_or_comm, ProcessSet):
+            ranks_or_comm = ranks_or_comm.ranks
+        if not isinstance(ranks_or_comm, (list, tuple, range)):
+            raise ValueError("ProcessSet takes a list of ranks; MPI communicators are not "
+                             "supported (krug runs on Gloo)")
+        self.ranks = sorted(int(r) for r in ranks_or_comm)
+        self.process_set_id = None
+        self.mpi_comm = None
+
+    def _invalidate(self):
+        self.process_set_id = None
+
+    def size(self):
+        """Number of ranks in the set, or None when it is not registered."""
+        if self.process_set_id is None:
+            return None
+        return len(_core.process_set_ranks(self.process_set_id))
+
+    def rank(self):
+        """This process's rank within the set (-1 when not a member), or None when the set
+        is not registered."""
+        if self.process_set_id is None:
+            return None
+        ranks = _core.process_set_ranks(self.process_set_id)
+        me = _core.rank()
+        return ranks.index(me) if me in ranks else -1
+
+    def included(self):
+        """Whether this process is a member, or None when the set is not registered."""
+        if self.process_set_id is None:
+            return None
+        return _core.rank() in _core.process_set_ranks(self.process_set_id)
+
+    def __str__(self):
+        return "ProcessSet(process_set_id={}, ranks={})".format(self.process_set_id, self.ranks)
+
+    __repr__ = __str__
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+_lock = threading.Lock()
+_registered_sets = []  # sets registered since init() (invalidated by shutdown())
+
+
+def _set_id(process_set):
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError("process_set must be a krug.torch.ProcessSet, got {!r}".format(
+            process_set))
+    if process_set.process_set_id is None:
+        raise ValueError("{} is not registered: call hvd.add_process_set() on every rank "
+                         "first".format(process_set))
+    return process_set.process_set_id
+
+
+def add_process_set(process_set):
+    """Registers a process set (a ProcessSet or a list of global ranks) on every rank.
+
+    Collective: every rank must call it with the same ranks, in the same order relative to
+    other add/remove calls. Returns the registered ProcessSet."""
+    _check_initialized()
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError("{} is already registered".format(process_set))
+    process_set.process_set_id = _core.add_process_set(process_set.ranks)
+    with _lock:
+        _registered_sets.append(process_set)
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes a registered process set on every rank (collective). Returns True if it was
+    removed; the global process set cannot be removed."""
+    _check_initialized()
+    if process_set is global_process_set or process_set.process_set_id in (None, 0):
+        return False
+    _core.remove_process_set(process_set.process_set_id)
+    with _lock:
+        if process_set in _registered_sets:
+            _registered_sets.remove(process_set)
+    process_set._invalidate()
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycle and topology
+
+
+def _check_initialized():
+    if not _core.is_initialized():
+        raise ValueError("krug has not been initialized; use hvd.init().")
+
+
+def _reset_names():
+    global _name_counters
+    with _lock:
+        _name_counters = {}
+
+
+def init(comm=None, process_sets=None):
+    """Initializes krug from the environment krugrun sets (a job of one without krugrun).
+
+    comm: not supported (MPI communicators; krug runs on Gloo): must be None or the list of
+        every rank.
+    process_sets: ProcessSet objects to register now (every rank passes the same list), or
+        "dynamic" (accepted for compatibility: sets can always be added later).
+    Calling init() again while initialized does nothing."""
+    if not _core.is_initialized():
+        _core.init()
+        _reset_names()
+        global_process_set.process_set_id = 0
+        global_process_set.ranks = list(range(_core.size()))
+    if comm is not None and list(comm) != list(range(_core.size())):
+        raise ValueError("init(comm=...) is not supported: krug runs on Gloo and always uses "
+                         "every rank krugrun started; use process sets for subsets")
+    if process_sets is not None and process_sets != "dynamic":
+        for ps in process_sets:
+            if ps.process_set_id is None:
+                add_process_set(ps)
+
+
+def shutdown():
+    """Drains pending operations and stops krug; init() may follow."""
+    with _lock:
+        for ps in _registered_sets:
+            ps._invalidate()
+        _registered_sets.clear()
+        _handle_map.clear()
+    _core.shutdown()
+
+
+def is_initialized():
+    return _core.is_initialized()
+
+
+def size():
+    """Number of ranks in the job."""
+    _check_initialized()
+    return _core.size()
+
+
+def rank():
+    """This process's rank, 0 .. size()-1."""
+    _check_initialized()
+    return _core.rank()
+
+
+def local_size():
+    """Number of ranks on this host."""
+    _check_initialized()
+    return _core.local_size()
+
+
+def local_rank():
+    """This process's rank among the ranks of its host."""
+    _check_initialized()
+    return _core.local_rank()
+
+
+def cross_size():
+    """Number of hosts."""
+    _check_initialized()
+    return _core.cross_size()
+
+
+def cross_rank():
+    """Index of this process's host."""
+    _check_initialized()
+    return _core.cross_rank()
+
+
+def mpi_threads_supported():
+    """False: krug does not run on MPI."""
+    _check_initialized()
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_built():
+    return False
+
+
+def gloo_enabled():
+    return True
+
+
+def gloo_built():
+    return True
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and handles
+
+_name_counters = {}
+
+
+def _name(kind, name, process_set):
+    """The user's name, or "<kind>.noname.<n>": a counter per op kind and process set, so the
+    same sequence of unnamed calls gets the same names on every rank."""
+    if name is not None:
+        return str(name)
+    key = (kind, process_set.process_set_id)
+    with _lock:
+        n = _name_counters.get(key, 0)
+        _name_counters[key] = n + 1
+    return "{}.noname.{}".format(kind, n)
+
+
+# handle -> (core handle, function making the result from it). Holding the core handle keeps
+# the tensors the operation reads and writes alive until synchronize().
+_handle_map = {}
+_handle_ids = itertools.count()
+
+
+def _register(core_handle, result):
+    handle = next(_handle_ids)
+    with _lock:
+        _handle_map[handle] = (core_handle, result)
+    return handle
+
+
+def _lookup(handle):
+    with _lock:
+        entry = _handle_map.get(handle)
+    if entry is None:
+        raise ValueError("unknown handle {!r}: it was not returned by an *_async call, or was "
+                         "already synchronized".format(handle))
+    return entry
+
+
+def poll(handle):
+    """True if the asynchronous operation of ``handle`` has finished (successfully or not);
+    never blocks. Call synchronize() to get its result."""
+    return _lookup(handle)[0].poll()
+
+
+def synchronize(handle):
+    """Waits for the operation of ``handle`` and returns its output: the output tensor (the
+    input itself for in-place ops), a list of tensors for grouped ops, and
+    ``(output, received_splits)`` for alltoall. Raises HorovodInternalError if it failed."""
+    with _lock:
+        entry = _handle_map.pop(handle, None)
+    if entry is None:
+        return None
+    core_handle, result = entry
+    # Wait in slices so that Ctrl-C reaches Python; the GIL is released while waiting.
+    while not core_handle.wait_for(1.0):
+        pass
+    core_handle.wait()
+    return result(core_handle)
+
+
+def _first_output(h):
+    return h.output(0)
+
+
+def _all_outputs(h):
+    return list(h.outputs())
+
+
+# ---------------------------------------------------------------------------------------------
+# Allreduce
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Resolves Horovod's deprecated ``average=`` argument into ``op``."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of "
+                             "them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
+                      DeprecationWarning)
+        return Average if average else Sum
+    return Average
+
+
+def _check_op(op):
+    if op not in _OP_NAMES:
+        raise ValueError("unknown reduction op {!r}: use hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
+                         "hvd.Product or hvd.Adasum".format(op))
+    if op == Adasum and not _core.adasum_available():
+        raise NotImplementedError("Adasum is not available in this build")
+
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+    _check_op(op)
+    set_id = _set_id(process_set)
+    name = _name("allreduce", name, process_set)
+    if output is None:
+        output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    h = _core.allreduce_async(name, tensor, output, op, float(prescale_factor),
+                              float(postscale_factor), set_id)
+    return _register(h, _first_output)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts an allreduce of ``tensor`` into a new tensor; returns a handle for
+    poll()/synchronize(). ``op``: Average (default), Sum, Min, Max, Product (Adasum when the
+    build has it). ``prescale_factor`` multiplies the input, ``postscale_factor`` the result."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, None, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce_async: the result is written into ``tensor``."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """Differentiable allreduce: the gradient is the allreduce of the output's gradient with
+    the same op and scale factors."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        return synchronize(_allreduce_async(tensor, None, name, op, prescale_factor,
+                                            postscale_factor, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output, op=ctx.op, prescale_factor=ctx.prescale_factor,
+                         postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return grad, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=_NoCompression, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Returns the reduction of ``tensor`` over all ranks of ``process_set`` (a new tensor;
+    the input is unchanged). Differentiable. ``compression`` compresses the tensor on the
+    wire (e.g. hvd.Compression.fp16)."""
+    op = handle_average_backwards_compatibility(op, average)
+    compressed, cctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
+                                     process_set)
+    return compression.decompress(reduced, cctx)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place allreduce: reduces ``tensor`` over all ranks and returns it. Not
+    differentiable."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                             process_set):
+    _check_op(op)
+    set_id = _set_id(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_allreduce: no tensors")
+    name = _name("grouped_allreduce", name, process_set)
+    if outputs is None:
+        outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    h = _core.grouped_allreduce_async(name, tensors, list(outputs), op, float(prescale_factor),
+                                      float(postscale_factor), set_id)
+    return _register(h, _all_outputs)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Starts one allreduce request for all ``tensors`` (they run together); synchronize()
+    returns the list of reduced tensors."""
+    op = handle_average_backwards_compatibility(op, average)
+    return _grouped_allreduce_async(tensors, None, name, op, prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped_allreduce_async."""
+    op = handle_average_backwards_compatibility(op, average)
+    tensors = list(tensors)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.op = op
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(_grouped_allreduce_async(
+            tensors, None, name, op, prescale_factor, postscale_factor, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = grouped_allreduce(list(grad_output), op=ctx.op,
+                                  prescale_factor=ctx.prescale_factor,
+                                  postscale_factor=ctx.postscale_factor,
+                                  process_set=ctx.process_set)
+        return (None, None, None, None, None) + tuple(grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=_NoCompression, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Allreduces a list of tensors as one request; returns the list of results.
+    Differentiable."""
+    op = handle_average_backwards_compatibility(op, average)
+    compressed = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
+                                            process_set, *[c[0] for c in compressed])
+    return [compression.decompress(t, c[1]) for t, c in zip(reduced, compressed)]
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped allreduce; returns the (reduced) input tensors."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+# ---------------------------------------------------------------------------------------------
+# Allgather
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts an allgather: the concatenation of every rank's ``tensor`` along the first
+    dimension (which may differ between ranks)."""
+    set_id = _set_id(process_set)
+    h = _core.allgather_async(_name("allgather", name, process_set), tensor, set_id)
+    return _register(h, _first_output)
+
+
+def _allgather_backward(grad_output, dim, process_set):
+    # Horovod's rule: average the gradient over the ranks, then keep this rank's rows.
+    grad_reduced = allreduce(grad_output, op=Average, process_set=process_set)
+    dims = allgather(torch.tensor([dim], dtype=torch.int64), process_set=process_set)
+    r = process_set.rank()
+    offset = int(dims[:r].sum().item()) if r > 0 else 0
+    return grad_reduced.narrow(0, offset, dim)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 1
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _allgather_backward(grad_output, ctx.dim, ctx.process_set), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """Returns the concatenation of every rank's ``tensor`` along the first dimension.
+    Differentiable."""
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """Starts one allgather request for a list of tensors; synchronize() returns a list."""
+    set_id = _set_id(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_allgather: no tensors")
+    h = _core.grouped_allgather_async(_name("grouped_allgather", name, process_set), tensors,
+                                      set_id)
+    return _register(h, _all_outputs)
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.dims = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(tensors, name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = [_allgather_backward(g, d, ctx.process_set)
+                 for g, d in zip(grad_output, ctx.dims)]
+        return (None, None) + tuple(grads)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """Allgathers a list of tensors as one request; returns the list of results.
+    Differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ---------------------------------------------------------------------------------------------
+# Broadcast
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts an in-place broadcast of ``tensor`` from ``root_rank`` (a rank of the process
+    set)."""
+    set_id = _set_id(process_set)
+    h = _core.broadcast_async(_name("broadcast", name, process_set), tensor, int(root_rank),
+                              set_id)
+    return _register(h, _first_output)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts a broadcast of ``tensor`` from ``root_rank`` into a new tensor."""
+    with torch.no_grad():
+        output = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return broadcast_async_(output, root_rank, name, process_set)
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Differentiable broadcast. Horovod's rule: the gradient is averaged over the ranks and
+    kept on the root; other ranks get zeros."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
+        if ctx.process_set.rank() != ctx.root_rank:
+            grad_reduced = grad_reduced * 0
+        return grad_reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """Returns ``tensor`` of ``root_rank`` on every rank (a new tensor). Differentiable."""
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast from ``root_rank``; returns ``tensor``. Not differentiable."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+# ---------------------------------------------------------------------------------------------
+# Alltoall
+
+
+def _splits_list(splits, tensor, process_set):
+    if splits is None:
+        return []
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
+    splits = [int(s) for s in splits]
+    n = process_set.size()
+    rows = tensor.shape[0] if tensor.dim() > 0 else 0
+    if len(splits) != n:
+        raise ValueError("alltoall: splits has {} entries but the process set has {} ranks"
+                         .format(len(splits), n))
+    if any(s < 0 for s in splits) or sum(splits) != rows:
+        raise ValueError("alltoall: splits {} must be non-negative and sum to the first "
+                         "dimension of the tensor ({})".format(splits, rows))
+    return splits
+
+
+def _alltoall_result(h):
+    return h.output(0), torch.tensor(h.received_splits(), dtype=torch.int32)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall: splits[r] rows of ``tensor`` (first dimension) go to rank r; without
+    splits the rows are divided evenly. synchronize() returns (output, received_splits)."""
+    set_id = _set_id(process_set)
+    split_list = _splits_list(splits, tensor, process_set)
+    h = _core.alltoall_async(_name("alltoall", name, process_set), tensor, split_list, set_id)
+    return _register(h, _alltoall_result)
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """Differentiable alltoall: the gradient goes back with the received splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received_splits = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.process_set = process_set
+        ctx.recvsplits = received_splits
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received_splits)
+        return output, received_splits
+
+    @staticmethod
+    def backward(ctx, grad_output, *dead_gradients):
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.recvsplits,
+                                             process_set=ctx.process_set))
+        return grad, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatters slices of ``tensor`` to every rank and gathers what they send.
+
+    splits: how many rows (first dimension) go to each rank, in rank order (a list or an
+    integer tensor); None divides the rows evenly.
+    Returns the received rows, concatenated in rank order; when ``splits`` is given, returns
+    ``(output, received_splits)`` where received_splits (int32) says how many rows came from
+    each rank. Differentiable."""
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reducescatter
+
+
+def _check_reducescatter_op(op):
+    _check_op(op)
+    if op == Adasum:
+        raise NotImplementedError("reducescatter does not support Adasum")
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Starts a reducescatter: the reduction over ranks, of which rank r keeps its share of the
+    first dimension (split as evenly as possible, lower ranks get the extra rows)."""
+    _check_reducescatter_op(op)
+    set_id = _set_id(process_set)
+    h = _core.reducescatter_async(_name("reducescatter", name, process_set), tensor, op,
+                                  float(prescale_factor), float(postscale_factor), set_id)
+    return _register(h, _first_output)
+
+
+def _reducescatter_backward(grad_output, op, prescale_factor, postscale_factor, process_set):
+    if op not in (Sum, Average):
+        raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
+                                  "Average, not {}".format(_OP_NAMES.get(op, op)))
+    grad = allgather(grad_output.contiguous(), process_set=process_set)
+    scale = float(prescale_factor) * float(postscale_factor)
+    if op == Average:
+        scale /= process_set.size()
+    return grad * scale if scale != 1.0 else grad
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """Differentiable reducescatter: the gradient is the allgather of the output's gradient
+    (divided by the set size for Average, times the scale factors)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
+        ctx.op = op
+        ctx.process_set = process_set
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                               postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = _reducescatter_backward(grad_output, ctx.op, ctx.prescale_factor,
+                                       ctx.postscale_factor, ctx.process_set)
+        return grad, None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=_NoCompression, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
+    """Returns this rank's share of the reduction of ``tensor`` over all ranks.
+    Differentiable for Sum and Average."""
+    compressed, cctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
+                                     postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """Starts one reducescatter request for a list of tensors; synchronize() returns a
+    list."""
+    _check_reducescatter_op(op)
+    set_id = _set_id(process_set)
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_reducescatter: no tensors")
+    h = _core.grouped_reducescatter_async(_name("grouped_reducescatter", name, process_set),
+                                          tensors, op, float(prescale_factor),
+                                          float(postscale_factor), set_id)
+    return _register(h, _all_outputs)
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op = op
+        ctx.process_set = process_set
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        return tuple(synchronize(grouped_reducescatter_async(
+            tensors, name, op, process_set, prescale_factor, postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = [_reducescatter_backward(g, ctx.op, ctx.prescale_factor, ctx.postscale_factor,
+                                         ctx.process_set) for g in grad_output]
+        return (None, None, None, None, None) + tuple(grads)
+
+
+def grouped_reducescatter(tensors, name=None, compression=_NoCompression, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """Reducescatters a list of tensors as one request; returns the list of results.
+    Differentiable for Sum and Average."""
+    compressed = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                             postscale_factor, *[c[0] for c in compressed])
+    return [compression.decompress(t, c[1]) for t, c in zip(outs, compressed)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Barrier and join
+
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of ``process_set`` has called barrier()."""
+    _check_initialized()
+    _core.barrier(_set_id(process_set))
+
+
+def join(device=-1):
+    """For a rank that ran out of data: until every rank has joined, the other ranks'
+    allreduces proceed with this rank contributing zeros. Returns the rank that joined last.
+    ``device`` is accepted for compatibility (only CPU tensors exist in this build)."""
+    _check_initialized()
+    h = _core.join_async()
+    while not h.wait_for(1.0):
+        pass
+    h.wait()
+    return int(h.value())

@@ -1,0 +1,389 @@
+#include "frameworks/torch/adapter.h"
+
+#include <fmt/format.h>
+
+#include <type_traits>
+#include <utility>
+
+#include "api/runtime.h"
+#include "controller/message.h"
+#include "engine/engine.h"
+#include "engine/handle_state.h"
+
+namespace krug::torch_adapter {
+
+using controller::OpType;
+using controller::Request;
+using engine::TensorArgs;
+
+// Outputs allocated on the engine's thread (allocate_output), read by the caller after
+// completion; the handle's completion orders the two.
+struct TorchHandle::Shared {
+  std::vector<Slot> slots;
+};
+
+namespace {
+
+// ReduceOp::kAdasum exists once the Adasum branch is in the core; detected at compile time so
+// that enabling it here needs no edit.
+template <typename E, typename = void>
+struct HasAdasum : std::false_type {};
+template <typename E>
+struct HasAdasum<E, std::void_t<decltype(E::kAdasum)>> : std::true_type {};
+
+std::string describe(OpType op, const std::string& name) {
+  return fmt::format("{} '{}'", controller::op_name(op), name);
+}
+
+Request make_request(const std::string& name, OpType op, const at::Tensor& t,
+                     int32_t process_set) {
+  if (name.empty())
+    throw UnsupportedTensor(
+        fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
+  Request q;
+  q.name = name;
+  q.op = op;
+  q.dtype = to_krug_dtype(t.scalar_type());
+  q.shape = shape_of(t);
+  q.process_set = process_set;
+  return q;
+}
+
+void set_reduce(Request& q, const ReduceOptions& o) {
+  q.reduce_op = o.op;
+  q.prescale = o.prescale_factor;
+  q.postscale = o.postscale_factor;
+}
+
+// Writes through raw pointers and the copies below must not be recorded by autograd (the
+// Python frontend's autograd Functions already account for them), nor trip its leaf checks.
+at::Tensor contiguous(const at::Tensor& t) {
+  at::NoGradGuard no_grad;
+  return t.is_contiguous() ? t : t.contiguous();
+}
+
+void check_same(const at::Tensor& input, const at::Tensor& output, const std::string& what) {
+  check_tensor(output, what);
+  if (output.scalar_type() != input.scalar_type())
+    throw UnsupportedTensor(fmt::format("{}: the output's dtype {} differs from the input's {}",
+                                        what, torch_dtype_name(output.scalar_type()),
+                                        torch_dtype_name(input.scalar_type())));
+  if (output.sizes() != input.sizes())
+    throw UnsupportedTensor(fmt::format("{}: the output's shape [{}] differs from the input's [{}]",
+                                        what, fmt::join(output.sizes(), ", "),
+                                        fmt::join(input.sizes(), ", ")));
+}
+
+// Input and output slots of an op whose output has the input's shape (allreduce, broadcast).
+TorchHandle::Slot same_shape_slot(const at::Tensor& input, const at::Tensor& output) {
+  TorchHandle::Slot s;
+  s.target = output;
+  if (output.is_same(input)) {
+    s.work = contiguous(input);  // in place: the copy (if any) is both read and written
+    s.input = s.work;
+  } else {
+    s.input = contiguous(input);
+    s.work = output.is_contiguous() ? output : at::empty(input.sizes(), input.options());
+  }
+  return s;
+}
+
+// allocate_output callback filling slot `i` with a fresh tensor like `like`.
+std::function<void*(const std::vector<int64_t>&)> allocator(
+    const std::shared_ptr<TorchHandle::Shared>& shared, size_t i, const at::Tensor& like) {
+  at::TensorOptions options = like.options();
+  // Captures the shared state weakly: the engine's queue entry must not keep the handle's
+  // tensors alive on its own, and the handle outlives the operation (its destructor waits).
+  std::weak_ptr<TorchHandle::Shared> weak = shared;
+  return [weak, i, options](const std::vector<int64_t>& shape) -> void* {
+    auto s = weak.lock();
+    if (!s) throw Error("the output tensor's handle was destroyed while the operation ran");
+    at::Tensor out = at::empty(shape, options);
+    s->slots[i].target = out;
+    s->slots[i].work = out;
+    return out.data_ptr();
+  };
+}
+
+HandlePtr submit(std::shared_ptr<TorchHandle::Shared> shared, std::vector<TensorArgs> args) {
+  auto h = std::make_shared<TorchHandle>();
+  h->shared_ = std::move(shared);
+  h->state_ = current_engine()->enqueue(std::move(args));
+  return h;
+}
+
+void set_group(std::vector<TensorArgs>& args, const std::string& name) {
+  for (auto& a : args) {
+    a.request.group = name;
+    a.request.group_size = static_cast<int32_t>(args.size());
+  }
+}
+
+std::string group_member(const std::string& name, size_t i) { return fmt::format("{}.{}", name, i); }
+
+// Ops whose output is sized after negotiation: one slot per input, allocated by the engine.
+HandlePtr sized_later(const std::string& name, OpType op, const std::vector<at::Tensor>& inputs,
+                      bool grouped, const ReduceOptions& options,
+                      const std::vector<int64_t>& splits) {
+  if (grouped && inputs.empty())
+    throw UnsupportedTensor(fmt::format("grouped {} '{}': no tensors", controller::op_name(op), name));
+  auto shared = std::make_shared<TorchHandle::Shared>();
+  shared->slots.resize(inputs.size());
+  std::vector<TensorArgs> args;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string tname = grouped ? group_member(name, i) : name;
+    const std::string what = describe(op, tname);
+    check_tensor(inputs[i], what);
+    if (inputs[i].dim() == 0)
+      throw UnsupportedTensor(fmt::format(
+          "{}: the tensor must have at least one dimension (it is split or concatenated along "
+          "the first)", what));
+    Request q = make_request(tname, op, inputs[i], options.process_set.id);
+    if (op == OpType::kReducescatter) set_reduce(q, options);
+    if (op == OpType::kAlltoall) q.splits = splits;
+    auto& slot = shared->slots[i];
+    slot.input = contiguous(inputs[i]);
+    TensorArgs a;
+    a.request = std::move(q);
+    a.input = slot.input.data_ptr();
+    a.allocate_output = allocator(shared, i, inputs[i]);
+    args.push_back(std::move(a));
+  }
+  if (grouped) set_group(args, name);
+  return submit(std::move(shared), std::move(args));
+}
+
+}  // namespace
+
+DataType to_krug_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kByte: return DataType::kUInt8;
+    case at::kChar: return DataType::kInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kBool: return DataType::kBool;
+    default:
+      throw UnsupportedTensor(fmt::format(
+          "krug does not support tensors of dtype {}; supported: torch.uint8, torch.int8, "
+          "torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, "
+          "torch.float64, torch.bool",
+          torch_dtype_name(type)));
+  }
+}
+
+at::ScalarType to_torch_dtype(DataType type) {
+  switch (type) {
+    case DataType::kUInt8: return at::kByte;
+    case DataType::kInt8: return at::kChar;
+    case DataType::kInt16: return at::kShort;
+    case DataType::kInt32: return at::kInt;
+    case DataType::kInt64: return at::kLong;
+    case DataType::kFloat16: return at::kHalf;
+    case DataType::kBFloat16: return at::kBFloat16;
+    case DataType::kFloat32: return at::kFloat;
+    case DataType::kFloat64: return at::kDouble;
+    case DataType::kBool: return at::kBool;
+  }
+  throw Error(fmt::format("unknown krug data type {}", static_cast<int>(type)));
+}
+
+std::string torch_dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kByte: return "torch.uint8";
+    case at::kChar: return "torch.int8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kBool: return "torch.bool";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return std::string("torch.") + c10::toString(type);
+  }
+}
+
+void check_tensor(const at::Tensor& t, const std::string& what) {
+  if (!t.defined()) throw UnsupportedTensor(fmt::format("{}: the tensor is undefined", what));
+  if (t.is_cuda())
+    throw UnsupportedTensor(fmt::format(
+        "{}: CUDA tensors are not supported by this build; move the tensor to the CPU "
+        "(tensor.cpu())", what));
+  if (!t.device().is_cpu())
+    throw UnsupportedTensor(fmt::format("{}: {} tensors are not supported by this build; only CPU "
+                                        "tensors are", what, t.device().str()));
+  if (t.is_sparse() || t.layout() != at::kStrided)
+    throw UnsupportedTensor(fmt::format("{}: only dense (strided) tensors are supported", what));
+  try {
+    to_krug_dtype(t.scalar_type());
+  } catch (const UnsupportedTensor& e) {
+    throw UnsupportedTensor(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+Shape shape_of(const at::Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end()); }
+
+// ---- TorchHandle ----
+
+TorchHandle::TorchHandle() : shared_(std::make_shared<Shared>()) {}
+
+TorchHandle::~TorchHandle() {
+  // Never let the engine write into freed memory: an in-flight op keeps its tensors until done.
+  // The engine completes every handle within its timeout, even when a peer dies.
+  if (state_ && !state_->done()) state_->wait();
+}
+
+bool TorchHandle::poll() const { return state_->done(); }
+
+bool TorchHandle::wait_for(double timeout_seconds) const {
+  return state_->wait_until(std::chrono::steady_clock::now() +
+                            std::chrono::microseconds(int64_t(timeout_seconds * 1e6)));
+}
+
+std::string TorchHandle::error() const { return state_->error(); }
+
+void TorchHandle::wait() {
+  state_->wait();
+  if (auto e = state_->error(); !e.empty()) throw Error(e);
+  finalize();
+}
+
+void TorchHandle::finalize() {
+  std::lock_guard lock(mu_);
+  if (finalized_) return;
+  finalized_ = true;
+  at::NoGradGuard no_grad;
+  for (auto& s : shared_->slots) {
+    if (s.target.defined() && s.work.defined() && !s.target.is_same(s.work)) s.target.copy_(s.work);
+    s.work = s.target;
+    s.input = at::Tensor();  // the input copy is no longer needed
+  }
+}
+
+std::vector<at::Tensor> TorchHandle::outputs() const {
+  std::vector<at::Tensor> out;
+  for (const auto& s : shared_->slots) out.push_back(s.target);
+  return out;
+}
+
+at::Tensor TorchHandle::output(size_t i) const {
+  if (i >= shared_->slots.size())
+    throw Error(fmt::format("this operation has {} outputs, not {}", shared_->slots.size(), i + 1));
+  return shared_->slots[i].target;
+}
+
+std::vector<int64_t> TorchHandle::received_splits() const {
+  return state_->result().received_splits;
+}
+
+int64_t TorchHandle::value() const { return state_->result().value; }
+
+// ---- operations ----
+
+HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
+                          const at::Tensor& output, const ReduceOptions& options) {
+  return grouped_allreduce_async(name, {input}, {output}, options);
+}
+
+HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
+                          const ReduceOptions& options) {
+  return grouped_allreduce_async(name, {input}, {}, options);
+}
+
+HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                  const std::vector<at::Tensor>& outputs,
+                                  const ReduceOptions& options) {
+  // A single tensor goes through here too (not grouped: its name is `name`).
+  const bool grouped = inputs.size() != 1 || outputs.size() > 1;
+  if (!outputs.empty() && outputs.size() != inputs.size())
+    throw UnsupportedTensor(fmt::format("grouped allreduce '{}': {} inputs but {} outputs", name,
+                                        inputs.size(), outputs.size()));
+  if (inputs.empty())
+    throw UnsupportedTensor(fmt::format("grouped allreduce '{}': no tensors", name));
+  auto shared = std::make_shared<TorchHandle::Shared>();
+  std::vector<TensorArgs> args;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string tname = grouped ? group_member(name, i) : name;
+    const std::string what = describe(OpType::kAllreduce, tname);
+    check_tensor(inputs[i], what);
+    at::Tensor out;
+    if (outputs.empty()) {
+      out = at::empty(inputs[i].sizes(), inputs[i].options());
+    } else {
+      out = outputs[i];
+      check_same(inputs[i], out, what);
+    }
+    Request q = make_request(tname, OpType::kAllreduce, inputs[i], options.process_set.id);
+    set_reduce(q, options);
+    shared->slots.push_back(same_shape_slot(inputs[i], out));
+    const auto& slot = shared->slots.back();
+    args.push_back(engine::tensor_args(std::move(q), slot.input.data_ptr(), slot.work.data_ptr()));
+  }
+  if (grouped) set_group(args, name);
+  return submit(std::move(shared), std::move(args));
+}
+
+HandlePtr allgather_async(const std::string& name, const at::Tensor& input,
+                          ProcessSet process_set) {
+  ReduceOptions o;
+  o.process_set = process_set;
+  return sized_later(name, OpType::kAllgather, {input}, false, o, {});
+}
+
+HandlePtr grouped_allgather_async(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                  ProcessSet process_set) {
+  ReduceOptions o;
+  o.process_set = process_set;
+  return sized_later(name, OpType::kAllgather, inputs, true, o, {});
+}
+
+HandlePtr broadcast_async(const std::string& name, const at::Tensor& tensor, int root,
+                          ProcessSet process_set) {
+  const std::string what = describe(OpType::kBroadcast, name);
+  check_tensor(tensor, what);
+  Request q = make_request(name, OpType::kBroadcast, tensor, process_set.id);
+  q.root = root;
+  auto shared = std::make_shared<TorchHandle::Shared>();
+  shared->slots.push_back(same_shape_slot(tensor, tensor));
+  void* data = shared->slots.back().work.data_ptr();
+  return submit(std::move(shared), {engine::tensor_args(std::move(q), data, data)});
+}
+
+HandlePtr alltoall_async(const std::string& name, const at::Tensor& input,
+                         const std::vector<int64_t>& splits, ProcessSet process_set) {
+  ReduceOptions o;
+  o.process_set = process_set;
+  return sized_later(name, OpType::kAlltoall, {input}, false, o, splits);
+}
+
+HandlePtr reducescatter_async(const std::string& name, const at::Tensor& input,
+                              const ReduceOptions& options) {
+  return sized_later(name, OpType::kReducescatter, {input}, false, options, {});
+}
+
+HandlePtr grouped_reducescatter_async(const std::string& name,
+                                      const std::vector<at::Tensor>& inputs,
+                                      const ReduceOptions& options) {
+  return sized_later(name, OpType::kReducescatter, inputs, true, options, {});
+}
+
+HandlePtr join_async() {
+  Request q;
+  q.name = "__join";
+  q.op = OpType::kJoin;
+  q.dtype = DataType::kUInt8;
+  return submit(std::make_shared<TorchHandle::Shared>(),
+                {engine::tensor_args(std::move(q), nullptr, nullptr)});
+}
+
+bool adasum_available() { return HasAdasum<ReduceOp>::value; }
+
+}  // namespace krug::torch_adapter

@@ -1,0 +1,149 @@
+// The torch adapter: krug's named collectives on at::Tensor, shared by the Python frontend
+// (python/krug/torch, through the pybind11 module in python_module.cc) and the LibTorch C++ API
+// (include/krug/torch.h).
+//
+// Each *_async function validates the tensors locally (dtype, device), builds the engine's
+// requests and enqueues them on krug::current_engine(); it returns a TorchHandle that owns
+// everything the operation needs while it runs (the input, contiguous copies, the output
+// tensors). Outputs whose size is only known after negotiation (allgather, alltoall,
+// reducescatter) are allocated as at::Tensor by the engine's allocate_output callback, with the
+// input's dtype and device, so results never go through an intermediate byte buffer.
+//
+// Only CPU tensors are supported by this build. Errors found before enqueueing (a dtype krug
+// cannot reduce, a CUDA tensor, a wrong output shape) throw UnsupportedTensor; errors found by
+// the engine (mismatched shapes across ranks, a dead peer, a reused name) complete the handle,
+// and TorchHandle::wait() throws krug::Error with the engine's message.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "krug/krug.h"
+#include "krug/types.h"
+
+namespace krug::engine {
+class HandleState;
+}
+
+namespace krug::torch_adapter {
+
+// A tensor krug cannot take (unsupported dtype or device, wrong output shape). Thrown before
+// anything is enqueued; the Python frontend raises it as ValueError.
+class UnsupportedTensor : public Error {
+ public:
+  using Error::Error;
+};
+
+// torch dtype <-> krug::DataType. uint8, int8, int16, int32, int64, float16, bfloat16, float32,
+// float64 and bool are supported; any other dtype throws UnsupportedTensor naming it.
+DataType to_krug_dtype(at::ScalarType type);
+at::ScalarType to_torch_dtype(DataType type);
+// "torch.float32", as Python prints it.
+std::string torch_dtype_name(at::ScalarType type);
+
+// Throws UnsupportedTensor unless `t` is a defined CPU tensor of a supported dtype.
+// `what` names the operation and tensor for the message ("allreduce 'grad'").
+void check_tensor(const at::Tensor& t, const std::string& what);
+
+Shape shape_of(const at::Tensor& t);
+
+// Completion of one (possibly grouped) operation on tensors. Thread-safe.
+class TorchHandle {
+ public:
+  TorchHandle();
+  // Waits for a still-running operation so that the memory it writes stays alive.
+  ~TorchHandle();
+  TorchHandle(const TorchHandle&) = delete;
+  TorchHandle& operator=(const TorchHandle&) = delete;
+
+  // True once the operation finished, successfully or not. Never blocks.
+  bool poll() const;
+  // Blocks until finished; throws krug::Error with the failure message. On success copies the
+  // results into in-place targets that were not contiguous (once). Does not touch Python: call
+  // it with the GIL released.
+  void wait();
+  // Blocks at most `timeout_seconds`; returns poll().
+  bool wait_for(double timeout_seconds) const;
+  // After completion: empty on success, else what went wrong.
+  std::string error() const;
+
+  // After wait(): the result tensors, one per tensor of the operation (for in-place ops the
+  // tensors the caller passed in).
+  std::vector<at::Tensor> outputs() const;
+  at::Tensor output(size_t i = 0) const;
+  // alltoall: rows received from each rank of the process set.
+  std::vector<int64_t> received_splits() const;
+  // join: the rank that joined last.
+  int64_t value() const;
+
+  const std::shared_ptr<engine::HandleState>& state() const { return state_; }
+
+  // Internal, used by the enqueue functions.
+  struct Slot {
+    at::Tensor target;  // what the caller gets (in place: the caller's tensor)
+    at::Tensor work;    // the contiguous memory the engine reads/writes (may be `target`)
+    at::Tensor input;   // contiguous input kept alive while the op runs
+  };
+  struct Shared;  // outputs written by the engine's allocate_output callbacks
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<engine::HandleState> state_;
+
+ private:
+  void finalize();
+  mutable std::mutex mu_;
+  bool finalized_ = false;
+};
+
+using HandlePtr = std::shared_ptr<TorchHandle>;
+
+// output = reduction of input over the ranks of options.process_set. `output` may be the same
+// tensor as `input` (in place); it must have the input's dtype and shape. Either may be
+// non-contiguous (a contiguous copy is reduced and copied back on wait()).
+HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
+                          const at::Tensor& output, const ReduceOptions& options = {});
+// Out of place into a newly allocated tensor (outputs()[0]).
+HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
+                          const ReduceOptions& options = {});
+// One request for all tensors (named "<name>.0", "<name>.1", ...); `outputs` empty = allocate
+// new tensors, else one output per input (each may be its input: in place).
+HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                  const std::vector<at::Tensor>& outputs,
+                                  const ReduceOptions& options = {});
+
+// Concatenation of every rank's tensor along the first dimension (which may differ per rank).
+HandlePtr allgather_async(const std::string& name, const at::Tensor& input,
+                          ProcessSet process_set = kGlobalProcessSet);
+HandlePtr grouped_allgather_async(const std::string& name, const std::vector<at::Tensor>& inputs,
+                                  ProcessSet process_set = kGlobalProcessSet);
+
+// In place: `tensor` of `root` (rank index within the process set) is copied to every rank.
+HandlePtr broadcast_async(const std::string& name, const at::Tensor& tensor, int root,
+                          ProcessSet process_set = kGlobalProcessSet);
+
+// Sends splits[r] rows to rank r (empty = an even split); the output holds the rows received,
+// received_splits() how many came from each rank.
+HandlePtr alltoall_async(const std::string& name, const at::Tensor& input,
+                         const std::vector<int64_t>& splits = {},
+                         ProcessSet process_set = kGlobalProcessSet);
+
+// Reduction over ranks; rank r keeps its share of the first dimension (split as evenly as
+// possible, lower ranks get the extra rows).
+HandlePtr reducescatter_async(const std::string& name, const at::Tensor& input,
+                              const ReduceOptions& options = {});
+HandlePtr grouped_reducescatter_async(const std::string& name,
+                                      const std::vector<at::Tensor>& inputs,
+                                      const ReduceOptions& options = {});
+
+// join: value() is the rank that joined last.
+HandlePtr join_async();
+
+// True when this build's core has ReduceOp::kAdasum.
+bool adasum_available();
+
+}  // namespace krug::torch_adapter
