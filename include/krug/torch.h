@@ -121,11 +121,12 @@ void broadcast_parameters(::torch::nn::Module& module, int root_rank = 0);
 // With op kAverage (the default) the result is the average over ranks *and* passes, i.e. the
 // gradient of the mean loss over the combined batch of every rank and every pass; kSum sums both.
 //
-// Operation names are "DistributedOptimizer.<parameter name>" (plus the prefix given): every rank
-// must pass the same named parameters, in any order. Parameters that did not get a gradient in a
-// step (unused in the forward pass) are reduced as zeros, so ranks never wait on each other.
-// Errors of the allreduces (mismatched shapes between ranks, say) throw krug::Error from step()
-// or synchronize(). The object registers hooks on the parameters and removes them when destroyed;
+// Operation names are "<name_prefix><parameter name>", the prefix "DistributedOptimizer." unless
+// given: every rank must pass the same named parameters, in any order. Parameters that got no
+// gradient in a step (unused in the forward pass) are reduced as zeros, so ranks never wait on
+// each other. Errors of the allreduces (mismatched shapes between ranks, say) throw krug::Error
+// from step() or synchronize(). The object registers hooks on the parameters and removes them
+// when destroyed;
 // it cannot be copied or moved.
 class DistributedOptimizer {
  public:

@@ -44,8 +44,8 @@ int launch(const LaunchOptions& options) {
   for (const auto& slot : layout) starters.push_back(make_starter(slot.host, this_host));
 
   Fd signal_fd = open_signal_fd();
-  JobInfo job{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id()};
-  job.python_dir = build_python_dir();
+  JobInfo job{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id(),
+              build_python_dir()};
   rendezvous::RendezvousServer server(kLocalBindAddr, 0, job.secret, [](const std::string& m) {
     std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
   });

@@ -4,82 +4,20 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <functional>
 #include <unordered_set>
 #include <utility>
 
+#include "frameworks/torch/adapter.h"
+
 namespace krug::torch {
 
-// ---- Backend: what this file needs from the engine, on at::Tensor.
-namespace {
-
+namespace adapter = torch_adapter;
 using at::Tensor;
 
-DataType krug_dtype(const Tensor& t, const std::string& what) {
-  switch (t.scalar_type()) {
-    case at::kByte: return DataType::kUInt8;
-    case at::kChar: return DataType::kInt8;
-    case at::kShort: return DataType::kInt16;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kBool: return DataType::kBool;
-    default:
-      throw Error(fmt::format("{}: krug does not support tensors of type {}", what,
-                              c10::toString(t.scalar_type())));
-  }
-}
-
-void check_tensor(const Tensor& t, const std::string& what) {
-  if (!t.defined()) throw Error(what + ": the tensor is undefined");
-  if (!t.device().is_cpu())
-    throw Error(fmt::format("{}: krug supports CPU tensors only, got a tensor on {}", what,
-                            t.device().str()));
-  if (t.layout() != at::kStrided) throw Error(what + ": krug supports dense (strided) tensors only");
-  krug_dtype(t, what);
-}
-
-Shape shape_of(const Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end()); }
-
-Handle enqueue_allreduce(const std::string& name, const Tensor& in, Tensor& out,
-                         const ReduceOptions& options) {
-  return krug::allreduce_async(name, in.data_ptr(), out.data_ptr(), krug_dtype(in, name),
-                               shape_of(in), options);
-}
-
-Handle enqueue_broadcast(const std::string& name, Tensor& data, int root, ProcessSet set) {
-  return krug::broadcast_async(name, data.data_ptr(), krug_dtype(data, name), shape_of(data), root,
-                               set);
-}
-
-// The result tensor is made once the handle completed.
-std::pair<Handle, std::function<Tensor(const Handle&)>> enqueue_allgather(const std::string& name,
-                                                                          const Tensor& in,
-                                                                          ProcessSet set) {
-  Handle h = krug::allgather_async(name, in.data_ptr(), krug_dtype(in, name), shape_of(in), set);
-  auto options = in.options();
-  return {h, [options](const Handle& done) {
-            Tensor out = at::empty(done.output_shape(), options);
-            std::memcpy(out.data_ptr(), done.output().data(), done.output().size());
-            return out;
-          }};
-}
-
-}  // namespace
-
-// ---- TensorHandle
+// ---- TensorHandle: the adapter's handle; wait() returns its (first) output.
 
 struct TensorHandle::State {
-  Handle handle;
-  Tensor input;  // keeps the engine's input alive while it runs
-  // Called once after a successful wait: the tensor wait() returns.
-  std::function<Tensor(const Handle&)> finish;
-  std::mutex mu;
-  bool finished = false;
-  Tensor result;
+  adapter::HandlePtr handle;
 };
 
 TensorHandle make_tensor_handle(std::shared_ptr<TensorHandle::State> state) {
@@ -92,81 +30,52 @@ namespace {
 
 const char* kInvalidHandle = "krug::torch::TensorHandle: used before being assigned an operation";
 
-std::string auto_name(const std::string& name, const char* op) {
-  if (!name.empty()) return name;
-  static std::atomic<uint64_t> counters[3];
-  const int index = op[0] == 'a' ? (op[3] == 'r' ? 0 : 1) : 2;  // allreduce, allgather, broadcast
-  return fmt::format("{}.noname.{}", op, counters[index]++);
+TensorHandle wrap(adapter::HandlePtr handle) {
+  auto state = std::make_shared<TensorHandle::State>();
+  state->handle = std::move(handle);
+  return make_tensor_handle(std::move(state));
 }
 
-// A contiguous tensor with the same values (the tensor itself when already contiguous).
-Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+// Names for unnamed calls: "<op>.noname.<n>", one counter per op, as Horovod does.
+enum Counter { kAllreduceCounter, kAllgatherCounter, kBroadcastCounter, kNumCounters };
+std::string name_or_auto(const std::string& name, const char* op, Counter counter) {
+  if (!name.empty()) return name;
+  static std::atomic<uint64_t> counters[kNumCounters];
+  return fmt::format("{}.noname.{}", op, counters[counter]++);
+}
 
 }  // namespace
 
 bool TensorHandle::poll() const {
   if (!state_) throw Error(kInvalidHandle);
-  return state_->handle.poll();
+  return state_->handle->poll();
 }
 
 std::string TensorHandle::error() const {
   if (!state_) throw Error(kInvalidHandle);
-  return state_->handle.poll() ? state_->handle.error() : std::string();
+  return state_->handle->poll() ? state_->handle->error() : std::string();
 }
 
 Tensor TensorHandle::wait() const {
   if (!state_) throw Error(kInvalidHandle);
-  state_->handle.wait();  // throws krug::Error on failure
-  std::lock_guard lock(state_->mu);
-  if (!state_->finished) {
-    state_->result = state_->finish(state_->handle);
-    state_->finished = true;
-    state_->input = Tensor();
-  }
-  return state_->result;
+  state_->handle->wait();  // throws krug::Error on failure; idempotent
+  return state_->handle->output(0);
 }
 
 // ---- Allreduce
 
-namespace {
-
-// Reduces `input` into `output` (both contiguous, may be the same tensor); wait() runs `finish`.
-TensorHandle start_allreduce(const std::string& name, const Tensor& input, Tensor output,
-                             const ReduceOptions& options,
-                             std::function<Tensor(const Handle&)> finish) {
-  auto state = std::make_shared<TensorHandle::State>();
-  state->handle = enqueue_allreduce(name, input, output, options);
-  state->input = input;
-  state->finish = std::move(finish);
-  return make_tensor_handle(std::move(state));
-}
-
-}  // namespace
-
 TensorHandle allreduce_async(const Tensor& tensor, const std::string& name,
                              const ReduceOptions& options) {
-  const std::string n = auto_name(name, "allreduce");
-  check_tensor(tensor, "allreduce '" + n + "'");
-  Tensor in = contiguous(tensor);
-  Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
-  return start_allreduce(n, in, out, options, [out](const Handle&) { return out; });
+  return wrap(adapter::allreduce_async(name_or_auto(name, "allreduce", kAllreduceCounter),
+                                       tensor.detach(), options));
 }
 
 TensorHandle allreduce_async_(Tensor& tensor, const std::string& name,
                               const ReduceOptions& options) {
-  const std::string n = auto_name(name, "allreduce");
-  check_tensor(tensor, "allreduce '" + n + "'");
-  Tensor target = tensor;  // shares storage with the caller's tensor
-  if (target.is_contiguous())
-    return start_allreduce(n, target, target, options, [target](const Handle&) { return target; });
-  // Reduce a contiguous copy, written back on completion.
-  Tensor buffer = target.contiguous();
-  return start_allreduce(n, buffer, buffer, options, [target, buffer](const Handle&) {
-    ::torch::NoGradGuard no_grad;
-    Tensor t = target;
-    t.copy_(buffer);
-    return t;
-  });
+  // detach(): a view sharing the storage, so autograd does not see the write.
+  Tensor t = tensor.detach();
+  return wrap(adapter::allreduce_async(name_or_auto(name, "allreduce", kAllreduceCounter), t, t,
+                                       options));
 }
 
 Tensor allreduce(const Tensor& tensor, const std::string& name, const ReduceOptions& options) {
@@ -174,7 +83,6 @@ Tensor allreduce(const Tensor& tensor, const std::string& name, const ReduceOpti
 }
 
 Tensor& allreduce_(Tensor& tensor, const std::string& name, const ReduceOptions& options) {
-  ::torch::NoGradGuard no_grad;
   allreduce_async_(tensor, name, options).wait();
   return tensor;
 }
@@ -182,17 +90,8 @@ Tensor& allreduce_(Tensor& tensor, const std::string& name, const ReduceOptions&
 // ---- Allgather
 
 TensorHandle allgather_async(const Tensor& tensor, const std::string& name, ProcessSet process_set) {
-  const std::string n = auto_name(name, "allgather");
-  check_tensor(tensor, "allgather '" + n + "'");
-  if (tensor.dim() == 0)
-    throw Error("allgather '" + n + "': the tensor needs at least one dimension (it is a scalar)");
-  Tensor in = contiguous(tensor);
-  auto state = std::make_shared<TensorHandle::State>();
-  auto [handle, finish] = enqueue_allgather(n, in, process_set);
-  state->handle = handle;
-  state->input = in;
-  state->finish = std::move(finish);
-  return make_tensor_handle(std::move(state));
+  return wrap(adapter::allgather_async(name_or_auto(name, "allgather", kAllgatherCounter),
+                                       tensor.detach(), process_set));
 }
 
 Tensor allgather(const Tensor& tensor, const std::string& name, ProcessSet process_set) {
@@ -203,26 +102,8 @@ Tensor allgather(const Tensor& tensor, const std::string& name, ProcessSet proce
 
 TensorHandle broadcast_async_(Tensor& tensor, int root_rank, const std::string& name,
                               ProcessSet process_set) {
-  const std::string n = auto_name(name, "broadcast");
-  check_tensor(tensor, "broadcast '" + n + "'");
-  Tensor target = tensor;
-  auto state = std::make_shared<TensorHandle::State>();
-  if (target.is_contiguous()) {
-    state->handle = enqueue_broadcast(n, target, root_rank, process_set);
-    state->input = target;
-    state->finish = [target](const Handle&) { return target; };
-  } else {
-    Tensor buffer = target.contiguous();
-    state->handle = enqueue_broadcast(n, buffer, root_rank, process_set);
-    state->input = buffer;
-    state->finish = [target, buffer](const Handle&) {
-      ::torch::NoGradGuard no_grad;
-      Tensor t = target;
-      t.copy_(buffer);
-      return t;
-    };
-  }
-  return make_tensor_handle(std::move(state));
+  return wrap(adapter::broadcast_async(name_or_auto(name, "broadcast", kBroadcastCounter),
+                                       tensor.detach(), root_rank, process_set));
 }
 
 Tensor broadcast(const Tensor& tensor, int root_rank, const std::string& name,
@@ -233,7 +114,6 @@ Tensor broadcast(const Tensor& tensor, int root_rank, const std::string& name,
 }
 
 Tensor& broadcast_(Tensor& tensor, int root_rank, const std::string& name, ProcessSet process_set) {
-  ::torch::NoGradGuard no_grad;
   broadcast_async_(tensor, root_rank, name, process_set).wait();
   return tensor;
 }
@@ -315,9 +195,9 @@ void broadcast_parameters(::torch::nn::Module& module, int root_rank) {
 
 namespace {
 // Waits for completion, success or not (the caller reads error()).
-void wait_quietly(const Handle& h) {
+void wait_quietly(const adapter::HandlePtr& h) {
   try {
-    h.wait();
+    h->wait();
   } catch (const Error&) {
   }
 }
@@ -330,7 +210,7 @@ struct DistributedOptimizer::Param {
   int passes = 0;       // backward passes since the last step
   bool pending = false; // an allreduce of `buffer` is in flight (or done, not yet collected)
   Tensor buffer;        // the accumulated gradient, reduced in place
-  Handle handle;
+  adapter::HandlePtr handle;
 };
 
 DistributedOptimizer::DistributedOptimizer(
@@ -349,7 +229,7 @@ DistributedOptimizer::DistributedOptimizer(
   for (const auto& item : named_parameters) {
     const Tensor& t = item.value();
     if (!t.defined() || !t.requires_grad()) continue;
-    check_tensor(t, "DistributedOptimizer parameter '" + item.key() + "'");
+    adapter::check_tensor(t, "DistributedOptimizer parameter '" + item.key() + "'");
     if (!seen.insert(t.unsafeGetTensorImpl()).second)
       throw Error("DistributedOptimizer: parameter '" + item.key() +
                   "' is the same tensor as an earlier one; pass each parameter once");
@@ -379,7 +259,7 @@ void DistributedOptimizer::start_allreduce_locked(Param& p, const Tensor& accumu
   // Average over passes as well as ranks: the gradient of the mean loss over the whole batch.
   if (op_ == ReduceOp::kAverage) options.prescale_factor = 1.0 / passes_per_step_;
   p.buffer = accumulated.is_contiguous() ? accumulated : accumulated.contiguous();
-  p.handle = enqueue_allreduce(p.op_name, p.buffer, p.buffer, options);
+  p.handle = adapter::allreduce_async(p.op_name, p.buffer, p.buffer, options);
   p.pending = true;
 }
 
@@ -413,7 +293,7 @@ void DistributedOptimizer::synchronize() {
   std::string first_error;
   for (auto& p : params_) {
     wait_quietly(p->handle);
-    const std::string err = p->handle.error();
+    const std::string err = p->handle->error();
     if (!err.empty()) {
       if (first_error.empty()) first_error = err;
     } else {
@@ -426,7 +306,7 @@ void DistributedOptimizer::synchronize() {
     p->pending = false;
     p->passes = 0;
     p->buffer = Tensor();
-    p->handle = Handle();
+    p->handle.reset();
   }
   if (!first_error.empty()) throw Error("DistributedOptimizer: " + first_error);
   synchronized_ = true;
