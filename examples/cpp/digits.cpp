@@ -33,6 +33,7 @@ constexpr int kFeatures = 64;
 constexpr int kClasses = 10;
 constexpr int kEpochs = 25;
 constexpr int64_t kGlobalBatch = 64;  // split across ranks: the same steps for any rank count
+constexpr double kLearningRate = 0.1;
 constexpr uint64_t kSplitSeed = 20240601;
 
 struct DataSet {
@@ -161,12 +162,17 @@ int run(int argc, char** argv) {
   torch::manual_seed(1000 + rank);  // different on every rank: broadcast_parameters fixes that
   auto model = std::make_shared<Mlp>();
   krug::torch::broadcast_parameters(*model, /*root_rank=*/0);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(kLearningRate).momentum(0.9));
   krug::torch::DistributedOptimizer optimizer(sgd, model->named_parameters());
 
   double accuracy = 0;
   for (int epoch = 1; epoch <= kEpochs; ++epoch) {
     model->train();
+    // Step decay: a smaller learning rate for the last epochs settles the weights.
+    if (epoch == 16 || epoch == 22)
+      for (auto& group : sgd.param_groups())
+        static_cast<torch::optim::SGDOptions&>(group.options()).lr(
+            static_cast<torch::optim::SGDOptions&>(group.options()).lr() * 0.2);
     const auto order = permutation(train_x.size(0), kSplitSeed + 1000 * epoch + rank);
     double loss_sum = 0;
     for (int64_t s = 0; s < steps; ++s) {
