@@ -301,7 +301,7 @@ void DistributedOptimizer::synchronize() {
       if (g.defined())
         g.copy_(p->buffer);
       else
-        g = p->buffer.view(p->tensor.sizes());
+        g = p->buffer;  // same shape as the parameter; not a view (zero_grad detaches it)
     }
     p->pending = false;
     p->passes = 0;
