@@ -41,7 +41,7 @@
 namespace krug::torch {
 
 // An allreduce in flight. wait() returns the reduced tensor (a new tensor for allreduce_async,
-// the input itself for the in-place form) or throws krug::Error.
+// for the in-place forms a tensor sharing the input's storage) or throws krug::Error.
 class TensorHandle {
  public:
   TensorHandle() = default;
