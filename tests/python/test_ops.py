@@ -497,12 +497,29 @@ def test_mismatched_shapes_fail_on_every_rank():
 
 
 def test_duplicate_name_in_flight():
+    # The first op of a name must still be in flight when the second is submitted, so it must
+    # wait on a rank that has not submitted it yet: ranks 1.. test "err.dup" (rank 0 submits it
+    # only afterwards), rank 0 tests "err.dup0" (the others submit it once "err.dup" is done).
+    if n() == 1:
+        pytest.skip("a lone rank completes the first op at once")
     t = torch.ones(3)
-    h1 = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
-    h2 = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
-    with pytest.raises(hvd.HorovodInternalError, match="already in flight"):
-        hvd.synchronize(h2)
-    assert torch.equal(hvd.synchronize(h1), torch.full((3,), float(n())))
+
+    def check(name):
+        h1 = hvd.allreduce_async(t, name=name, op=hvd.Sum)
+        h2 = hvd.allreduce_async(t, name=name, op=hvd.Sum)
+        with pytest.raises(hvd.HorovodInternalError, match="already in flight"):
+            hvd.synchronize(h2)
+        return h1
+
+    if r() == 0:
+        h0 = check("err.dup0")
+        h = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
+    else:
+        h = check("err.dup")
+    assert torch.equal(hvd.synchronize(h), torch.full((3,), float(n())))
+    if r() != 0:
+        h0 = hvd.allreduce_async(t, name="err.dup0", op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(h0), torch.full((3,), float(n())))
 
 
 def test_invalid_tensors_raise_value_error():
