@@ -6,6 +6,7 @@ the ``*_async`` forms return an integer handle for :func:`poll` and :func:`synch
 Only CPU tensors are supported by this build.
 """
 
+import atexit
 import itertools
 import threading
 import warnings
@@ -172,6 +173,7 @@ def init(comm=None, process_sets=None):
     if not _core.is_initialized():
         _core.init()
         _reset_names()
+        _register_atexit()
         global_process_set.process_set_id = 0
         global_process_set.ranks = list(range(_core.size()))
     if comm is not None and list(comm) != list(range(_core.size())):
@@ -181,6 +183,18 @@ def init(comm=None, process_sets=None):
         for ps in process_sets:
             if ps.process_set_id is None:
                 add_process_set(ps)
+
+
+_atexit_registered = False
+
+
+def _register_atexit():
+    # Shut down while the interpreter (and torch) are still whole, rather than from a static
+    # destructor after Python has finalized.
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(shutdown)
 
 
 def shutdown():
