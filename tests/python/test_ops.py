@@ -497,9 +497,10 @@ def test_mismatched_shapes_fail_on_every_rank():
 
 
 def test_duplicate_name_in_flight():
-    # The first op of a name must still be in flight when the second is submitted, so it must
-    # wait on a rank that has not submitted it yet: ranks 1.. test "err.dup" (rank 0 submits it
-    # only afterwards), rank 0 tests "err.dup0" (the others submit it once "err.dup" is done).
+    # The first op of a name must still be in flight when the second is submitted, so some rank
+    # must submit it only later: ranks 1.. check "err.dup.a" (rank 0 submits it last), rank 0
+    # checks "err.dup.c" (the others submit it last); "err.dup.b" completes only once both
+    # checks are done everywhere.
     if n() == 1:
         pytest.skip("a lone rank completes the first op at once")
     t = torch.ones(3)
@@ -512,14 +513,15 @@ def test_duplicate_name_in_flight():
         return h1
 
     if r() == 0:
-        h0 = check("err.dup0")
-        h = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
+        hc = check("err.dup.c")
+        hvd.synchronize(hvd.allreduce_async(t, name="err.dup.b"))
+        ha = hvd.allreduce_async(t, name="err.dup.a", op=hvd.Sum)
     else:
-        h = check("err.dup")
-    assert torch.equal(hvd.synchronize(h), torch.full((3,), float(n())))
-    if r() != 0:
-        h0 = hvd.allreduce_async(t, name="err.dup0", op=hvd.Sum)
-    assert torch.equal(hvd.synchronize(h0), torch.full((3,), float(n())))
+        ha = check("err.dup.a")
+        hvd.synchronize(hvd.allreduce_async(t, name="err.dup.b"))
+        hc = hvd.allreduce_async(t, name="err.dup.c", op=hvd.Sum)
+    for h in (ha, hc):
+        assert torch.equal(hvd.synchronize(h), torch.full((3,), float(n())))
 
 
 def test_invalid_tensors_raise_value_error():

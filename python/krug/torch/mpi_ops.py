@@ -16,13 +16,18 @@ import torch
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from krug.torch import _torch_core as _core
 
-# Reduction ops (the values are krug::ReduceOp's).
+# Reduction ops (the values are krug::ReduceOp's; Adasum's is the core's kAdasum when the build
+# has it, see _core_op).
 Sum = 0
 Average = 1
 Min = 2
 Max = 3
 Product = 4
 Adasum = 5
+
+
+def _core_op(op):
+    return _core.adasum_op() if op == Adasum else op
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
              Adasum: "Adasum"}
@@ -391,7 +396,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     name = _name("allreduce", name, process_set)
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    h = _core.allreduce_async(name, tensor, output, op, float(prescale_factor),
+    h = _core.allreduce_async(name, tensor, output, _core_op(op), float(prescale_factor),
                               float(postscale_factor), set_id)
     return _register(h, _first_output)
 
@@ -464,7 +469,8 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     name = _name("grouped_allreduce", name, process_set)
     if outputs is None:
         outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    h = _core.grouped_allreduce_async(name, tensors, list(outputs), op, float(prescale_factor),
+    h = _core.grouped_allreduce_async(name, tensors, list(outputs), _core_op(op),
+                                      float(prescale_factor),
                                       float(postscale_factor), set_id)
     return _register(h, _all_outputs)
 
