@@ -203,13 +203,18 @@ def _register_atexit():
 
 
 def shutdown():
-    """Drains pending operations and stops krug; init() may follow."""
+    """Drains pending operations and stops krug; init() may follow. Operations that other
+    ranks never submitted fail; their handles are dropped."""
+    # The core first: it completes every pending operation, so dropping the handles below
+    # never waits for one (a handle's destructor waits for its operation).
+    _core.shutdown()
     with _lock:
         for ps in _registered_sets:
             ps._invalidate()
         _registered_sets.clear()
+        dropped = list(_handle_map.values())
         _handle_map.clear()
-    _core.shutdown()
+    del dropped
 
 
 def is_initialized():
