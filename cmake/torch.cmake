@@ -9,9 +9,23 @@
 # found and says why not otherwise; ON fails the configuration instead.
 
 set(KRUG_TORCH_ENABLED OFF)
+string(TOUPPER "${KRUG_BUILD_TORCH}" KRUG_BUILD_TORCH)
+if(KRUG_BUILD_TORCH MATCHES "^(ON|YES|TRUE|Y|1)$")
+  set(KRUG_BUILD_TORCH ON)
+elseif(KRUG_BUILD_TORCH MATCHES "^(OFF|NO|FALSE|N|0)$")
+  set(KRUG_BUILD_TORCH OFF)
+elseif(NOT KRUG_BUILD_TORCH STREQUAL "AUTO")
+  message(FATAL_ERROR "KRUG_BUILD_TORCH must be ON, OFF or AUTO, not '${KRUG_BUILD_TORCH}'")
+endif()
 set(KRUG_PYTHON_DIR ${CMAKE_BINARY_DIR}/python)
 
-if(NOT KRUG_BUILD_TORCH STREQUAL "OFF")
+if(KRUG_BUILD_TORCH STREQUAL "AUTO" AND KRUG_SANITIZE)
+  # A sanitized module cannot be loaded into the (unsanitized) Python interpreter.
+  message(STATUS "krug: PyTorch frontends not built with KRUG_SANITIZE=${KRUG_SANITIZE} "
+    "(set KRUG_BUILD_TORCH=ON to force)")
+elseif(KRUG_BUILD_TORCH STREQUAL "OFF")
+  message(STATUS "krug: PyTorch frontends disabled (KRUG_BUILD_TORCH=OFF)")
+else()
   set(_krug_torch_missing "")
   # Debian's interpreter is the one with python3-torch; another python3 may come first on PATH.
   if(NOT Python_EXECUTABLE AND EXISTS /usr/bin/python3)

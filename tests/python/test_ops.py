@@ -445,6 +445,15 @@ def test_process_sets():
         b = hvd.broadcast(torch.full((2,), r()), root_rank=len(evens.ranks) - 1,
                           name="ps.bc", process_set=ps)
         assert b.tolist() == [evens.ranks[-1]] * 2
+        a, received = hvd.alltoall(torch.full((len(evens.ranks),), r()),
+                                   splits=[1] * len(evens.ranks), name="ps.a2a", process_set=ps)
+        assert a.tolist() == evens.ranks and received.tolist() == [1] * len(evens.ranks)
+        rs = hvd.reducescatter(torch.ones(len(evens.ranks), 2), op=hvd.Sum, name="ps.rs",
+                               process_set=ps)
+        assert torch.equal(rs, torch.full((1, 2), float(len(evens.ranks))))
+        gs = hvd.grouped_allreduce([torch.ones(1), torch.ones(2)], op=hvd.Sum, name="ps.gar",
+                                   process_set=ps)
+        assert [g.tolist() for g in gs] == [[len(evens.ranks)], [len(evens.ranks)] * 2]
         hvd.barrier(process_set=ps)
     else:
         with pytest.raises(hvd.HorovodInternalError, match="not a member"):
@@ -491,18 +500,43 @@ def test_mismatched_shapes_fail_on_every_rank():
     with pytest.raises(hvd.HorovodInternalError, match="Mismatched"):
         hvd.broadcast(torch.ones(2, dtype=torch.float32 if r() == 0 else torch.float64), 0,
                       name="err.dtype")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched"):
+        hvd.allgather(torch.ones(1, r() + 1), name="err.ag.trailing")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched"):
+        hvd.reducescatter(torch.ones(n() + r(), 2), name="err.rs.shape")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched"):
+        hvd.grouped_allreduce([torch.ones(2), torch.ones(r() + 1)], name="err.grouped")
     # krug keeps working afterwards.
     assert torch.equal(hvd.allreduce(torch.ones(2), name="err.after", op=hvd.Sum),
                        torch.full((2,), float(n())))
 
 
 def test_duplicate_name_in_flight():
+    # The first op of a name must still be in flight when the second is submitted, so some rank
+    # must submit it only later: ranks 1.. check "err.dup.a" (rank 0 submits it last), rank 0
+    # checks "err.dup.c" (the others submit it last); "err.dup.b" completes only once both
+    # checks are done everywhere.
+    if n() == 1:
+        pytest.skip("a lone rank completes the first op at once")
     t = torch.ones(3)
-    h1 = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
-    h2 = hvd.allreduce_async(t, name="err.dup", op=hvd.Sum)
-    with pytest.raises(hvd.HorovodInternalError, match="already in flight"):
-        hvd.synchronize(h2)
-    assert torch.equal(hvd.synchronize(h1), torch.full((3,), float(n())))
+
+    def check(name):
+        h1 = hvd.allreduce_async(t, name=name, op=hvd.Sum)
+        h2 = hvd.allreduce_async(t, name=name, op=hvd.Sum)
+        with pytest.raises(hvd.HorovodInternalError, match="already in flight"):
+            hvd.synchronize(h2)
+        return h1
+
+    if r() == 0:
+        hc = check("err.dup.c")
+        hvd.synchronize(hvd.allreduce_async(t, name="err.dup.b"))
+        ha = hvd.allreduce_async(t, name="err.dup.a", op=hvd.Sum)
+    else:
+        ha = check("err.dup.a")
+        hvd.synchronize(hvd.allreduce_async(t, name="err.dup.b"))
+        hc = hvd.allreduce_async(t, name="err.dup.c", op=hvd.Sum)
+    for h in (ha, hc):
+        assert torch.equal(hvd.synchronize(h), torch.full((3,), float(n())))
 
 
 def test_invalid_tensors_raise_value_error():

@@ -6,6 +6,7 @@ the ``*_async`` forms return an integer handle for :func:`poll` and :func:`synch
 Only CPU tensors are supported by this build.
 """
 
+import atexit
 import itertools
 import threading
 import warnings
@@ -15,13 +16,18 @@ import torch
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from krug.torch import _torch_core as _core
 
-# Reduction ops (the values are krug::ReduceOp's).
+# Reduction ops (the values are krug::ReduceOp's; Adasum's is the core's kAdasum when the build
+# has it, see _core_op).
 Sum = 0
 Average = 1
 Min = 2
 Max = 3
 Product = 4
 Adasum = 5
+
+
+def _core_op(op):
+    return _core.adasum_op() if op == Adasum else op
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
              Adasum: "Adasum"}
@@ -172,6 +178,7 @@ def init(comm=None, process_sets=None):
     if not _core.is_initialized():
         _core.init()
         _reset_names()
+        _register_atexit()
         global_process_set.process_set_id = 0
         global_process_set.ranks = list(range(_core.size()))
     if comm is not None and list(comm) != list(range(_core.size())):
@@ -183,14 +190,31 @@ def init(comm=None, process_sets=None):
                 add_process_set(ps)
 
 
+_atexit_registered = False
+
+
+def _register_atexit():
+    # Shut down while the interpreter (and torch) are still whole, rather than from a static
+    # destructor after Python has finalized.
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(shutdown)
+
+
 def shutdown():
-    """Drains pending operations and stops krug; init() may follow."""
+    """Drains pending operations and stops krug; init() may follow. Operations that other
+    ranks never submitted fail; their handles are dropped."""
+    # The core first: it completes every pending operation, so dropping the handles below
+    # never waits for one (a handle's destructor waits for its operation).
+    _core.shutdown()
     with _lock:
         for ps in _registered_sets:
             ps._invalidate()
         _registered_sets.clear()
+        dropped = list(_handle_map.values())
         _handle_map.clear()
-    _core.shutdown()
+    del dropped
 
 
 def is_initialized():
@@ -377,7 +401,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     name = _name("allreduce", name, process_set)
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    h = _core.allreduce_async(name, tensor, output, op, float(prescale_factor),
+    h = _core.allreduce_async(name, tensor, output, _core_op(op), float(prescale_factor),
                               float(postscale_factor), set_id)
     return _register(h, _first_output)
 
@@ -450,7 +474,8 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     name = _name("grouped_allreduce", name, process_set)
     if outputs is None:
         outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    h = _core.grouped_allreduce_async(name, tensors, list(outputs), op, float(prescale_factor),
+    h = _core.grouped_allreduce_async(name, tensors, list(outputs), _core_op(op),
+                                      float(prescale_factor),
                                       float(postscale_factor), set_id)
     return _register(h, _all_outputs)
 

@@ -30,6 +30,14 @@ template <typename E, typename = void>
 struct HasAdasum : std::false_type {};
 template <typename E>
 struct HasAdasum<E, std::void_t<decltype(E::kAdasum)>> : std::true_type {};
+template <typename E>
+int adasum_value() {
+  if constexpr (HasAdasum<E>::value) {
+    return static_cast<int>(E::kAdasum);
+  } else {
+    return -1;
+  }
+}
 
 std::string describe(OpType op, const std::string& name) {
   return fmt::format("{} '{}'", controller::op_name(op), name);
@@ -385,5 +393,6 @@ HandlePtr join_async() {
 }
 
 bool adasum_available() { return HasAdasum<ReduceOp>::value; }
+int adasum_op() { return adasum_value<ReduceOp>(); }
 
 }  // namespace krug::torch_adapter

@@ -143,7 +143,8 @@ HandlePtr grouped_reducescatter_async(const std::string& name,
 // join: value() is the rank that joined last.
 HandlePtr join_async();
 
-// True when this build's core has ReduceOp::kAdasum.
+// True when this build's core has ReduceOp::kAdasum; adasum_op() is its value (-1 without).
 bool adasum_available();
+int adasum_op();
 
 }  // namespace krug::torch_adapter

@@ -58,6 +58,7 @@ PYBIND11_MODULE(_torch_core, m) {
   m.def("cross_rank", &krug::cross_rank);
   m.def("cross_size", &krug::cross_size);
   m.def("adasum_available", &ta::adasum_available);
+  m.def("adasum_op", &ta::adasum_op);
 
   m.def("add_process_set", [](std::vector<int> ranks) {
     return krug::add_process_set(std::move(ranks)).id;

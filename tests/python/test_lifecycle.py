@@ -1,0 +1,63 @@
+"""krug.torch lifecycle: shutdown() then init() again (elastic restarts rely on it), calls
+before init, init(process_sets=...), and an unnamed op sequence that restarts its names."""
+
+import pytest
+import torch
+
+import krug.torch as hvd
+from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+
+def test_exception_classes():
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    assert hvd.HorovodInternalError is HorovodInternalError
+    assert issubclass(hvd.HostsUpdatedInterrupt, RuntimeError)
+    assert hvd.HostsUpdatedInterrupt(skip_sync=True).skip_sync
+    assert HostsUpdatedInterrupt is hvd.HostsUpdatedInterrupt
+
+
+def test_shutdown_then_init_again():
+    n = hvd.size()
+    before = hvd.allreduce(torch.ones(2), op=hvd.Sum)  # unnamed: allreduce.noname.0
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    hvd.shutdown()  # a second shutdown does nothing
+    for call in (hvd.size, hvd.rank, hvd.local_rank, hvd.local_size, hvd.cross_rank,
+                 hvd.cross_size, hvd.barrier):
+        with pytest.raises(ValueError, match="not been initialized"):
+            call()
+    with pytest.raises(HorovodInternalError, match="not initialized"):
+        hvd.allreduce(torch.ones(1), name="life.uninit")
+
+    hvd.init()
+    assert hvd.is_initialized() and hvd.size() == n
+    after = hvd.allreduce(torch.ones(2), op=hvd.Sum)  # the names start again
+    assert torch.equal(before, after)
+    assert torch.equal(hvd.allgather(torch.tensor([hvd.rank()]), name="life.ag"),
+                       torch.arange(n))
+
+
+def test_init_registers_process_sets_and_shutdown_invalidates_them():
+    n = hvd.size()
+    if n == 1:
+        pytest.skip("needs a process set other than the global one")
+    first = hvd.ProcessSet([0])
+    rest = hvd.ProcessSet(list(range(1, n)))
+    hvd.shutdown()
+    hvd.init(process_sets=[first, rest])
+    assert first.process_set_id is not None and rest.process_set_id is not None
+    assert first.process_set_id != rest.process_set_id
+    mine = first if hvd.rank() == 0 else rest
+    y = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="life.ps", process_set=mine)
+    assert torch.equal(y, torch.full((3,), float(mine.size())))
+    hvd.barrier()
+    hvd.shutdown()
+    assert first.process_set_id is None and rest.process_set_id is None
+    hvd.init(process_sets="dynamic")
+    assert hvd.is_initialized()
+
+
+def test_init_rejects_mpi_communicators():
+    with pytest.raises(ValueError, match="comm"):
+        hvd.init(comm=[0, 1, 2, 3, 4, 5, 6, 7, 8])
+    hvd.init(comm=list(range(hvd.size())))  # every rank: fine
