@@ -13,6 +13,7 @@
 
 #include "collectives/gloo/gloo_communicator.h"
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "reduce/reduce.h"
 #include "rendezvous/store.h"
 
@@ -312,37 +313,7 @@ namespace {
 using controller::OpType;
 using controller::Request;
 
-Config rank_config(int rank, int size) {
-  Config c;
-  c.rank = rank;
-  c.size = size;
-  c.local_rank = rank;
-  c.local_size = size;
-  c.hostname = "localhost";
-  c.secret = "adasum-test";
-  c.timeout_seconds = 30;
-  c.stall_check_disable = true;
-  return c;
-}
-
-void run_ranks(int size, const std::function<void(Engine&, int)>& body) {
-  auto store = std::make_shared<rendezvous::InMemoryStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> failures(size);
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Engine engine(rank_config(r, size), store);
-        body(engine, r);
-        engine.shutdown();
-      } catch (const std::exception& e) {
-        failures[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < size; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
-}
+using testing::run_ranks;
 
 Request adasum_request(const std::string& name, DataType dtype, int64_t count) {
   Request q;

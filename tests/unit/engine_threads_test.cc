@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "net/socket.h"
 #include "rendezvous/store.h"
 
@@ -19,61 +20,7 @@ namespace {
 using controller::OpType;
 using controller::Request;
 
-Config rank_config(int rank, int size) {
-  Config c;
-  c.rank = rank;
-  c.size = size;
-  c.local_rank = rank;
-  c.local_size = size;
-  c.hostname = "localhost";
-  c.secret = "engine-threads-test";
-  c.timeout_seconds = 30;
-  c.stall_check_disable = true;
-  return c;
-}
-
-// Runs body(engine, rank) on `size` engines concurrently, one thread each.
-void run_ranks(int size, const std::function<void(Engine&, int)>& body,
-               const std::function<void(Config&)>& tweak = {}) {
-  auto store = std::make_shared<rendezvous::InMemoryStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> failures(size);
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Config c = rank_config(r, size);
-        if (tweak) tweak(c);
-        Engine engine(c, store);
-        body(engine, r);
-        engine.shutdown();
-      } catch (const std::exception& e) {
-        failures[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < size; ++r) EXPECT_EQ(failures[r], "") << "rank " << r;
-}
-
-Request request(const std::string& name, OpType op, DataType dtype, std::vector<int64_t> shape) {
-  Request q;
-  q.name = name;
-  q.op = op;
-  q.dtype = dtype;
-  q.shape = std::move(shape);
-  return q;
-}
-
-std::shared_ptr<HandleState> submit(Engine& e, Request q, const void* in, void* out) {
-  std::vector<TensorArgs> args;
-  args.push_back(tensor_args(std::move(q), in, out));
-  return e.enqueue(std::move(args));
-}
-
-void expect_ok(const std::shared_ptr<HandleState>& h) {
-  h->wait();
-  ASSERT_EQ(h->error(), "");
-}
+using namespace testing;
 
 class EngineThreads : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
 
@@ -292,6 +239,8 @@ TEST(EngineThreadsDeterminism, FusionLayoutDoesNotChangeBits) {
 
 namespace krug::engine {
 namespace {
+
+using namespace testing;
 
 TEST(EngineThreadsSecurity, ControlPlaneRefusesAClientWithoutTheSecret) {
   auto store = std::make_shared<rendezvous::InMemoryStore>();

@@ -97,6 +97,32 @@ class _Deferred(object):
         self.fn = fn
 
 
+def _checked_named_parameters(param_groups, named_parameters):
+    """(name, parameter) pairs for every parameter, checked as Horovod checks them: tuples,
+    unique names, every parameter named; generated names when none are given."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [('allreduce.noname.%d.%d' % (i, j), p)
+                            for i, group in enumerate(param_groups)
+                            for j, p in enumerate(group['params'])]
+    if any(not isinstance(np, tuple) for np in named_parameters):
+        raise ValueError('named_parameters should be a sequence of tuples (name, parameter), '
+                         'usually produced by model.named_parameters().')
+    dups = _find_duplicates([name for name, _ in named_parameters])
+    if dups:
+        raise ValueError('Parameter names in named_parameters must be unique. '
+                         'Found duplicates: %s' % ', '.join(sorted(map(str, dups))))
+    all_ids = {id(p) for group in param_groups for p in group['params']}
+    named_ids = {id(p) for _, p in named_parameters}
+    unnamed = all_ids - named_ids
+    if unnamed:
+        raise ValueError('named_parameters was specified, but one or more model parameters '
+                         'were not named. Python object ids: %s'
+                         % ', '.join(str(i) for i in sorted(unnamed)))
+    return named_parameters
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     # Attributes of this class body are copied into a subclass of the wrapped optimizer's
     # class (see DistributedOptimizer), so methods use super(self.__class__, self).
@@ -108,26 +134,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._compression = compression
 
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [('allreduce.noname.%d.%d' % (i, j), p)
-                                for i, group in enumerate(self.param_groups)
-                                for j, p in enumerate(group['params'])]
-        if any(not isinstance(np, tuple) for np in named_parameters):
-            raise ValueError('named_parameters should be a sequence of tuples (name, parameter), '
-                             'usually produced by model.named_parameters().')
-        dups = _find_duplicates([name for name, _ in named_parameters])
-        if dups:
-            raise ValueError('Parameter names in named_parameters must be unique. '
-                             'Found duplicates: %s' % ', '.join(sorted(map(str, dups))))
-        all_ids = {id(p) for group in self.param_groups for p in group['params']}
-        named_ids = {id(p) for _, p in named_parameters}
-        unnamed = all_ids - named_ids
-        if unnamed:
-            raise ValueError('named_parameters was specified, but one or more model parameters '
-                             'were not named. Python object ids: %s'
-                             % ', '.join(str(i) for i in sorted(unnamed)))
+        named_parameters = _checked_named_parameters(self.param_groups, named_parameters)
 
         self._parameter_names = {p: name for name, p in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
@@ -380,25 +387,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
         super(self.__class__, self).__init__(params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [('allreduce.noname.%d.%d' % (i, j), p)
-                                for i, group in enumerate(self.param_groups)
-                                for j, p in enumerate(group['params'])]
-        if any(not isinstance(np, tuple) for np in named_parameters):
-            raise ValueError('named_parameters should be a sequence of tuples (name, parameter), '
-                             'usually produced by model.named_parameters().')
-        dups = _find_duplicates([name for name, _ in named_parameters])
-        if dups:
-            raise ValueError('Parameter names in named_parameters must be unique. '
-                             'Found duplicates: %s' % ', '.join(sorted(map(str, dups))))
-        all_ids = {id(p) for group in self.param_groups for p in group['params']}
-        unnamed = all_ids - {id(p) for _, p in named_parameters}
-        if unnamed:
-            raise ValueError('named_parameters was specified, but one or more model parameters '
-                             'were not named. Python object ids: %s'
-                             % ', '.join(str(i) for i in sorted(unnamed)))
+        named_parameters = _checked_named_parameters(self.param_groups, named_parameters)
         self._parameter_names = {p: name for name, p in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {p: backward_passes_per_step for _, p in named_parameters}
