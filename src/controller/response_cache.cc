@@ -7,18 +7,12 @@ std::string table_key(int32_t process_set, const std::string& name) {
 }
 
 Request cache_form(const Request& r) {
-  Request q;
-  q.name = r.name;
-  q.op = r.op;
-  q.dtype = r.dtype;
-  q.reduce_op = r.reduce_op;
-  q.process_set = r.process_set;
-  q.root = r.op == OpType::kBroadcast ? r.root : 0;
-  q.prescale = r.prescale;
-  q.postscale = r.postscale;
-  q.shape = r.shape;
-  q.group = r.group;
-  q.group_size = r.group_size;
+  // Everything but the fields no cacheable response depends on.
+  Request q = r;
+  q.splits.clear();
+  q.set_ranks.clear();
+  q.target_process_set = 0;
+  if (q.op != OpType::kBroadcast) q.root = 0;
   return q;
 }
 

@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from krug.torch.compression import Compression
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from krug.torch import _torch_core as _core
 
@@ -33,25 +34,8 @@ _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "P
              Adasum: "Adasum"}
 
 
-def _no_compression():
-    # Compression lives in krug/torch/compression.py; until it exists (or if importing it
-    # fails) operations default to no compression, as Horovod's Compression.none does.
-    try:
-        from krug.torch.compression import Compression
-        return Compression.none
-    except ImportError:
-        class _NoneCompressor:
-            @staticmethod
-            def compress(tensor):
-                return tensor, None
-
-            @staticmethod
-            def decompress(tensor, ctx):
-                return tensor
-        return _NoneCompressor
-
-
-_NoCompression = _no_compression()
+# Horovod's default for the compression= argument.
+_NoCompression = Compression.none
 
 
 # ---------------------------------------------------------------------------------------------

@@ -97,6 +97,15 @@ class _Deferred(object):
         self.fn = fn
 
 
+def _count_backward_pass(opt, p):
+    """Counts one local backward pass of p's gradient; True when it is time to reduce it."""
+    if opt._allreduce_delay[p] <= 0:
+        raise AssertionError(_TOO_MANY_PASSES)
+    assert not p.grad.requires_grad
+    opt._allreduce_delay[p] -= 1
+    return opt._allreduce_delay[p] == 0
+
+
 def _checked_named_parameters(param_groups, named_parameters):
     """(name, parameter) pairs for every parameter, checked as Horovod checks them: tuples,
     unique names, every parameter named; generated names when none are given."""
@@ -303,13 +312,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
-            if self._allreduce_delay[p] <= 0:
-                raise AssertionError(_TOO_MANY_PASSES)
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            self._allreduce_delay[p] -= 1
             handle, ctx = None, None
-            if self._allreduce_delay[p] == 0:
+            if _count_backward_pass(self, p):
                 if self._groups is not None:
                     group = self._p_to_group[p]
                     self._group_counts[group] += 1
@@ -431,13 +435,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
-            if self._allreduce_delay[p] <= 0:
-                raise AssertionError(_TOO_MANY_PASSES)
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            self._allreduce_delay[p] -= 1
             handle, ctx = None, None
-            if self._allreduce_delay[p] == 0:
+            if _count_backward_pass(self, p):
                 handle, ctx = self._allreduce_grad_async(p)
             self._handles[p] = (handle, ctx)
         return hook
