@@ -12,6 +12,7 @@
 #include "run/options.h"
 #include "run/rank_env.h"
 #include "run/signals.h"
+#include "run/srun_starter.h"
 #include "run/starter.h"
 #include "run/supervisor.h"
 
@@ -41,7 +42,10 @@ int launch(const LaunchOptions& options) {
   std::vector<RankSlot> layout = layout_ranks(options.hosts, options.np);
   // Pick every rank's starter before anything starts, so a remote host fails fast.
   std::vector<std::unique_ptr<RankStarter>> starters;
-  for (const auto& slot : layout) starters.push_back(make_starter(slot.host, this_host));
+  for (const auto& slot : layout)
+    starters.push_back(options.slurm_job_id.empty()
+                           ? make_starter(slot.host, this_host)
+                           : std::make_unique<SrunStarter>(options.slurm_job_id));
 
   Fd signal_fd = open_signal_fd();
   JobInfo job{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id(),

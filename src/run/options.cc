@@ -11,6 +11,8 @@
 
 #include "common/log.h"
 #include "krug/types.h"
+#include "run/rank_env.h"
+#include "run/slurm.h"
 
 namespace krug::run {
 namespace {
@@ -138,7 +140,9 @@ void take_command(std::vector<std::string> rest, LaunchOptions& o) {
 std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"krugrun: start N ranks of a krug (or Horovod) training command", "krugrun"};
   app.footer("Synopsis: krugrun -np N [-H host:slots,...] [options] command [args...]\n"
-             "Example: krugrun -np 4 -H localhost:4 python3 train.py --lr 0.1\n");
+             "Example: krugrun -np 4 -H localhost:4 python3 train.py --lr 0.1\n"
+             "Inside a Slurm allocation without -H, ranks start with srun on the allocation's\n"
+             "hosts and -np defaults to its task count.\n");
   LaunchOptions o;
   KnobFlags k;
   std::vector<std::string> xs;
@@ -150,9 +154,19 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     app.parse(args);
     split_env(xs, o);
     set_knobs(k, o);
-    if (app.count("--np") == 0) throw Error("krugrun: -np N is required (see krugrun --help)");
+    bool has_np = app.count("--np") > 0;
+    // -H wins over Slurm, so `-H localhost:N` starts ranks without srun inside an allocation.
+    std::optional<slurm::Allocation> allocation;
+    if (app.count("-H") == 0) allocation = slurm::detect_allocation(current_environment());
+    if (!has_np && !allocation) throw Error("krugrun: -np N is required (see krugrun --help)");
     take_command(app.remaining(), o);
-    o.hosts = app.count("-H") ? parse_hosts(hosts) : std::vector<HostSlots>{{"localhost", o.np}};
+    if (allocation) {
+      o.np = slurm::ranks_to_start(*allocation, has_np ? std::optional<int>(o.np) : std::nullopt);
+      o.hosts = allocation->hosts;
+      o.slurm_job_id = allocation->job_id;
+    } else {
+      o.hosts = app.count("-H") ? parse_hosts(hosts) : std::vector<HostSlots>{{"localhost", o.np}};
+    }
     layout_ranks(o.hosts, o.np);  // checks -np >= 1 and that the slots cover it
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -14,7 +14,8 @@ namespace krug::run {
 
 struct LaunchOptions {
   int np = 0;
-  std::vector<HostSlots> hosts;            // -H parsed; localhost:np without -H
+  std::vector<HostSlots> hosts;            // -H, else the Slurm allocation, else localhost:np
+  std::string slurm_job_id;                // set when ranks start as steps of this Slurm job (srun)
   std::vector<std::string> forward_env;    // -x VAR: inherited locally, kept for remote starts
   std::vector<std::pair<std::string, std::string>> set_env;  // -x VAR=value, in order
   std::map<std::string, std::string> knob_env;  // KRUG_* knobs set by flags, already formatted
@@ -25,7 +26,8 @@ struct LaunchOptions {
   std::vector<std::string> command;
 };
 
-// Parses argv (argv[0] is the program) and checks that -H covers -np. Returns the options, or the
+// Parses argv (argv[0] is the program) and checks that -H covers -np. Without -H inside a Slurm
+// allocation (SLURM_JOB_ID set), the hosts are the allocation's and -np defaults to its tasks. Returns the options, or the
 // exit code when parsing ends the run: 0 after --help, 2 (CLI11's own codes for its errors)
 // after a usage error, already printed to stderr.
 std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const* argv);
