@@ -148,8 +148,13 @@ int Supervisor::summarize() const {
   if (stop_ == Stop::kNone) return 0;
   // Ranks that ended badly after the stop began are consequences, not causes.
   const char* verb = stop_ == Stop::kFailure ? "also stopped" : "stopped";
-  for (size_t i : also_stopped_)
-    fmt::print(stderr, "krugrun: {} {}: {}\n", who(i), verb, status_of(i));
+  for (size_t i : also_stopped_) {
+    const int st = *ranks_[i].process.status();
+    // ssh ends with 255 when krugrun stops it: not a second lost connection.
+    const bool closed_by_us = ranks_[i].remote && WIFEXITED(st) && WEXITSTATUS(st) == 255;
+    fmt::print(stderr, "krugrun: {} {}: {}\n", who(i), verb,
+               closed_by_us ? "its ssh session ended (ssh exited with status 255)" : status_of(i));
+  }
   if (stop_ == Stop::kSignal) {
     fmt::print(stderr, "krugrun: stopped {} ranks after {}\n", ranks_.size(),
                signal_name(own_signal_));
