@@ -10,6 +10,8 @@
 #include "common/log.h"
 #include "api/runtime.h"
 #include "engine/engine.h"
+#include "net/address.h"
+#include "net/socket.h"
 #include "rendezvous/server.h"
 
 namespace krug {
@@ -111,6 +113,15 @@ void init() {
           "krug::init() on rank {}: KRUG_RENDEZVOUS_ADDR/KRUG_RENDEZVOUS_PORT are not set; start "
           "the job with krugrun (krugrun -np N your-command)",
           config.rank));
+    try {
+      config.advertise_address = net::advertise_address(config.iface, config.rendezvous_addr);
+    } catch (const Error& e) {
+      throw Error(fmt::format("krug::init() on rank {} ({}): cannot choose the address to give "
+                              "peers: {}; set KRUG_GLOO_IFACE (krugrun --network-interface) to "
+                              "the interface the hosts share",
+                              config.rank, config.hostname.empty() ? net::hostname() : config.hostname,
+                              e.what()));
+    }
     store = std::make_shared<rendezvous::RendezvousClient>(
         config.rendezvous_addr, static_cast<uint16_t>(config.rendezvous_port), config.secret,
         std::chrono::milliseconds(static_cast<int64_t>(config.timeout_seconds * 1000)));

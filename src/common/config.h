@@ -35,6 +35,10 @@ struct Config {
   std::string rendezvous_addr;      // KRUG_RENDEZVOUS_ADDR
   int rendezvous_port = 0;          // KRUG_RENDEZVOUS_PORT
   std::string secret;               // KRUG_SECRET
+  // Not a knob: the address this rank advertises to its peers (control and data planes),
+  // picked by init() from KRUG_GLOO_IFACE or the route to the rendezvous server. Empty: the
+  // engine falls back to 127.0.0.1 on one host and the host name otherwise.
+  std::string advertise_address;
 };
 
 // Reads every knob through `getenv` (std::getenv by default). Throws krug::Error naming the

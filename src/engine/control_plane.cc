@@ -26,7 +26,8 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
   if (size == 1) return;
   const auto until = deadline();
   if (is_coordinator()) {
-    net::Listener listener(advertise_host == "127.0.0.1" ? "127.0.0.1" : "0.0.0.0", 0);
+    // Bound to the advertised address only: peers reach it there, and nothing else should.
+    net::Listener listener(advertise_host, 0);
     store.set(kAddressKey, to_bytes(fmt::format("{}:{}", advertise_host, listener.port())));
     workers_.resize(size);
     int connected = 0;

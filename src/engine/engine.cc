@@ -164,7 +164,9 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   if (config_.hostname.empty()) config_.hostname = net::hostname();
   const auto timeout = seconds_to_ms(config_.timeout_seconds);
   const bool single_host = config_.local_size < 0 || config_.local_size == config_.size;
-  const std::string advertise = single_host ? "127.0.0.1" : config_.hostname;
+  const std::string advertise = !config_.advertise_address.empty() ? config_.advertise_address
+                                : single_host                      ? "127.0.0.1"
+                                                                   : config_.hostname;
 
   wake_ = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_.valid()) throw Error(fmt::format("eventfd failed: {}", std::strerror(errno)));

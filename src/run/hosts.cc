@@ -5,7 +5,13 @@
 #include <algorithm>
 #include <charconv>
 #include <climits>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
+
+#include <fmt/format.h>
 
 #include "krug/types.h"
 
@@ -73,31 +79,92 @@ std::vector<RankSlot> layout_ranks(const std::vector<HostSlots>& hosts, int np) 
   for (const auto& h : hosts) total += h.slots;
   if (total < np)
     throw Error("krugrun: -np " + std::to_string(np) + " needs " + std::to_string(np) +
-                " slots but -H provides only " + std::to_string(total));
+                " slots but the hosts provide only " + std::to_string(total));
 
   std::vector<RankSlot> ranks;
-  int cross_size = 0;
+  // Horovod's meaning: cross_rank / cross_size number the ranks that share this local_rank (one
+  // per host that has that many ranks), which is the host index when hosts are filled evenly.
+  std::vector<int> hosts_with_local_rank;
   for (const auto& h : hosts) {
     int on_host = std::min(h.slots, np - static_cast<int>(ranks.size()));
     if (on_host <= 0) break;
+    if (static_cast<int>(hosts_with_local_rank.size()) < on_host)
+      hosts_with_local_rank.resize(on_host, 0);
     for (int i = 0; i < on_host; ++i) {
       RankSlot r;
       r.rank = static_cast<int>(ranks.size());
       r.size = np;
       r.local_rank = i;
       r.local_size = on_host;
-      r.cross_rank = cross_size;
+      r.cross_rank = hosts_with_local_rank[i]++;
       r.host = h.host;
       ranks.push_back(std::move(r));
     }
-    ++cross_size;
   }
-  for (auto& r : ranks) r.cross_size = cross_size;
+  for (auto& r : ranks) r.cross_size = hosts_with_local_rank[r.local_rank];
   return ranks;
 }
 
-bool is_local_host(std::string_view host, std::string_view this_hostname) {
-  return host == "localhost" || host == "127.0.0.1" || host == this_hostname;
+int count_hosts(const std::vector<RankSlot>& layout) {
+  std::set<std::string> names;
+  for (const auto& r : layout) names.insert(r.host);
+  return static_cast<int>(names.size());
+}
+
+std::vector<HostSlots> parse_hostfile(std::string_view text, const std::string& path) {
+  std::vector<HostSlots> hosts;
+  std::set<std::string> seen;
+  size_t line_no = 0, start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    std::string_view line = text.substr(start, end == std::string_view::npos ? text.npos : end - start);
+    start = end == std::string_view::npos ? text.size() + 1 : end + 1;
+    ++line_no;
+    if (auto hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    line = trim(line);
+    if (!line.empty() && line.back() == '\r') line = trim(line.substr(0, line.size() - 1));
+    if (line.empty()) continue;
+    auto fail = [&](const std::string& why) {
+      return Error(fmt::format("krugrun: {}:{}: {}; expected 'host slots=N' (or 'host' for one "
+                               "slot) per line",
+                               path, line_no, why));
+    };
+    size_t space = line.find_first_of(" \t");
+    HostSlots hs;
+    hs.host = std::string(line.substr(0, space));
+    hs.slots = 1;
+    if (space != std::string_view::npos) {
+      std::string_view rest = trim(line.substr(space));
+      constexpr std::string_view kSlots = "slots=";
+      if (rest.substr(0, kSlots.size()) != kSlots)
+        throw fail("unexpected '" + std::string(rest) + "'");
+      std::string_view count = trim(rest.substr(kSlots.size()));
+      auto [ptr, ec] = std::from_chars(count.data(), count.data() + count.size(), hs.slots);
+      if (count.empty() || ec != std::errc() || ptr != count.data() + count.size())
+        throw fail("slot count '" + std::string(count) + "' is not a number");
+      if (hs.slots < 1) throw fail("host '" + hs.host + "' needs at least 1 slot");
+    }
+    if (hs.host.find(':') != std::string::npos && hs.host.find("::") == std::string::npos)
+      throw fail("'" + hs.host + "': write 'host slots=N', not host:N");
+    if (!seen.insert(hs.host).second) throw fail("host '" + hs.host + "' is listed twice");
+    hosts.push_back(std::move(hs));
+  }
+  if (hosts.empty()) throw Error("krugrun: hostfile " + path + " lists no hosts");
+  return hosts;
+}
+
+std::vector<HostSlots> read_hostfile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error("krugrun: cannot read hostfile '" + path + "': " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_hostfile(text.str(), path);
+}
+
+bool is_local_host(std::string_view host, std::string_view this_hostname,
+                   const std::vector<std::string>& local_addresses) {
+  if (host == "localhost" || host == this_hostname || host.substr(0, 4) == "127.") return true;
+  return std::find(local_addresses.begin(), local_addresses.end(), host) != local_addresses.end();
 }
 
 std::string local_hostname() {

@@ -25,12 +25,23 @@ struct RankSlot {
   std::string host;
 };
 
-// Lays out `np` ranks over `hosts`; hosts left without a rank are not used (and not counted in
-// cross_size). Throws krug::Error when np < 1 or the slots do not cover np.
+// Lays out `np` ranks over `hosts`, filling each host before the next; hosts left without a
+// rank are not used. cross_rank/cross_size follow Horovod: the index among, and the number of,
+// ranks with the same local_rank. Throws krug::Error when np < 1 or the slots do not cover np.
 std::vector<RankSlot> layout_ranks(const std::vector<HostSlots>& hosts, int np);
 
-// True for names that mean this machine: localhost, 127.0.0.1 and `this_hostname`.
-bool is_local_host(std::string_view host, std::string_view this_hostname);
+// Number of distinct hosts in a layout.
+int count_hosts(const std::vector<RankSlot>& layout);
+
+// Parses a hostfile (horovodrun / mpirun syntax): one "host slots=N" or "host" (one slot) per
+// line, '#' comments and blank lines ignored. Throws krug::Error naming path:line and the fix.
+std::vector<HostSlots> parse_hostfile(std::string_view text, const std::string& path);
+std::vector<HostSlots> read_hostfile(const std::string& path);
+
+// True for names that mean this machine: localhost, 127.x.y.z, `this_hostname` and any address
+// in `local_addresses` (net::local_addresses(): this network namespace's interfaces).
+bool is_local_host(std::string_view host, std::string_view this_hostname,
+                   const std::vector<std::string>& local_addresses = {});
 
 // gethostname(), or "localhost" if that fails.
 std::string local_hostname();

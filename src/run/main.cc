@@ -4,10 +4,15 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "krug/types.h"
+#include "net/address.h"
 #include "rendezvous/server.h"
+#include "run/remote_exec.h"
+#include "run/ssh.h"
 #include "run/hosts.h"
 #include "run/options.h"
 #include "run/rank_env.h"
@@ -37,46 +42,138 @@ std::pair<Fd, Fd> output_files(const std::string& dir, int rank) {
           open_for_writing((rank_dir / "stderr").string())};
 }
 
+SshOptions ssh_options(const LaunchOptions& o) {
+  SshOptions ssh;
+  ssh.port = o.ssh_port;
+  ssh.identity_file = o.ssh_identity_file;
+  ssh.config_file = o.ssh_config_file;
+  ssh.connect_timeout_s = o.start_timeout_s;
+  std::error_code ec;
+  ssh.krugrun_path = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  ssh.working_dir = std::filesystem::current_path(ec).string();
+  return ssh;
+}
+
+// Remote hosts, each once, in the order given.
+std::vector<std::string> remote_hosts(const std::vector<std::string>& hosts, const std::string& me,
+                                      const std::vector<std::string>& my_addresses) {
+  std::vector<std::string> out;
+  std::set<std::string> seen;
+  for (const auto& h : hosts)
+    if (!is_local_host(h, me, my_addresses) && seen.insert(h).second) out.push_back(h);
+  return out;
+}
+
+// Checks every remote host before anything starts; prints one line per unreachable host.
+bool all_reachable(const std::vector<std::string>& remote, const SshOptions& ssh, bool print_ok) {
+  bool ok = true;
+  for (const HostCheck& c : check_hosts(remote, ssh)) {
+    if (c.ok) {
+      if (print_ok) fmt::print("krugrun: host {}: ok\n", c.host);
+      continue;
+    }
+    ok = false;
+    fmt::print(stderr, "krugrun: cannot use host {}: {}\n", c.host, c.problem);
+  }
+  return ok;
+}
+
+int check_hosts_command(const LaunchOptions& options) {
+  const std::string me = local_hostname();
+  const auto addresses = net::local_addresses();
+  std::vector<std::string> names;
+  for (const auto& h : options.hosts) {
+    names.push_back(h.host);
+    if (is_local_host(h.host, me, addresses)) fmt::print("krugrun: host {}: ok (this machine)\n", h.host);
+  }
+  return all_reachable(remote_hosts(names, me, addresses), ssh_options(options), true) ? 0 : 1;
+}
+
+// The address ranks on `host` dial to reach the rendezvous server: loopback for a one-machine
+// job, else the address of --network-interface, else this machine's address on the route there.
+std::string rendezvous_address_for(const std::string& host, bool multi_host,
+                                   const LaunchOptions& options, const std::string& me,
+                                   const std::vector<std::string>& my_addresses,
+                                   const std::string& first_remote) {
+  if (!multi_host) return kLocalBindAddr;
+  if (!options.network_interface.empty()) return net::interface_address(options.network_interface);
+  // Local ranks advertise the address they reach the server by, so it must be one the remote
+  // hosts can reach too: the one on the route to them.
+  const std::string& target = is_local_host(host, me, my_addresses) ? first_remote : host;
+  try {
+    return net::source_address_toward(target);
+  } catch (const Error& e) {
+    throw Error(fmt::format("krugrun: cannot find this machine's address toward host {}: {}; "
+                            "name the interface with --network-interface",
+                            target, e.what()));
+  }
+}
+
 int launch(const LaunchOptions& options) {
-  std::string this_host = local_hostname();
+  if (options.check_hosts_only) return check_hosts_command(options);
+  const std::string this_host = local_hostname();
+  const std::vector<std::string> my_addresses = net::local_addresses();
+  const SshOptions ssh = ssh_options(options);
   std::vector<RankSlot> layout = layout_ranks(options.hosts, options.np);
-  // Pick every rank's starter before anything starts, so a remote host fails fast.
+  std::vector<std::string> used_hosts;
+  for (const auto& slot : layout) used_hosts.push_back(slot.host);
+  const std::vector<std::string> remote = remote_hosts(used_hosts, this_host, my_addresses);
+  const bool multi_host = !remote.empty();
+  // Every remote host is checked before any rank starts, so a typo or a dead host costs
+  // seconds and names itself, instead of a half-started job.
+  // (srun reaches Slurm's nodes without ssh.)
+  if (multi_host && options.slurm_job_id.empty() && !all_reachable(remote, ssh, false)) {
+    fmt::print(stderr, "krugrun: no rank was started; check the host names, ssh access "
+                       "(ssh HOST true must work without a password) and --ssh-* options\n");
+    return 1;
+  }
   std::vector<std::unique_ptr<RankStarter>> starters;
   for (const auto& slot : layout)
     starters.push_back(options.slurm_job_id.empty()
-                           ? make_starter(slot.host, this_host)
+                           ? make_starter(slot.host, this_host, my_addresses, ssh)
                            : std::make_unique<SrunStarter>(options.slurm_job_id));
 
   Fd signal_fd = open_signal_fd();
+  // Remote ranks need a listener on an address they can reach; the secret keeps strangers out.
+  const std::string bind_addr = multi_host ? "0.0.0.0" : kLocalBindAddr;
   JobInfo job{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id(),
               build_python_dir()};
-  rendezvous::RendezvousServer server(kLocalBindAddr, 0, job.secret, [](const std::string& m) {
+  rendezvous::RendezvousServer server(bind_addr, 0, job.secret, [](const std::string& m) {
     std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
   });
   job.rendezvous_port = server.port();
   if (options.verbose)
-    fmt::print(stderr, "krugrun: job {}: {} ranks on {} host(s), rendezvous server at {}:{}\n",
-               job.job_id, options.np, layout.back().cross_size, job.rendezvous_addr,
-               job.rendezvous_port);
+    fmt::print(stderr, "krugrun: job {}: {} ranks on {} host(s), rendezvous server on {}:{}\n",
+               job.job_id, options.np, count_hosts(layout), bind_addr, job.rendezvous_port);
 
   EnvMap base = current_environment();
+  std::vector<std::string> forward_names = options.forward_env;
+  for (const auto& [name, value] : options.set_env) forward_names.push_back(name);
   std::vector<SupervisedRank> ranks;
   ranks.reserve(layout.size());
   for (size_t i = 0; i < layout.size(); ++i) {
     const RankSlot& slot = layout[i];
-    RankLaunch launch{slot, options.command,
-                      to_envp(rank_environment(base, options, slot, job)), options.forward_env};
+    JobInfo rank_job = job;
+    rank_job.rendezvous_addr = rendezvous_address_for(slot.host, multi_host, options, this_host,
+                                                      my_addresses, multi_host ? remote.front() : "");
+    RankLaunch launch{slot, options.command, to_envp(rank_environment(base, options, slot, rank_job)),
+                      forward_names};
     auto [out_file, err_file] = output_files(options.output_dir, slot.rank);
     StartedRank started = starters[i]->start(launch);
+    // srun ranks are local children whatever their host; their status is the rank's.
+    const bool via_srun = !options.slurm_job_id.empty();
+    const bool is_remote = !via_srun && !is_local_host(slot.host, this_host, my_addresses);
     if (options.verbose)
-      fmt::print(stderr, "krugrun: rank {}: pid {} on host {}: {}\n", slot.rank,
-                 started.process.pid(), slot.host, join(options.command));
+      fmt::print(stderr, "krugrun: rank {}: pid {} on host {}{}: {}\n", slot.rank,
+                 started.process.pid(), slot.host, via_srun ? " (srun)" : is_remote ? " (ssh)" : "",
+                 join(options.command));
     std::string out_prefix = options.prefix ? output_prefix(slot.rank, false) : "";
     std::string err_prefix = options.prefix ? output_prefix(slot.rank, true) : "";
     ranks.push_back(SupervisedRank{
         slot, std::move(started.process),
         StreamPump(std::move(started.stdout_pipe), STDOUT_FILENO, out_prefix, std::move(out_file)),
-        StreamPump(std::move(started.stderr_pipe), STDERR_FILENO, err_prefix, std::move(err_file))});
+        StreamPump(std::move(started.stderr_pipe), STDERR_FILENO, err_prefix, std::move(err_file)),
+        is_remote, std::move(started.stdin_keepalive)});
   }
   // The server outlives the supervisor: it is destroyed only after every rank is gone.
   return Supervisor(std::move(ranks), std::move(signal_fd), options.verbose).run();
@@ -86,6 +183,9 @@ int launch(const LaunchOptions& options) {
 }  // namespace krug::run
 
 int main(int argc, char** argv) {
+  // The remote half of an ssh-started rank (run/remote_exec.h): not a user-facing command.
+  if (argc > 1 && std::strcmp(argv[1], "__remote-exec") == 0)
+    return krug::run::remote_exec_main(argc, argv);
   // Before any thread starts (the rendezvous server has one), so all threads inherit the mask.
   krug::run::block_supervised_signals();
   auto parsed = krug::run::parse_command_line(argc, argv);

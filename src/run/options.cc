@@ -45,6 +45,20 @@ CLI::Validator number_at_least(double min, bool inclusive) {
 
 void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::string>& xs,
                std::string& hosts) {
+  // Hosts and ssh
+  app.add_option("--hostfile", o.hostfile, "File of 'host slots=N' lines (instead of -H)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--ssh-port", o.ssh_port, "Port of sshd on remote hosts")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--ssh-identity-file", o.ssh_identity_file, "Private key for ssh (ssh -i)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--ssh-config-file", o.ssh_config_file,
+                 "ssh configuration file (ssh -F; default ~/.ssh/config)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--network-interface", o.network_interface,
+                 "Network interface for the control and data planes, e.g. eth0 (KRUG_GLOO_IFACE)");
+  app.add_flag("--check-hosts", o.check_hosts_only,
+               "Check that every host is reachable over ssh and has krugrun, then exit");
   // CLI11 2.1 rejects multi-letter single-dash names, so "-np" is rewritten to "--np" first.
   app.add_option("--np,--num-proc", o.np, "Number of ranks (write -np as with horovodrun)");
   app.add_option("-H,--hosts", hosts, "host:slots,... (default localhost:np)");
@@ -55,7 +69,8 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::s
   app.add_flag("--verbose", o.verbose, "Print the rendezvous address and each rank's start");
   app.add_flag("--no-prefix", [&o](int64_t) { o.prefix = false; },
                "Do not prefix output lines with [rank]<stdout>:");
-  app.add_option("--start-timeout", o.start_timeout_s, "Seconds to start remote ranks")
+  app.add_option("--start-timeout", o.start_timeout_s,
+                 "Seconds to reach each remote host over ssh (default 30)")
       ->check(number_at_least(0, false));
   app.add_option("--fusion-threshold-mb", k.fusion_threshold_mb, "KRUG_FUSION_THRESHOLD in MiB")
       ->check(number_at_least(0, true));
@@ -154,19 +169,29 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     app.parse(args);
     split_env(xs, o);
     set_knobs(k, o);
-    bool has_np = app.count("--np") > 0;
-    // -H wins over Slurm, so `-H localhost:N` starts ranks without srun inside an allocation.
+    if (!o.network_interface.empty()) o.knob_env["KRUG_GLOO_IFACE"] = o.network_interface;
+    if (app.count("-H") && app.count("--hostfile"))
+      throw Error("krugrun: give the hosts with -H or --hostfile, not both");
+    if (app.count("-H"))
+      o.hosts = parse_hosts(hosts);
+    else if (app.count("--hostfile"))
+      o.hosts = read_hostfile(o.hostfile);
+    if (o.check_hosts_only) {
+      if (o.hosts.empty()) throw Error("krugrun: --check-hosts needs -H or --hostfile");
+      return o;
+    }
+    const bool has_np = app.count("--np") > 0;
+    // Given hosts win over Slurm: `-H localhost:N` starts ranks without srun in an allocation.
     std::optional<slurm::Allocation> allocation;
-    if (app.count("-H") == 0) allocation = slurm::detect_allocation(current_environment());
+    if (o.hosts.empty()) allocation = slurm::detect_allocation(current_environment());
     if (!has_np && !allocation) throw Error("krugrun: -np N is required (see krugrun --help)");
     take_command(app.remaining(), o);
     if (allocation) {
       o.np = slurm::ranks_to_start(*allocation, has_np ? std::optional<int>(o.np) : std::nullopt);
       o.hosts = allocation->hosts;
       o.slurm_job_id = allocation->job_id;
-    } else {
-      o.hosts = app.count("-H") ? parse_hosts(hosts) : std::vector<HostSlots>{{"localhost", o.np}};
     }
+    if (o.hosts.empty()) o.hosts = {{"localhost", o.np}};
     layout_ranks(o.hosts, o.np);  // checks -np >= 1 and that the slots cover it
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

@@ -22,7 +22,13 @@ struct LaunchOptions {
   std::string output_dir;                  // --output-filename
   bool verbose = false;
   bool prefix = true;                      // false with --no-prefix
-  double start_timeout_s = 30.0;           // only used once remote starts exist
+  double start_timeout_s = 30.0;           // --start-timeout: ssh connect and host checks
+  std::string hostfile;                    // --hostfile (already parsed into hosts)
+  int ssh_port = 0;                        // --ssh-port
+  std::string ssh_identity_file;           // --ssh-identity-file
+  std::string ssh_config_file;             // --ssh-config-file
+  std::string network_interface;           // --network-interface (also KRUG_GLOO_IFACE)
+  bool check_hosts_only = false;           // --check-hosts: check every host, start nothing
   std::vector<std::string> command;
 };
 

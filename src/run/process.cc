@@ -47,6 +47,23 @@ std::string describe_wait_status(int status) {
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
+std::string describe_remote_status(int status) {
+  if (WIFSIGNALED(status))
+    return fmt::format("lost its ssh client: ssh was killed by signal {} ({})", WTERMSIG(status),
+                       signal_name(WTERMSIG(status)));
+  const int code = WEXITSTATUS(status);
+  if (code == 255)
+    return "lost its ssh connection (ssh exited with status 255: the host went down, its network "
+           "link was cut, or sshd ended the session)";
+  if (code == 127)
+    return "exited with status 127 on its host (the command, or krugrun at the same path as "
+           "here, was not found there)";
+  if (code > 128 && code < 128 + 65)
+    return fmt::format("was killed by signal {} ({}) on its host", code - 128,
+                       signal_name(code - 128));
+  return fmt::format("exited with status {}", code);
+}
+
 int exit_code_of(int status) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }

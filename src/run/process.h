@@ -36,6 +36,9 @@ class RankProcess {
 
 // "exited with status 3" or "was killed by signal 9 (SIGKILL)".
 std::string describe_wait_status(int status);
+// The same for a rank started over ssh, whose status is ssh's: 255 is a lost connection and
+// 128 + N a rank killed by signal N on its host (the remote wrapper's convention).
+std::string describe_remote_status(int status);
 // The shell convention: the exit status, or 128 + signal number.
 int exit_code_of(int status);
 // "SIGKILL"; "signal N" for unknown numbers.

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "krug/types.h"
+#include "run/ssh.h"
 
 namespace krug::run {
 namespace {
@@ -24,8 +25,8 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
 
 // Runs in the forked child. krugrun has threads (the rendezvous server), so only
 // async-signal-safe calls are allowed between fork and exec: everything is prepared beforehand.
-[[noreturn]] void exec_child(pid_t parent, char* const* argv, char* const* envp, int out_fd,
-                             int err_fd, int status_fd) {
+[[noreturn]] void exec_child(pid_t parent, char* const* argv, char* const* envp, int in_fd,
+                             int out_fd, int err_fd, int status_fd) {
   ::setpgid(0, 0);
   // Die with krugrun even if it is SIGKILLed; the check closes the race with a parent that
   // died before prctl ran.
@@ -39,7 +40,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   ::sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 
-  int null_fd = ::open("/dev/null", O_RDONLY);
+  int null_fd = in_fd >= 0 ? in_fd : ::open("/dev/null", O_RDONLY);
   if (null_fd >= 0) ::dup2(null_fd, 0);
   ::dup2(out_fd, 1);
   ::dup2(err_fd, 2);
@@ -55,17 +56,22 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
 
 }  // namespace
 
-StartedRank LocalStarter::start(const RankLaunch& launch) {
-  if (launch.argv.empty()) throw Error("krugrun: empty command");
+StartedRank spawn_process(const std::vector<std::string>& argv_strings,
+                          const std::vector<std::string>& envp_strings, bool stdin_pipe,
+                          const std::string& what) {
+  if (argv_strings.empty()) throw Error("krugrun: empty command");
   Pipe out = make_pipe(), err = make_pipe(), status = make_pipe();
-  std::vector<char*> argv = c_strings(launch.argv);
-  std::vector<char*> envp = c_strings(launch.envp);
+  Pipe in;
+  if (stdin_pipe) in = make_pipe();
+  std::vector<char*> argv = c_strings(argv_strings);
+  std::vector<char*> envp = c_strings(envp_strings);
   pid_t parent = ::getpid();
 
   pid_t pid = ::fork();
   if (pid < 0) throw Error(std::string("krugrun: fork failed: ") + std::strerror(errno));
   if (pid == 0)
-    exec_child(parent, argv.data(), envp.data(), out.write.get(), err.write.get(), status.write.get());
+    exec_child(parent, argv.data(), envp.data(), in.read.get(), out.write.get(), err.write.get(),
+               status.write.get());
 
   RankProcess process(pid);
   // Also set here so the group exists before we might signal it (the child may not have run).
@@ -73,6 +79,7 @@ StartedRank LocalStarter::start(const RankLaunch& launch) {
   out.write.reset();
   err.write.reset();
   status.write.reset();
+  in.read.reset();
 
   // The status pipe closes on a successful exec; an errno arrives when exec failed.
   int child_errno = 0;
@@ -80,17 +87,23 @@ StartedRank LocalStarter::start(const RankLaunch& launch) {
   do n = ::read(status.read.get(), &child_errno, sizeof(child_errno));
   while (n < 0 && errno == EINTR);
   if (n == static_cast<ssize_t>(sizeof(child_errno)))
-    throw Error("krugrun: cannot start rank " + std::to_string(launch.slot.rank) + " on host " +
-                launch.slot.host + ": '" + launch.argv[0] + "': " + std::strerror(child_errno));
-  return StartedRank{std::move(process), std::move(out.read), std::move(err.read)};
+    throw Error("krugrun: cannot start " + what + ": '" + argv_strings[0] +
+                "': " + std::strerror(child_errno));
+  return StartedRank{std::move(process), std::move(out.read), std::move(err.read),
+                     std::move(in.write)};
+}
+
+StartedRank LocalStarter::start(const RankLaunch& launch) {
+  return spawn_process(launch.argv, launch.envp, false,
+                       "rank " + std::to_string(launch.slot.rank) + " on host " + launch.slot.host);
 }
 
 std::unique_ptr<RankStarter> make_starter(const std::string& host,
-                                          const std::string& this_hostname) {
-  if (is_local_host(host, this_hostname)) return std::make_unique<LocalStarter>();
-  throw Error("krugrun: host '" + host +
-              "' is remote; starting ranks on remote hosts needs ssh support, which is not built "
-              "yet. Use localhost, 127.0.0.1 or " + this_hostname + ".");
+                                          const std::string& this_hostname,
+                                          const std::vector<std::string>& local_addresses,
+                                          const SshOptions& ssh) {
+  if (is_local_host(host, this_hostname, local_addresses)) return std::make_unique<LocalStarter>();
+  return std::make_unique<SshStarter>(ssh);
 }
 
 }  // namespace krug::run

@@ -1,5 +1,5 @@
-// How a rank is started on a host. Only local hosts exist today (fork/exec); an ssh starter for
-// remote hosts plugs in behind the same interface later, picked by make_starter().
+// How a rank is started on a host: fork/exec on this machine, ssh (run/ssh.h) on others;
+// make_starter() picks one per host.
 #pragma once
 
 #include <memory>
@@ -23,7 +23,17 @@ struct StartedRank {
   RankProcess process;
   Fd stdout_pipe;  // read ends
   Fd stderr_pipe;
+  // Write end of the rank's stdin when it is a pipe (ssh): holding it open keeps the remote rank
+  // alive; closing it (or krugrun dying) tells the remote side to stop the rank.
+  Fd stdin_keepalive;
 };
+
+// fork/execvp `argv` with `envp` in its own process group, dying with krugrun. stdin is
+// /dev/null, or a pipe whose write end is returned when `stdin_pipe`. `what` names the rank and
+// host in the error thrown when the program cannot be started.
+StartedRank spawn_process(const std::vector<std::string>& argv,
+                          const std::vector<std::string>& envp, bool stdin_pipe,
+                          const std::string& what);
 
 class RankStarter {
  public:
@@ -39,8 +49,12 @@ class LocalStarter : public RankStarter {
   StartedRank start(const RankLaunch& launch) override;
 };
 
-// The starter for `host`; throws krug::Error for hosts that are not this machine, since remote
-// starts need ssh support, which is not built yet.
-std::unique_ptr<RankStarter> make_starter(const std::string& host, const std::string& this_hostname);
+struct SshOptions;
+
+// The starter for `host`: local for names of this machine (is_local_host with this network
+// namespace's addresses), ssh otherwise.
+std::unique_ptr<RankStarter> make_starter(const std::string& host, const std::string& this_hostname,
+                                          const std::vector<std::string>& local_addresses,
+                                          const SshOptions& ssh);
 
 }  // namespace krug::run

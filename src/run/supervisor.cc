@@ -21,6 +21,11 @@ std::string Supervisor::who(size_t i) const {
   return fmt::format("rank {} on host {}", ranks_[i].slot.rank, ranks_[i].slot.host);
 }
 
+std::string Supervisor::status_of(size_t i) const {
+  int status = *ranks_[i].process.status();
+  return ranks_[i].remote ? describe_remote_status(status) : describe_wait_status(status);
+}
+
 int Supervisor::run() {
   // A signal that arrived while ranks were being started is pending in the signalfd and is
   // handled by the first iteration; so is a rank that already exited.
@@ -104,12 +109,12 @@ void Supervisor::reap() {
 void Supervisor::on_exit(size_t i) {
   int status = *ranks_[i].process.status();
   bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (verbose_) fmt::print(stderr, "krugrun: {} {}\n", who(i), describe_wait_status(status));
+  ranks_[i].stdin_keepalive.reset();
+  if (verbose_) fmt::print(stderr, "krugrun: {} {}\n", who(i), status_of(i));
   if (ok) return;
   if (stop_ == Stop::kNone) {
     root_cause_ = i;
-    fmt::print(stderr, "krugrun: {} {}; stopping the other ranks\n", who(i),
-               describe_wait_status(status));
+    fmt::print(stderr, "krugrun: {} {}; stopping the other ranks\n", who(i), status_of(i));
     begin_stop(Stop::kFailure);
   } else {
     also_stopped_.push_back(i);
@@ -143,9 +148,13 @@ int Supervisor::summarize() const {
   if (stop_ == Stop::kNone) return 0;
   // Ranks that ended badly after the stop began are consequences, not causes.
   const char* verb = stop_ == Stop::kFailure ? "also stopped" : "stopped";
-  for (size_t i : also_stopped_)
+  for (size_t i : also_stopped_) {
+    const int st = *ranks_[i].process.status();
+    // ssh ends with 255 when krugrun stops it: not a second lost connection.
+    const bool closed_by_us = ranks_[i].remote && WIFEXITED(st) && WEXITSTATUS(st) == 255;
     fmt::print(stderr, "krugrun: {} {}: {}\n", who(i), verb,
-               describe_wait_status(*ranks_[i].process.status()));
+               closed_by_us ? "its ssh session ended (ssh exited with status 255)" : status_of(i));
+  }
   if (stop_ == Stop::kSignal) {
     fmt::print(stderr, "krugrun: stopped {} ranks after {}\n", ranks_.size(),
                signal_name(own_signal_));
@@ -153,7 +162,7 @@ int Supervisor::summarize() const {
   }
   // The root cause goes last: it is the line a user sees.
   int status = *ranks_[*root_cause_].process.status();
-  fmt::print(stderr, "krugrun: {} {}\n", who(*root_cause_), describe_wait_status(status));
+  fmt::print(stderr, "krugrun: {} {}\n", who(*root_cause_), status_of(*root_cause_));
   return exit_code_of(status);
 }
 

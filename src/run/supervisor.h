@@ -17,6 +17,8 @@ struct SupervisedRank {
   RankProcess process;
   StreamPump out;
   StreamPump err;
+  bool remote = false;  // started over ssh: its status is ssh's
+  Fd stdin_keepalive;   // closed when the rank is reaped (see StartedRank)
 };
 
 class Supervisor {
@@ -46,6 +48,7 @@ class Supervisor {
   void check_deadlines();
   int summarize() const;
   std::string who(size_t index) const;
+  std::string status_of(size_t index) const;
 
   std::vector<SupervisedRank> ranks_;
   Fd signal_fd_;

@@ -62,14 +62,22 @@ inline int count_processes_with(const std::string& marker) {
 // which die with krugrun) if still running when destroyed or when wait() times out.
 class KrugrunProcess {
  public:
-  KrugrunProcess(const std::string& krugrun, const std::vector<std::string>& args) {
+  // With `stdin_pipe`, krugrun's stdin is a pipe the test holds open until close_stdin() (as ssh
+  // feeds the remote wrapper); otherwise /dev/null.
+  KrugrunProcess(const std::string& krugrun, const std::vector<std::string>& args,
+                 bool stdin_pipe = false) {
     dir_ = fs::temp_directory_path() / unique_marker("krugrun");
+    int in_pipe[2] = {-1, -1};
+    if (stdin_pipe && ::pipe(in_pipe) != 0) in_pipe[0] = in_pipe[1] = -1;
     fs::create_directories(dir_);
     start_ = std::chrono::steady_clock::now();
     pid_ = ::fork();
     if (pid_ == 0) {
       int out = ::open((dir_ / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       int err = ::open((dir_ / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int in = in_pipe[0] >= 0 ? in_pipe[0] : ::open("/dev/null", O_RDONLY);
+      ::dup2(in, 0);
+      if (in_pipe[1] >= 0) ::close(in_pipe[1]);
       ::dup2(out, 1);
       ::dup2(err, 2);
       std::vector<char*> argv{const_cast<char*>(krugrun.c_str())};
@@ -78,10 +86,17 @@ class KrugrunProcess {
       ::execv(krugrun.c_str(), argv.data());
       ::_exit(126);
     }
+    if (in_pipe[0] >= 0) ::close(in_pipe[0]);
+    stdin_write_ = in_pipe[1];
+  }
+  void close_stdin() {
+    if (stdin_write_ >= 0) ::close(stdin_write_);
+    stdin_write_ = -1;
   }
   KrugrunProcess(const KrugrunProcess&) = delete;
   KrugrunProcess& operator=(const KrugrunProcess&) = delete;
   ~KrugrunProcess() {
+    close_stdin();
     if (pid_ > 0 && !exited_) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
@@ -136,6 +151,7 @@ class KrugrunProcess {
  private:
   fs::path dir_;
   pid_t pid_ = -1;
+  int stdin_write_ = -1;
   bool exited_ = false;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::duration elapsed_{};

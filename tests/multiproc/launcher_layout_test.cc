@@ -2,6 +2,9 @@
 // output line splitting. No processes are started.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <variant>
 
 #include "krug/types.h"
@@ -9,6 +12,7 @@
 #include "run/options.h"
 #include "run/output.h"
 #include "run/rank_env.h"
+#include "run/ssh.h"
 
 namespace krug::run {
 namespace {
@@ -69,11 +73,106 @@ TEST(LayoutRanks, SingleHostAndErrors) {
   EXPECT_THROW(layout_ranks({{"localhost", 2}}, -1), Error);
 }
 
+TEST(LayoutRanks, CrossRankCountsHostsWithTheSameLocalRank) {
+  // Horovod's definition: cross_* number the ranks sharing a local_rank.
+  auto ranks = layout_ranks({{"a", 3}, {"b", 1}, {"c", 2}}, 6);
+  const int expect[6][4] = {// local_rank, local_size, cross_rank, cross_size
+                            {0, 3, 0, 3}, {1, 3, 0, 2}, {2, 3, 0, 1},
+                            {0, 1, 1, 3}, {0, 2, 2, 3}, {1, 2, 1, 2}};
+  for (int r = 0; r < 6; ++r) {
+    EXPECT_EQ(ranks[r].local_rank, expect[r][0]) << r;
+    EXPECT_EQ(ranks[r].local_size, expect[r][1]) << r;
+    EXPECT_EQ(ranks[r].cross_rank, expect[r][2]) << r;
+    EXPECT_EQ(ranks[r].cross_size, expect[r][3]) << r;
+  }
+  EXPECT_EQ(count_hosts(ranks), 3);
+}
+
 TEST(LocalHost, KnowsThisMachinesNames) {
   EXPECT_TRUE(is_local_host("localhost", "vm1"));
   EXPECT_TRUE(is_local_host("127.0.0.1", "vm1"));
+  EXPECT_TRUE(is_local_host("127.0.1.1", "vm1"));
   EXPECT_TRUE(is_local_host("vm1", "vm1"));
   EXPECT_FALSE(is_local_host("vm2", "vm1"));
+  EXPECT_TRUE(is_local_host("10.1.2.3", "vm1", {"10.1.2.3", "::1"}));
+  EXPECT_FALSE(is_local_host("10.1.2.4", "vm1", {"10.1.2.3", "::1"}));
+}
+
+TEST(Hostfile, ParsesSlotsCommentsAndBareHosts) {
+  auto hosts = parse_hostfile("# cluster\nnode1 slots=4\n\n  node2   slots=2  # spare\nnode3\r\n",
+                              "hf");
+  ASSERT_EQ(hosts.size(), 3u);
+  EXPECT_EQ(hosts[0].host, "node1");
+  EXPECT_EQ(hosts[0].slots, 4);
+  EXPECT_EQ(hosts[1].host, "node2");
+  EXPECT_EQ(hosts[1].slots, 2);
+  EXPECT_EQ(hosts[2].host, "node3");
+  EXPECT_EQ(hosts[2].slots, 1);
+}
+
+TEST(Hostfile, ErrorsNameTheLine) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"a slots=2\nb slots=x\n", "hf:2"},   {"a slots=0\n", "at least 1"},
+      {"a cpus=2\n", "unexpected"},         {"a slots=1\na slots=2\n", "twice"},
+      {"a:2\n", "host slots=N"},           {"# nothing\n\n", "no hosts"}};
+  for (const auto& [text, expected] : bad) {
+    try {
+      parse_hostfile(text, "hf");
+      ADD_FAILURE() << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(read_hostfile("/nonexistent/hostfile"), Error);
+}
+
+TEST(Ssh, QuotesForThePosixShell) {
+  EXPECT_EQ(shell_quote("plain/path-1.0_x"), "plain/path-1.0_x");
+  EXPECT_EQ(shell_quote(""), "''");
+  EXPECT_EQ(shell_quote("a b"), "'a b'");
+  EXPECT_EQ(shell_quote("it's $HOME"), "'it'\\''s $HOME'");
+}
+
+TEST(Ssh, CommandLineCarriesOptionsAndTheWrappedRank) {
+  SshOptions o;
+  o.port = 2222;
+  o.identity_file = "/k/id";
+  o.config_file = "/k/cfg";
+  o.connect_timeout_s = 7.5;
+  o.krugrun_path = "/opt/krug/bin/krugrun";
+  o.working_dir = "/home/me/my project";
+  std::string remote = remote_rank_command(o, {{"KRUG_RANK", "3"}, {"MSG", "a b"}},
+                                           {"python3", "train.py", "--name", "x y"});
+  EXPECT_EQ(remote,
+            "exec /opt/krug/bin/krugrun __remote-exec --cwd '/home/me/my project' KRUG_RANK=3 "
+            "'MSG=a b' -- python3 train.py --name 'x y'");
+  auto argv = ssh_argv(o, "node7", remote);
+  auto has_pair = [&](const std::string& a, const std::string& b) {
+    for (size_t i = 0; i + 1 < argv.size(); ++i)
+      if (argv[i] == a && argv[i + 1] == b) return true;
+    return false;
+  };
+  EXPECT_EQ(argv.front(), "ssh");
+  EXPECT_TRUE(has_pair("-p", "2222"));
+  EXPECT_TRUE(has_pair("-i", "/k/id"));
+  EXPECT_TRUE(has_pair("-F", "/k/cfg"));
+  EXPECT_TRUE(has_pair("-o", "ConnectTimeout=8"));
+  EXPECT_TRUE(has_pair("-o", "BatchMode=yes"));
+  EXPECT_EQ(argv[argv.size() - 2], "node7");
+  EXPECT_EQ(argv.back(), remote);
+  // Without options ssh's own defaults (and ~/.ssh/config) apply.
+  auto plain = ssh_argv(SshOptions{}, "h", "true");
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), "-p"), 0);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), "-F"), 0);
+}
+
+TEST(Ssh, ForwardsKrugHorovodPythonPathAndDashXVariables) {
+  auto env = remote_environment({"PATH=/bin", "KRUG_RANK=1", "HOROVOD_RANK=1", "PYTHONPATH=/p",
+                                 "HOME=/root", "MYVAR=1=2", "OTHER=x"},
+                                {"MYVAR"});
+  std::vector<std::pair<std::string, std::string>> expected{
+      {"KRUG_RANK", "1"}, {"HOROVOD_RANK", "1"}, {"PYTHONPATH", "/p"}, {"MYVAR", "1=2"}};
+  EXPECT_EQ(env, expected);
 }
 
 LaunchOptions parse(std::vector<const char*> args) {
@@ -128,6 +227,31 @@ TEST(Options, KnobFlagsBecomeEnvironment) {
   EXPECT_EQ(o.knob_env.at("KRUG_CACHE_CAPACITY"), "0");
   EXPECT_EQ(o.start_timeout_s, 12.0);
   EXPECT_EQ(parse({"-np", "1", "true"}).knob_env.size(), 0u);  // unset flags set nothing
+}
+
+TEST(Options, HostfileSshAndInterfaceFlags) {
+  auto dir = std::filesystem::temp_directory_path() / ("krug-hf-" + make_job_id());
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "hosts") << "n1 slots=2\nn2 slots=2\n";
+    std::ofstream(dir / "id") << "key";
+  }
+  auto hf = (dir / "hosts").string(), id = (dir / "id").string();
+  auto o = parse({"-np", "4", "--hostfile", hf.c_str(), "--ssh-port", "2200",
+                  "--ssh-identity-file", id.c_str(), "--network-interface", "eth1", "true"});
+  ASSERT_EQ(o.hosts.size(), 2u);
+  EXPECT_EQ(o.hosts[1].host, "n2");
+  EXPECT_EQ(o.ssh_port, 2200);
+  EXPECT_EQ(o.ssh_identity_file, id);
+  EXPECT_EQ(o.knob_env.at("KRUG_GLOO_IFACE"), "eth1");
+  auto check = parse({"--check-hosts", "-H", "a,b:2"});
+  EXPECT_TRUE(check.check_hosts_only);
+  EXPECT_EQ(check.hosts.size(), 2u);
+  EXPECT_THROW(parse({"-np", "5", "--hostfile", hf.c_str(), "true"}), Error);  // 4 slots
+  EXPECT_THROW(parse({"-np", "1", "-H", "a", "--hostfile", hf.c_str(), "true"}), Error);
+  EXPECT_THROW(parse({"--check-hosts"}), Error);
+  EXPECT_THROW(parse({"-np", "1", "--ssh-port", "0", "true"}), Error);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Options, UsageErrors) {

@@ -31,7 +31,8 @@ using namespace krug::testing;
 // krugrun with `args`; wait() gives it 60 s by default.
 class Krugrun : public KrugrunProcess {
  public:
-  explicit Krugrun(const std::vector<std::string>& args) : KrugrunProcess(KRUGRUN_PATH, args) {}
+  explicit Krugrun(const std::vector<std::string>& args, bool stdin_pipe = false)
+      : KrugrunProcess(KRUGRUN_PATH, args, stdin_pipe) {}
   int wait(std::chrono::seconds timeout = 60s) { return KrugrunProcess::wait(timeout); }
 };
 
@@ -249,7 +250,7 @@ struct BadArgs {
 TEST(Launcher, UsageErrorsAreExplained) {
   const std::vector<BadArgs> cases = {
       {{"-np", "0", "true"}, "-np must be at least 1"},
-      {{"-np", "3", "-H", "localhost:2", "true"}, "provides only 2"},
+      {{"-np", "3", "-H", "localhost:2", "true"}, "provide only 2"},
       {{"-np", "1", "-H", "localhost:two", "true"}, "host:slots"},
       {{"-np", "1", "-H", "localhost:1,,x", "true"}, "empty host entry"},
       {{"-np", "1"}, "no command"},
@@ -263,11 +264,56 @@ TEST(Launcher, UsageErrorsAreExplained) {
   }
 }
 
-TEST(Launcher, RemoteHostsNeedSsh) {
-  Krugrun run({"-np", "2", "-H", "localhost:1,gpu-node-7:1", "true"});
-  EXPECT_NE(run.wait(), 0);
-  EXPECT_TRUE(contains(run.err(), "'gpu-node-7' is remote")) << run.err();
-  EXPECT_TRUE(contains(run.err(), "ssh support")) << run.err();
+TEST(Launcher, UnreachableHostIsNamedBeforeAnyRankStarts) {
+  const std::string marker = unique_marker();
+  Krugrun run({"-np", "2", "-H", "localhost:1,gpu-node-7.invalid:1", "--start-timeout", "5", "-x",
+               "MARKER=" + marker, "sh", "-c", "echo started-$KRUG_RANK"});
+  EXPECT_EQ(run.wait(), 1);
+  EXPECT_TRUE(contains(run.err(), "cannot use host gpu-node-7.invalid")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "no rank was started")) << run.err();
+  EXPECT_FALSE(contains(run.out(), "started-")) << run.out();
+}
+
+TEST(Launcher, CheckHostsReportsEveryHost) {
+  Krugrun run({"--check-hosts", "-H", "localhost:2,gpu-node-8.invalid", "--start-timeout", "5"});
+  EXPECT_EQ(run.wait(), 1);
+  EXPECT_TRUE(contains(run.out(), "host localhost: ok (this machine)")) << run.out();
+  EXPECT_TRUE(contains(run.err(), "cannot use host gpu-node-8.invalid")) << run.err();
+  Krugrun local({"--check-hosts", "-H", "localhost:2,127.0.0.1"});
+  EXPECT_EQ(local.wait(), 0) << local.err();
+}
+
+TEST(Launcher, RemoteExecWrapperRunsInTheDirectoryWithTheEnvironment) {
+  auto dir = fs::temp_directory_path() / unique_marker("krug-wrap");
+  fs::create_directories(dir);
+  // stdin stays open, as ssh keeps it while krugrun lives.
+  Krugrun run({"__remote-exec", "--cwd", dir.string(), "GREETING=hello world", "--", "sh", "-c",
+               "echo \"$GREETING in $(pwd)\"; exit 3"},
+              /*stdin_pipe=*/true);
+  EXPECT_EQ(run.wait(), 3);
+  EXPECT_TRUE(contains(run.out(), "hello world in " + dir.string())) << run.out() << run.err();
+  Krugrun missing({"__remote-exec", "--cwd", (dir / "gone").string(), "--", "true"});
+  EXPECT_EQ(missing.wait(), 126);
+  EXPECT_TRUE(contains(missing.err(), "cannot enter the working directory")) << missing.err();
+  Krugrun nocmd({"__remote-exec", "--", "krug-no-such-command"});
+  EXPECT_EQ(nocmd.wait(), 127);
+  EXPECT_TRUE(contains(nocmd.err(), "cannot start 'krug-no-such-command'")) << nocmd.err();
+  fs::remove_all(dir);
+}
+
+TEST(Launcher, RemoteExecWrapperStopsTheRankWhenTheSessionEnds) {
+  // stdin at end-of-file is what the wrapper sees when krugrun or ssh goes away.
+  const std::string marker = unique_marker();
+  Krugrun run({"__remote-exec", "MARKER=" + marker, "--", "sh", "-c",
+               "sleep 60 & echo started; sleep 60"},
+              /*stdin_pipe=*/true);
+  for (int i = 0; i < 500 && !contains(run.out(), "started"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_GE(count_processes_with(marker), 2);  // sh and the background sleep at least
+  run.close_stdin();
+  EXPECT_EQ(run.wait(), 128 + SIGTERM) << run.err();
+  EXPECT_LT(run.seconds(), 30.0);
+  EXPECT_EQ(count_processes_with(marker), 0);  // the background sleep went with its group
 }
 
 TEST(Launcher, MissingCommandIsNamed) {
