@@ -110,6 +110,14 @@ std::optional<std::string> lookup(const std::map<std::string, std::string>& env,
   return it->second;
 }
 
+// "krugrun: SLURM_X: <what the parser said>", for an error in the value of variable `var`.
+Error in_variable(const char* var, const Error& e) {
+  std::string_view what = e.what();
+  constexpr std::string_view kPrefix = "krugrun: ";
+  if (what.substr(0, kPrefix.size()) == kPrefix) what.remove_prefix(kPrefix.size());
+  return Error("krugrun: " + std::string(var) + ": " + std::string(what));
+}
+
 std::string describe(const Allocation& a) {
   std::string hosts;
   for (const auto& h : a.hosts)
@@ -181,7 +189,7 @@ std::optional<Allocation> detect_allocation(const std::map<std::string, std::str
   try {
     names = expand_hostlist(*nodelist);
   } catch (const Error& e) {
-    throw Error(std::string(list_var) + ": " + e.what());
+    throw in_variable(list_var, e);
   }
 
   // Inside a job step, SLURM_TASKS_PER_NODE describes the step; the job's CPUs are still there.
@@ -206,7 +214,7 @@ std::optional<Allocation> detect_allocation(const std::map<std::string, std::str
   try {
     counts = expand_counts(*counts_spec);
   } catch (const Error& e) {
-    throw Error(std::string(count_var) + ": " + e.what());
+    throw in_variable(count_var, e);
   }
   if (counts.size() != names.size())
     throw Error("krugrun: Slurm job " + *job_id + ": " + list_var + "=" + quoted(*nodelist) +

@@ -170,7 +170,9 @@ TEST(SlurmAllocation, InconsistentOrMissingVariablesAreNamed) {
 
   env = batch_env();
   env["SLURM_JOB_NODELIST"] = "node[01-03";
-  EXPECT_TRUE(contains(error_of([&] { detect_allocation(env); }), "SLURM_JOB_NODELIST"));
+  what = error_of([&] { detect_allocation(env); });
+  EXPECT_EQ(what.rfind("krugrun: SLURM_JOB_NODELIST: bad Slurm hostlist 'node[01-03'", 0), 0u)
+      << what;
 
   env = batch_env();
   env["SLURM_TASKS_PER_NODE"] = "2(x2),zero";
