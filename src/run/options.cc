@@ -6,24 +6,22 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 
-#include "common/log.h"
 #include "krug/types.h"
+#include "run/job_spec.h"
+#include "run/knob_flags.h"
 #include "run/rank_env.h"
 #include "run/slurm.h"
 
 namespace krug::run {
 namespace {
 
-// Values of the knob flags; unset flags leave the inherited environment alone.
-struct KnobFlags {
-  std::optional<int64_t> fusion_threshold_mb;
-  std::optional<double> cycle_time_ms, timeout_s, stall_check_s, stall_shutdown_s;
-  std::optional<int64_t> cache_capacity;
-  std::optional<std::string> timeline, log_level;
-};
+// Text of the knob flags given, by job spec key; unset flags leave the inherited environment alone.
+using KnobText = std::map<std::string_view, std::string>;
 
 // CLI11's PositiveNumber prints DBL_MAX in its message; these say what is wrong in words.
 CLI::Validator number_at_least(double min, bool inclusive) {
@@ -43,8 +41,35 @@ CLI::Validator number_at_least(double min, bool inclusive) {
       inclusive ? "NONNEGATIVE" : "POSITIVE");
 }
 
-void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::string>& xs,
+// The knob flags' checks are knob_value's, shared with the job spec file.
+CLI::Validator knob_check(const KnobFlag& flag) {
+  return CLI::Validator(
+      [&flag](std::string& value) -> std::string {
+        try {
+          knob_value(flag, value);
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "");
+}
+
+std::string knob_type_name(KnobFlag::Kind kind) {
+  switch (kind) {
+    case KnobFlag::Kind::kMebibytes: return "MB";
+    case KnobFlag::Kind::kInteger: return "INT";
+    case KnobFlag::Kind::kNumber: return "FLOAT";
+    case KnobFlag::Kind::kText: return "PATH";
+    case KnobFlag::Kind::kLogLevel: return "LEVEL";
+  }
+  return "TEXT";
+}
+
+void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::string>& xs,
                std::string& hosts) {
+  app.add_option("--config", o.config_file,
+                 "Job spec file (YAML): settings and the steps to run; flags override it");
   // Hosts and ssh
   app.add_option("--hostfile", o.hostfile, "File of 'host slots=N' lines (instead of -H)")
       ->check(CLI::ExistingFile);
@@ -72,21 +97,10 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::s
   app.add_option("--start-timeout", o.start_timeout_s,
                  "Seconds to reach each remote host over ssh (default 30)")
       ->check(number_at_least(0, false));
-  app.add_option("--fusion-threshold-mb", k.fusion_threshold_mb, "KRUG_FUSION_THRESHOLD in MiB")
-      ->check(number_at_least(0, true));
-  app.add_option("--cycle-time-ms", k.cycle_time_ms, "KRUG_CYCLE_TIME")
-      ->check(number_at_least(0, false));
-  app.add_option("--timeline-filename", k.timeline, "KRUG_TIMELINE");
-  app.add_option("--timeout-seconds", k.timeout_s, "KRUG_TIMEOUT_SECONDS")
-      ->check(number_at_least(0, false));
-  app.add_option("--log-level", k.log_level, "KRUG_LOG_LEVEL: trace|debug|info|warning|error|fatal");
-  app.add_option("--stall-check-seconds", k.stall_check_s, "KRUG_STALL_CHECK_TIME_SECONDS")
-      ->check(number_at_least(0, true));
-  app.add_option("--stall-shutdown-seconds", k.stall_shutdown_s,
-                 "KRUG_STALL_SHUTDOWN_TIME_SECONDS")
-      ->check(number_at_least(0, true));
-  app.add_option("--cache-capacity", k.cache_capacity, "KRUG_CACHE_CAPACITY (0 disables)")
-      ->check(number_at_least(0, true));
+  for (const KnobFlag& flag : knob_flags())
+    app.add_option(flag_name(flag.key), k[flag.key], std::string(flag.help))
+        ->check(knob_check(flag))
+        ->type_name(knob_type_name(flag.kind));
   // Stop at the first positional: the rest, options included, belongs to the rank command.
   app.prefix_command();
 }
@@ -112,9 +126,8 @@ void split_env(const std::vector<std::string>& xs, LaunchOptions& o) {
   for (const auto& x : xs) {
     size_t eq = x.find('=');
     std::string name = x.substr(0, eq);
-    bool valid = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
-    for (char c : name) valid = valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
-    if (!valid) throw Error("krugrun: -x '" + x + "': '" + name + "' is not a variable name");
+    if (!is_env_name(name))
+      throw Error("krugrun: -x '" + x + "': '" + name + "' is not a variable name");
     if (eq == std::string::npos)
       o.forward_env.push_back(name);
     else
@@ -122,35 +135,49 @@ void split_env(const std::vector<std::string>& xs, LaunchOptions& o) {
   }
 }
 
-void set_knobs(const KnobFlags& k, LaunchOptions& o) {
-  auto& env = o.knob_env;
-  if (k.fusion_threshold_mb) env["KRUG_FUSION_THRESHOLD"] = std::to_string(*k.fusion_threshold_mb * 1024 * 1024);
-  if (k.cycle_time_ms) env["KRUG_CYCLE_TIME"] = fmt::format("{}", *k.cycle_time_ms);
-  if (k.timeline) env["KRUG_TIMELINE"] = *k.timeline;
-  if (k.timeout_s) env["KRUG_TIMEOUT_SECONDS"] = fmt::format("{}", *k.timeout_s);
-  if (k.log_level) {
-    try {
-      log::parse_level(*k.log_level);
-    } catch (const Error& e) {
-      throw Error(std::string("krugrun: --log-level: ") + e.what());
-    }
-    env["KRUG_LOG_LEVEL"] = *k.log_level;
-  }
-  if (k.stall_check_s) env["KRUG_STALL_CHECK_TIME_SECONDS"] = fmt::format("{}", *k.stall_check_s);
-  if (k.stall_shutdown_s)
-    env["KRUG_STALL_SHUTDOWN_TIME_SECONDS"] = fmt::format("{}", *k.stall_shutdown_s);
-  if (k.cache_capacity) env["KRUG_CACHE_CAPACITY"] = std::to_string(*k.cache_capacity);
+void set_knobs(const CLI::App& app, const KnobText& k, LaunchOptions& o) {
+  for (const KnobFlag& flag : knob_flags())
+    if (app.count(flag_name(flag.key)) > 0)
+      o.knob_env[std::string(flag.env)] = knob_value(flag, k.at(flag.key));
 }
 
+// The flags given on the command line, named by their job spec keys (job_spec.h).
+std::set<std::string> flags_given(const CLI::App& app) {
+  const std::pair<const char*, const char*> names[] = {
+      {"np", "--np"},
+      {"hosts", "-H"},
+      {"hostfile", "--hostfile"},
+      {"output_filename", "--output-filename"},
+      {"verbose", "--verbose"},
+      {"prefix", "--no-prefix"},
+      {"start_timeout", "--start-timeout"},
+      {"ssh_port", "--ssh-port"},
+      {"ssh_identity_file", "--ssh-identity-file"},
+      {"ssh_config_file", "--ssh-config-file"},
+      {"network_interface", "--network-interface"}};
+  std::set<std::string> given;
+  for (const auto& [key, flag] : names)
+    if (app.count(flag) > 0) given.insert(key);
+  return given;
+}
+
+// With --config the command is optional: it replaces the file's `run:` steps.
 void take_command(std::vector<std::string> rest, LaunchOptions& o) {
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
   else if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-')
     throw Error("krugrun: unknown option '" + rest.front() + "' (see krugrun --help)");
-  if (rest.empty()) throw Error("krugrun: no command given; usage: krugrun -np N command args...");
+  if (rest.empty() && o.config_file.empty())
+    throw Error("krugrun: no command given; usage: krugrun -np N command args...");
   o.command = std::move(rest);
 }
 
 }  // namespace
+
+bool is_env_name(std::string_view name) {
+  bool valid = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+  for (char c : name) valid = valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+  return valid;
+}
 
 std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"krugrun: start N ranks of a krug (or Horovod) training command", "krugrun"};
@@ -159,7 +186,7 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
              "Inside a Slurm allocation without -H, ranks start with srun on the allocation's\n"
              "hosts and -np defaults to its task count.\n");
   LaunchOptions o;
-  KnobFlags k;
+  KnobText k;
   std::vector<std::string> xs;
   std::string hosts;
   add_flags(app, o, k, xs, hosts);
@@ -168,24 +195,38 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
     app.parse(args);
     split_env(xs, o);
-    set_knobs(k, o);
-    if (!o.network_interface.empty()) o.knob_env["KRUG_GLOO_IFACE"] = o.network_interface;
+    set_knobs(app, k, o);
     if (app.count("-H") && app.count("--hostfile"))
       throw Error("krugrun: give the hosts with -H or --hostfile, not both");
     if (app.count("-H"))
       o.hosts = parse_hosts(hosts);
     else if (app.count("--hostfile"))
       o.hosts = read_hostfile(o.hostfile);
-    if (o.check_hosts_only) {
+    if (o.check_hosts_only && o.config_file.empty()) {
       if (o.hosts.empty()) throw Error("krugrun: --check-hosts needs -H or --hostfile");
       return o;
     }
-    const bool has_np = app.count("--np") > 0;
+    take_command(app.remaining(), o);
+    if (!o.config_file.empty()) {
+      JobSpec spec = load_job_spec(o.config_file);
+      o = apply_job_spec(spec, std::move(o), flags_given(app));
+    }
+    if (!o.network_interface.empty()) o.knob_env["KRUG_GLOO_IFACE"] = o.network_interface;
+    if (o.check_hosts_only) {
+      if (o.hosts.empty())
+        throw Error("krugrun: --check-hosts needs -H, --hostfile or workers in --config");
+      return o;
+    }
+    // -np, or the job spec's np: (or the slots of its workers).
+    const bool has_np = app.count("--np") > 0 || o.np != 0;
     // Given hosts win over Slurm: `-H localhost:N` starts ranks without srun in an allocation.
     std::optional<slurm::Allocation> allocation;
     if (o.hosts.empty()) allocation = slurm::detect_allocation(current_environment());
-    if (!has_np && !allocation) throw Error("krugrun: -np N is required (see krugrun --help)");
-    take_command(app.remaining(), o);
+    if (!has_np && !allocation)
+      throw Error(o.config_file.empty()
+                      ? "krugrun: -np N is required (see krugrun --help)"
+                      : "krugrun: -np N is required: give it on the command line, as np: in " +
+                            o.config_file + ", or list workers there");
     if (allocation) {
       o.np = slurm::ranks_to_start(*allocation, has_np ? std::optional<int>(o.np) : std::nullopt);
       o.hosts = allocation->hosts;

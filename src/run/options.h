@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -29,7 +30,12 @@ struct LaunchOptions {
   std::string ssh_config_file;             // --ssh-config-file
   std::string network_interface;           // --network-interface (also KRUG_GLOO_IFACE)
   bool check_hosts_only = false;           // --check-hosts: check every host, start nothing
-  std::vector<std::string> command;
+  std::string config_file;                 // --config: job spec file (run/job_spec.h)
+  std::vector<std::string> command;        // the command line's command; empty with --config
+  // The job spec's `run:` steps, each {"/bin/sh", "-c", line}, to run one after another (a step
+  // starts once every rank finished the previous one). Empty without --config, and when a
+  // command on the command line replaces the file's steps: then `command` is the only step.
+  std::vector<std::vector<std::string>> steps;
 };
 
 // Parses argv (argv[0] is the program) and checks that -H covers -np. Without -H inside a Slurm
@@ -37,5 +43,8 @@ struct LaunchOptions {
 // exit code when parsing ends the run: 0 after --help, 2 (CLI11's own codes for its errors)
 // after a usage error, already printed to stderr.
 std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const* argv);
+
+// True for an environment variable name: letters, digits and '_', not starting with a digit.
+bool is_env_name(std::string_view name);
 
 }  // namespace krug::run

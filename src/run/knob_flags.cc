@@ -1,0 +1,91 @@
+#include "run/knob_flags.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+
+#include "common/log.h"
+#include "krug/types.h"
+
+namespace krug::run {
+namespace {
+
+using Kind = KnobFlag::Kind;
+
+constexpr std::array kFlags{
+    KnobFlag{"fusion_threshold_mb", "KRUG_FUSION_THRESHOLD", Kind::kMebibytes, 0, true,
+             "KRUG_FUSION_THRESHOLD in MiB"},
+    KnobFlag{"cycle_time_ms", "KRUG_CYCLE_TIME", Kind::kNumber, 0, false, "KRUG_CYCLE_TIME"},
+    KnobFlag{"timeline_filename", "KRUG_TIMELINE", Kind::kText, 0, true, "KRUG_TIMELINE"},
+    KnobFlag{"timeout_seconds", "KRUG_TIMEOUT_SECONDS", Kind::kNumber, 0, false,
+             "KRUG_TIMEOUT_SECONDS"},
+    KnobFlag{"log_level", "KRUG_LOG_LEVEL", Kind::kLogLevel, 0, true,
+             "KRUG_LOG_LEVEL: trace|debug|info|warning|error|fatal"},
+    KnobFlag{"stall_check_seconds", "KRUG_STALL_CHECK_TIME_SECONDS", Kind::kNumber, 0, true,
+             "KRUG_STALL_CHECK_TIME_SECONDS"},
+    KnobFlag{"stall_shutdown_seconds", "KRUG_STALL_SHUTDOWN_TIME_SECONDS", Kind::kNumber, 0, true,
+             "KRUG_STALL_SHUTDOWN_TIME_SECONDS"},
+    KnobFlag{"cache_capacity", "KRUG_CACHE_CAPACITY", Kind::kInteger, 0, true,
+             "KRUG_CACHE_CAPACITY (0 disables)"},
+};
+
+void check_bound(const KnobFlag& flag, std::string_view text, double v) {
+  if (flag.min_allowed ? v < flag.min : v <= flag.min)
+    throw Error(fmt::format("{} must be {} {}", text,
+                            flag.min_allowed ? "at least" : "greater than", flag.min));
+}
+
+int64_t parse_integer(const KnobFlag& flag, std::string_view text) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    throw Error(fmt::format("'{}' is not a whole number", text));
+  check_bound(flag, text, static_cast<double>(v));
+  return v;
+}
+
+double parse_number(const KnobFlag& flag, std::string_view text) {
+  double v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
+    throw Error(fmt::format("'{}' is not a number", text));
+  check_bound(flag, text, v);
+  return v;
+}
+
+}  // namespace
+
+std::span<const KnobFlag> knob_flags() {
+  return kFlags;
+}
+
+std::string flag_name(std::string_view key) {
+  std::string name = "--";
+  for (char c : key) name += c == '_' ? '-' : c;
+  return name;
+}
+
+std::string knob_value(const KnobFlag& flag, std::string_view text) {
+  switch (flag.kind) {
+    case Kind::kMebibytes: {
+      int64_t mb = parse_integer(flag, text);
+      if (mb > INT64_MAX / (1024 * 1024)) throw Error(fmt::format("{} MiB is too large", text));
+      return std::to_string(mb * 1024 * 1024);
+    }
+    case Kind::kInteger:
+      return std::to_string(parse_integer(flag, text));
+    case Kind::kNumber:
+      return fmt::format("{}", parse_number(flag, text));
+    case Kind::kLogLevel:
+      log::parse_level(text);  // throws with the accepted names
+      return std::string(text);
+    case Kind::kText:
+      return std::string(text);
+  }
+  throw Error("unknown knob kind");  // unreachable: every kind is handled above
+}
+
+}  // namespace krug::run
