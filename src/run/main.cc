@@ -109,8 +109,8 @@ std::string rendezvous_address_for(const std::string& host, bool multi_host,
   }
 }
 
-int launch(const LaunchOptions& options) {
-  if (options.check_hosts_only) return check_hosts_command(options);
+// One krugrun job: every rank of options.command, supervised until all are gone.
+int launch_step(const LaunchOptions& options) {
   const std::string this_host = local_hostname();
   const std::vector<std::string> my_addresses = net::local_addresses();
   const SshOptions ssh = ssh_options(options);
@@ -177,6 +177,30 @@ int launch(const LaunchOptions& options) {
   }
   // The server outlives the supervisor: it is destroyed only after every rank is gone.
   return Supervisor(std::move(ranks), std::move(signal_fd), options.verbose).run();
+}
+
+// A job spec's `run:` steps one after another: a step starts once every rank of the previous
+// one exited 0; the first failing step ends the job with its exit code.
+int launch(LaunchOptions options) {
+  if (options.check_hosts_only) return check_hosts_command(options);
+  if (options.steps.empty()) return launch_step(options);
+  const auto steps = std::move(options.steps);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string& line = steps[i].back();  // {"/bin/sh", "-c", line}
+    fmt::print(stderr, "krugrun: step {}/{}: {}\n", i + 1, steps.size(), line);
+    options.command = steps[i];
+    const int code = launch_step(options);
+    if (code != 0) {
+      fmt::print(stderr,
+                 "krugrun: step {}/{} failed (exit code {}): {}{}\n", i + 1, steps.size(), code,
+                 line,
+                 i + 1 < steps.size()
+                     ? fmt::format("; the {} step(s) after it were not run", steps.size() - i - 1)
+                     : "");
+      return code;
+    }
+  }
+  return 0;
 }
 
 }  // namespace

@@ -325,3 +325,33 @@ TEST(Launcher, MissingCommandIsNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Launcher, JobSpecRunsStepsInOrderAndStopsAtTheFirstFailure) {
+  auto dir = fs::temp_directory_path() / unique_marker("krug-spec");
+  fs::create_directories(dir);
+  const std::string d = dir.string();
+  {
+    std::ofstream spec(dir / "job.yaml");
+    spec << "np: 2\n"
+            "env:\n  OUT: " << d << "\n"
+            "run:\n"
+            // Rank 1 is slow to write: the next step only starts once both ranks finished.
+            "  - if [ $KRUG_RANK = 1 ]; then sleep 0.3; fi; echo done > $OUT/step1.$KRUG_RANK\n"
+            "  - test -f $OUT/step1.0 && test -f $OUT/step1.1 && echo saw-both > $OUT/step2.$KRUG_RANK\n"
+            "  - exit $((KRUG_RANK * 3))\n"
+            "  - touch $OUT/step4.$KRUG_RANK\n";
+  }
+  Krugrun run({"--config", (dir / "job.yaml").string()});
+  EXPECT_EQ(run.wait(), 3) << run.err();
+  EXPECT_TRUE(fs::exists(dir / "step2.0") && fs::exists(dir / "step2.1")) << run.err();
+  EXPECT_FALSE(fs::exists(dir / "step4.0") || fs::exists(dir / "step4.1"));
+  EXPECT_TRUE(contains(run.err(), "krugrun: step 3/4: exit $((KRUG_RANK * 3))")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "rank 1 on host localhost exited with status 3")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "step 3/4 failed (exit code 3)")) << run.err();
+  EXPECT_TRUE(contains(run.err(), "the 1 step(s) after it were not run")) << run.err();
+  fs::remove_all(dir);
+}
+
+}  // namespace
