@@ -21,6 +21,7 @@ struct KnobFlags {
   std::optional<double> cycle_time_ms, timeout_s, stall_check_s, stall_shutdown_s;
   std::optional<int64_t> cache_capacity;
   std::optional<std::string> timeline, log_level;
+  bool hierarchical_allreduce = false, no_hierarchical_allreduce = false;
 };
 
 // CLI11's PositiveNumber prints DBL_MAX in its message; these say what is wrong in words.
@@ -70,6 +71,10 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::s
       ->check(number_at_least(0, true));
   app.add_option("--cache-capacity", k.cache_capacity, "KRUG_CACHE_CAPACITY (0 disables)")
       ->check(number_at_least(0, true));
+  app.add_flag("--hierarchical-allreduce", k.hierarchical_allreduce,
+               "KRUG_HIERARCHICAL_ALLREDUCE=1 (default: auto)");
+  app.add_flag("--no-hierarchical-allreduce", k.no_hierarchical_allreduce,
+               "KRUG_HIERARCHICAL_ALLREDUCE=0");
   // Stop at the first positional: the rest, options included, belongs to the rank command.
   app.prefix_command();
 }
@@ -123,6 +128,11 @@ void set_knobs(const KnobFlags& k, LaunchOptions& o) {
   if (k.stall_shutdown_s)
     env["KRUG_STALL_SHUTDOWN_TIME_SECONDS"] = fmt::format("{}", *k.stall_shutdown_s);
   if (k.cache_capacity) env["KRUG_CACHE_CAPACITY"] = std::to_string(*k.cache_capacity);
+  if (k.hierarchical_allreduce && k.no_hierarchical_allreduce)
+    throw Error("krugrun: --hierarchical-allreduce and --no-hierarchical-allreduce contradict "
+                "each other; give one (neither leaves the choice to krug)");
+  if (k.hierarchical_allreduce || k.no_hierarchical_allreduce)
+    env["KRUG_HIERARCHICAL_ALLREDUCE"] = k.hierarchical_allreduce ? "1" : "0";
 }
 
 void take_command(std::vector<std::string> rest, LaunchOptions& o) {

@@ -130,6 +130,19 @@ TEST(Options, KnobFlagsBecomeEnvironment) {
   EXPECT_EQ(parse({"-np", "1", "true"}).knob_env.size(), 0u);  // unset flags set nothing
 }
 
+TEST(Options, HierarchicalAllreduceFlags) {
+  EXPECT_EQ(parse({"-np", "4", "--hierarchical-allreduce", "true"})
+                .knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"),
+            "1");
+  EXPECT_EQ(parse({"-np", "4", "--no-hierarchical-allreduce", "true"})
+                .knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"),
+            "0");
+  EXPECT_EQ(parse({"-np", "4", "true"}).knob_env.count("KRUG_HIERARCHICAL_ALLREDUCE"), 0u);
+  EXPECT_THROW(
+      parse({"-np", "4", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "true"}),
+      Error);
+}
+
 TEST(Options, UsageErrors) {
   EXPECT_THROW(parse({"true"}), Error);                                  // no -np
   EXPECT_THROW(parse({"-np", "2"}), Error);                              // no command
