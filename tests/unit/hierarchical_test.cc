@@ -99,7 +99,11 @@ struct Comms {
   int rank;
 };
 
-void run_layout(const std::vector<std::string>& hosts, const std::function<void(Comms&)>& body) {
+// Which allreduce path the hierarchical communicator takes for every buffer.
+enum class Path { kTwoD, kAllgather };
+
+void run_layout(const std::vector<std::string>& hosts, Path path,
+                const std::function<void(Comms&)>& body) {
   const int size = static_cast<int>(hosts.size());
   const auto layout = HostLayout::from_host_names(hosts);
   auto store = std::make_shared<rendezvous::InMemoryStore>();
@@ -115,10 +119,10 @@ void run_layout(const std::vector<std::string>& hosts, const std::function<void(
         };
         GlooCommunicator flat(r, size, std::make_shared<rendezvous::PrefixStore>("ref/", store),
                               device, 30s);
-        HierarchicalCommunicator hier(layout, r, gloo("flat", r, size),
-                                      [&](const std::string& scope, int rank, int n) {
-                                        return gloo("hier/" + scope, rank, n);
-                                      });
+        HierarchicalCommunicator hier(
+            layout, r, gloo("flat", r, size),
+            [&](const std::string& scope, int rank, int n) { return gloo("hier/" + scope, rank, n); },
+            path == Path::kTwoD ? 0 : std::numeric_limits<size_t>::max());
         Comms comms{flat, hier, r};
         body(comms);
         // Nobody tears down its end of a mesh while a peer still works on it.
@@ -139,15 +143,16 @@ struct LayoutCase {
 
 void PrintTo(const LayoutCase& c, std::ostream* os) { *os << c.name; }
 
+// Both paths must give the same bits: each is checked against the same promised association.
 class HierarchicalAllreduce
-    : public ::testing::TestWithParam<std::tuple<LayoutCase, int64_t>> {};
+    : public ::testing::TestWithParam<std::tuple<LayoutCase, int64_t, Path>> {};
 
 // Integers, and floats whose every partial result is exact: bitwise the flat communicator's
 // result, for every element-wise op.
 TEST_P(HierarchicalAllreduce, ExactValuesMatchTheFlatRingBitForBit) {
-  const auto& [layout_case, count_param] = GetParam();
+  const auto& [layout_case, count_param, path] = GetParam();
   const size_t count = static_cast<size_t>(count_param);
-  run_layout(layout_case.hosts, [&](Comms& c) {
+  run_layout(layout_case.hosts, path, [&](Comms& c) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
       SCOPED_TRACE(static_cast<int>(op));
       auto value = [&](int rank, size_t i) -> int32_t {
@@ -219,10 +224,10 @@ void check_random_floats(Comms& c, const HostLayout& layout, size_t count, DataT
 }
 
 TEST_P(HierarchicalAllreduce, RandomFloatsFollowTheHostAssociation) {
-  const auto& [layout_case, count_param] = GetParam();
+  const auto& [layout_case, count_param, path] = GetParam();
   const size_t count = static_cast<size_t>(count_param);
   const auto layout = HostLayout::from_host_names(layout_case.hosts);
-  run_layout(layout_case.hosts, [&](Comms& c) {
+  run_layout(layout_case.hosts, path, [&](Comms& c) {
     check_random_floats<float>(c, layout, count, DataType::kFloat32);
     check_random_floats<double>(c, layout, count, DataType::kFloat64);
   });
@@ -230,9 +235,9 @@ TEST_P(HierarchicalAllreduce, RandomFloatsFollowTheHostAssociation) {
 
 // A tensor reduced alone and inside a bigger buffer at an odd offset gives the same bits.
 TEST_P(HierarchicalAllreduce, FusionLayoutDoesNotChangeBits) {
-  const auto& [layout_case, count_param] = GetParam();
+  const auto& [layout_case, count_param, path] = GetParam();
   const size_t count = static_cast<size_t>(count_param);
-  run_layout(layout_case.hosts, [&](Comms& c) {
+  run_layout(layout_case.hosts, path, [&](Comms& c) {
     constexpr size_t kPad = 1237;
     std::vector<float> alone(count), fused(kPad + count + 3);
     for (size_t i = 0; i < fused.size(); ++i) fused[i] = random_float<float>(c.rank, i, 5);
@@ -254,15 +259,17 @@ const LayoutCase kLayouts[] = {
 
 INSTANTIATE_TEST_SUITE_P(LayoutsAndCounts, HierarchicalAllreduce,
                          ::testing::Combine(::testing::ValuesIn(kLayouts),
-                                            ::testing::Values(0, 1, 7, 1000, 1 << 20)),
+                                            ::testing::Values(0, 1, 7, 1000, 1 << 20),
+                                            ::testing::Values(Path::kTwoD, Path::kAllgather)),
                          [](const auto& info) {
                            return std::get<0>(info.param).name + "_count" +
-                                  std::to_string(std::get<1>(info.param));
+                                  std::to_string(std::get<1>(info.param)) +
+                                  (std::get<2>(info.param) == Path::kTwoD ? "_2d" : "_allgather");
                          });
 
 // Everything but allreduce goes to the flat communicator: spot-check that it arrives.
 TEST(HierarchicalCommunicator, OtherCollectivesRunOnTheWholeSet) {
-  run_layout({"A", "A", "B", "B"}, [](Comms& c) {
+  run_layout({"A", "A", "B", "B"}, Path::kTwoD, [](Comms& c) {
     EXPECT_STREQ(c.hier.backend_name(), "hierarchical");
     EXPECT_EQ(c.hier.size(), 4);
     EXPECT_EQ(c.hier.rank(), c.rank);

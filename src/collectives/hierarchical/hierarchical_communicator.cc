@@ -4,13 +4,20 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
+
+#include "reduce/reduce.h"
 
 namespace krug::collectives {
 
 HierarchicalCommunicator::HierarchicalCommunicator(HostLayout layout, int index,
                                                    std::unique_ptr<Communicator> flat,
-                                                   const CommunicatorFactory& make)
-    : layout_(std::move(layout)), index_(index), flat_(std::move(flat)) {
+                                                   const CommunicatorFactory& make,
+                                                   size_t latency_bound_bytes)
+    : layout_(std::move(layout)),
+      index_(index),
+      latency_bound_bytes_(latency_bound_bytes),
+      flat_(std::move(flat)) {
   if (!flat_ || flat_->size() != layout_.members() || flat_->rank() != index)
     throw Error(fmt::format("hierarchical communicator: the flat communicator must span the "
                             "{} members of host layout {} as member {}",
@@ -45,6 +52,7 @@ void HierarchicalCommunicator::step(const std::string& what, F&& f) {
 void HierarchicalCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0 || size() == 1) return;
   const size_t esize = dtype_size(dtype);
+  if (count * esize <= latency_bound_bytes_) return allreduce_by_allgather(data, count, dtype, op);
   auto* bytes = static_cast<uint8_t*>(data);
   // Slice s holds count / K elements, the first count % K slices one more; offset[K] = count.
   std::vector<size_t> offset(slices_ + 1, 0);
@@ -81,6 +89,41 @@ void HierarchicalCommunicator::allreduce(void* data, size_t count, DataType dtyp
       }
     });
   }
+}
+
+uint8_t* HierarchicalCommunicator::scratch_for(size_t bytes) {
+  if (scratch_.size() < bytes) scratch_.resize(bytes);
+  return scratch_.data();
+}
+
+void HierarchicalCommunicator::fold(void* acc, const uint8_t* parts, int n, size_t count,
+                                    DataType dtype, ReduceOp op) {
+  const size_t bytes = count * dtype_size(dtype);
+  std::memcpy(acc, parts, bytes);
+  for (int k = 1; k < n; ++k) reduce::reduce_into(dtype, op, acc, parts + k * bytes, count);
+}
+
+void HierarchicalCommunicator::allreduce_by_allgather(void* data, size_t count, DataType dtype,
+                                                      ReduceOp op) {
+  const size_t bytes = count * dtype_size(dtype);
+  const int local_size = static_cast<int>(layout_.hosts[host_].size());
+  const int host_count = static_cast<int>(layout_.hosts.size());
+  uint8_t* parts = scratch_for(bytes * std::max(local_size, host_count));
+  if (local_) {
+    step("allgather inside the host", [&] {
+      local_->allgatherv(data, parts, std::vector<size_t>(local_size, bytes));
+    });
+    fold(data, parts, local_size, count, dtype, op);  // this host's partial, on every member
+  }
+  if (cross_.empty()) return;
+  // Every group this member is in gathers the same host partials (a host's members all hold
+  // its partial); a member of several groups (a host with fewer members) serves each of them.
+  for (auto& [s, cross] : cross_) {
+    step(fmt::format("allgather of slice {}'s group across hosts", s), [&] {
+      cross->allgatherv(data, parts, std::vector<size_t>(host_count, bytes));
+    });
+  }
+  fold(data, parts, host_count, count, dtype, op);
 }
 
 }  // namespace krug::collectives

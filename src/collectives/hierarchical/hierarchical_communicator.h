@@ -19,6 +19,12 @@
 //      leader per host, which would move all of the cross-host bytes and reduce L buffers alone.
 //      A host with fewer members gives each of them several slices, one after another.
 //   3. Inside each host, an allgather spreads the owners' slices to every member.
+// Those are 4 message rounds (2 inside the host, 2 across) where the flat ring has 2. Buffers
+// of at most kLatencyBoundBytes are latency-bound, so they take 2 rounds instead: every member
+// gathers its host's buffers and folds them in member order, then the members of each slice's
+// group gather the host partials and fold them in host order. More bytes (L-1 + H-1 buffers
+// per member) but half the rounds, and the same association, hence the same bits: the choice
+// by size cannot make a tensor's result depend on how it was fused.
 //
 // Association: element x ends up as  H_0 op H_1 op ... op H_(H-1)  (left fold, hosts ordered by
 // their lowest member), where H_h = m_0 op m_1 op ... is the left fold over host h's members in
@@ -33,6 +39,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives/communicator.h"
 #include "collectives/hierarchical/host_layout.h"
@@ -49,9 +56,11 @@ class HierarchicalCommunicator : public Communicator {
   // Member `index` of a set laid out as `layout`. `flat` spans the whole set and carries every
   // collective but allreduce. The local and cross communicators come from `make`, in an order
   // that cannot deadlock: each member builds its host's group, then its slices' groups in
-  // ascending slice order.
+  // ascending slice order. Buffers up to `latency_bound_bytes` take the two-round path (tests
+  // set 0 or SIZE_MAX to force either).
   HierarchicalCommunicator(HostLayout layout, int index, std::unique_ptr<Communicator> flat,
-                           const CommunicatorFactory& make);
+                           const CommunicatorFactory& make,
+                           size_t latency_bound_bytes = kLatencyBoundBytes);
   ~HierarchicalCommunicator() override;
 
   int rank() const override { return index_; }
@@ -78,7 +87,15 @@ class HierarchicalCommunicator : public Communicator {
 
   const HostLayout& layout() const { return layout_; }
 
+  // Default bound of the two-round allgather path (see above).
+  static constexpr size_t kLatencyBoundBytes = 64 * 1024;
+
  private:
+  void allreduce_by_allgather(void* data, size_t count, DataType dtype, ReduceOp op);
+  // acc = parts[0] op parts[1] op ... op parts[n-1], a left fold as GlooCommunicator's.
+  static void fold(void* acc, const uint8_t* parts, int n, size_t count, DataType dtype,
+                   ReduceOp op);
+  uint8_t* scratch_for(size_t bytes);
   // Runs one step of the allreduce, adding which step and which members to a failure.
   template <typename F>
   void step(const std::string& what, F&& f);
@@ -88,9 +105,11 @@ class HierarchicalCommunicator : public Communicator {
   int host_;         // index of this member's host in layout_.hosts
   int local_index_;  // place among its host's members
   int slices_;       // K
+  size_t latency_bound_bytes_;
   std::unique_ptr<Communicator> flat_;
   std::unique_ptr<Communicator> local_;                 // null when alone on its host
   std::map<int, std::unique_ptr<Communicator>> cross_;  // slice -> group; empty for one host
+  std::vector<uint8_t> scratch_;                        // gathered buffers of the small path
 };
 
 }  // namespace krug::collectives
