@@ -235,10 +235,10 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
   const bool hierarchical = hierarchical_allreduce_.value_or(true) && layout.has_hierarchy();
   const bool report = index == 0;  // one line per set, from its first member
   if (!hierarchical) {
-    if (report && hierarchical_allreduce_.value_or(false) && layout.hosts.size() > 1)
+    if (report && hierarchical_allreduce_.value_or(false) && size > 1)
       log::at(log::Level::kInfo, config_.rank,
-              "process set {}: KRUG_HIERARCHICAL_ALLREDUCE=1, but no host has two of its ranks "
-              "(members by host: {}); allreduce stays flat",
+              "process set {}: KRUG_HIERARCHICAL_ALLREDUCE=1, but a hierarchical allreduce needs "
+              "several hosts with two ranks on one (members by host: {}); allreduce stays flat",
               id, layout.describe());
     return flat;
   }
