@@ -43,6 +43,11 @@ TEST(HostLayout, HierarchyNeedsSeveralHostsAndTwoMembersOnOne) {
   EXPECT_TRUE(HostLayout::from_host_names({"a", "b", "a", "b"}).has_hierarchy());
 }
 
+// memcmp of two possibly empty buffers (an empty vector's data() may be null).
+bool same_bits(const void* a, const void* b, size_t bytes) {
+  return bytes == 0 || std::memcmp(a, b, bytes) == 0;
+}
+
 // ---- Inputs: reproducible on every thread without communication.
 
 uint64_t mix(uint64_t x) {  // splitmix64
@@ -171,7 +176,7 @@ TEST_P(HierarchicalAllreduce, ExactValuesMatchTheFlatRingBitForBit) {
       c.hier.allreduce(floats.data(), count, DataType::kFloat32, op);
       c.flat.allreduce(floats_flat.data(), count, DataType::kFloat32, op);
       ASSERT_EQ(ints, ints_flat);
-      ASSERT_EQ(0, std::memcmp(floats.data(), floats_flat.data(), count * sizeof(float)));
+      ASSERT_TRUE(same_bits(floats.data(), floats_flat.data(), count * sizeof(float)));
       // And both are the true result (the flat ring is checked elsewhere; this guards the test).
       for (size_t i = 0; i < count; i += 1 + count / 64) {
         int64_t want = value(0, i);
@@ -215,7 +220,7 @@ void check_random_floats(Comms& c, const HostLayout& layout, size_t count, DataT
   }
   if (!layout.has_hierarchy()) {
     // One host, or one member per host: the association is the flat one.
-    ASSERT_EQ(0, std::memcmp(hier.data(), flat.data(), count * sizeof(T)));
+    ASSERT_TRUE(same_bits(hier.data(), flat.data(), count * sizeof(T)));
   }
   const uint64_t mine = fnv1a(hier.data(), count * sizeof(T));
   std::vector<uint64_t> all(n);
@@ -244,7 +249,7 @@ TEST_P(HierarchicalAllreduce, FusionLayoutDoesNotChangeBits) {
     for (size_t i = 0; i < count; ++i) alone[i] = fused[kPad + i];
     c.hier.allreduce(alone.data(), count, DataType::kFloat32, ReduceOp::kSum);
     c.hier.allreduce(fused.data(), fused.size(), DataType::kFloat32, ReduceOp::kSum);
-    ASSERT_EQ(0, std::memcmp(alone.data(), fused.data() + kPad, count * sizeof(float)));
+    ASSERT_TRUE(same_bits(alone.data(), fused.data() + kPad, count * sizeof(float)));
   });
 }
 
@@ -304,6 +309,82 @@ TEST(HierarchicalCommunicator, RejectsAFlatCommunicatorOfAnotherShape) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[0 1] [2 3]"), std::string::npos) << e.what();
   }
+}
+
+// A communicator that does nothing but fail where told: for the error path, without a network.
+class FakeCommunicator : public Communicator {
+ public:
+  FakeCommunicator(int rank, int size, bool fail) : rank_(rank), size_(size), fail_(fail) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allreduce(void*, size_t, DataType, ReduceOp) override { maybe_fail("allreduce"); }
+  void reducescatter(const void*, void*, const std::vector<size_t>&, DataType, ReduceOp) override {
+    maybe_fail("reducescatter");
+  }
+  void allgatherv(const void*, void*, const std::vector<size_t>&) override {
+    maybe_fail("allgather");
+  }
+  void broadcast(void*, size_t, int) override {}
+  void alltoallv(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&) override {}
+  void barrier() override {}
+  void sendrecv(const void*, size_t, int, void*, size_t, int) override {}
+  const char* backend_name() const override { return "fake"; }
+
+ private:
+  void maybe_fail(const char* what) {
+    if (fail_) throw Error(std::string("fake ") + what + " failed: peer gone");
+  }
+  int rank_, size_;
+  bool fail_;
+};
+
+TEST(HierarchicalCommunicator, AFailureNamesTheStepTheGroupAndTheMember) {
+  auto layout = HostLayout::from_host_names({"A", "A", "B", "B"});
+  for (size_t bound : {size_t{0}, std::numeric_limits<size_t>::max()}) {
+    std::vector<std::string> scopes;
+    HierarchicalCommunicator hier(
+        layout, 3, std::make_unique<FakeCommunicator>(3, 4, false),
+        [&](const std::string& scope, int rank, int size) -> std::unique_ptr<Communicator> {
+          scopes.push_back(scope);
+          return std::make_unique<FakeCommunicator>(rank, size, scope.rfind("cross/", 0) == 0);
+        },
+        bound);
+    // Member 3 is the second on host B: its host's group, then the group of slice 1.
+    EXPECT_EQ(scopes, (std::vector<std::string>{"local/1", "cross/1"}));
+    std::vector<float> x(1000);
+    try {
+      hier.allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+      ADD_FAILURE() << "the failing cross-host group went unnoticed";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("members by host: [0 1] [2 3]"), std::string::npos) << m;
+      EXPECT_NE(m.find(bound == 0 ? "allreduce across hosts (group of slice 1)"
+                                  : "allgather across hosts (group of slice 1)"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find("member 3"), std::string::npos) << m;
+      EXPECT_NE(m.find("peer gone"), std::string::npos) << m;
+    }
+  }
+}
+
+// On a host with fewer members, each member serves several slices' groups, in slice order.
+TEST(HierarchicalCommunicator, AMemberOfASmallHostJoinsEverySliceItOwns) {
+  auto layout = HostLayout::from_host_names({"A", "A", "A", "B", "C", "C"});
+  auto scopes_of = [&](int index) {
+    std::vector<std::string> scopes;
+    HierarchicalCommunicator hier(
+        layout, index, std::make_unique<FakeCommunicator>(index, 6, false),
+        [&](const std::string& scope, int rank, int size) -> std::unique_ptr<Communicator> {
+          scopes.push_back(scope + " " + std::to_string(rank) + "/" + std::to_string(size));
+          return std::make_unique<FakeCommunicator>(rank, size, false);
+        });
+    return scopes;
+  };
+  EXPECT_EQ(scopes_of(1), (std::vector<std::string>{"local/0 1/3", "cross/1 0/3"}));
+  EXPECT_EQ(scopes_of(3), (std::vector<std::string>{"cross/0 1/3", "cross/1 1/3", "cross/2 1/3"}));
+  EXPECT_EQ(scopes_of(5), (std::vector<std::string>{"local/2 1/2", "cross/1 2/3"}));
+  EXPECT_EQ(scopes_of(4), (std::vector<std::string>{"local/2 0/2", "cross/0 2/3", "cross/2 2/3"}));
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 #include "collectives/hierarchical/hierarchical_communicator.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -38,14 +37,16 @@ HierarchicalCommunicator::HierarchicalCommunicator(HostLayout layout, int index,
 HierarchicalCommunicator::~HierarchicalCommunicator() = default;
 
 template <typename F>
-void HierarchicalCommunicator::step(const std::string& what, F&& f) {
+void HierarchicalCommunicator::step(const char* what, int slice, F&& f) {
   try {
     f();
   } catch (const std::exception& e) {
     // Sub-communicators number their members from 0: say which set member this is.
-    throw Error(fmt::format("hierarchical allreduce (members by host: {}): {} failed on member "
-                            "{}: {}",
-                            layout_.describe(), what, index_, e.what()));
+    throw Error(fmt::format("hierarchical allreduce (members by host: {}): {}{} failed on "
+                            "member {}: {}",
+                            layout_.describe(), what,
+                            slice < 0 ? "" : fmt::format(" (group of slice {})", slice), index_,
+                            e.what()));
   }
 }
 
@@ -70,18 +71,17 @@ void HierarchicalCommunicator::allreduce(void* data, size_t count, DataType dtyp
     return counts;
   };
   if (local_) {
-    step("reduce-scatter inside the host", [&] {
+    step("reduce-scatter inside the host", -1, [&] {
       for (int r = 0; r < rounds; ++r)
         local_->reducescatter(at(r * local_size), at(r * local_size + local_index_),
                               round_counts(r), dtype, op);
     });
   }
   for (auto& [s, cross] : cross_) {
-    step(fmt::format("allreduce of slice {} across hosts", s),
-         [&] { cross->allreduce(at(s), slice_count(s), dtype, op); });
+    step("allreduce across hosts", s, [&] { cross->allreduce(at(s), slice_count(s), dtype, op); });
   }
   if (local_) {
-    step("allgather inside the host", [&] {
+    step("allgather inside the host", -1, [&] {
       for (int r = 0; r < rounds; ++r) {
         auto counts = round_counts(r);
         for (auto& c : counts) c *= esize;
@@ -110,7 +110,7 @@ void HierarchicalCommunicator::allreduce_by_allgather(void* data, size_t count, 
   const int host_count = static_cast<int>(layout_.hosts.size());
   uint8_t* parts = scratch_for(bytes * std::max(local_size, host_count));
   if (local_) {
-    step("allgather inside the host", [&] {
+    step("allgather inside the host", -1, [&] {
       local_->allgatherv(data, parts, std::vector<size_t>(local_size, bytes));
     });
     fold(data, parts, local_size, count, dtype, op);  // this host's partial, on every member
@@ -119,7 +119,7 @@ void HierarchicalCommunicator::allreduce_by_allgather(void* data, size_t count, 
   // Every group this member is in gathers the same host partials (a host's members all hold
   // its partial); a member of several groups (a host with fewer members) serves each of them.
   for (auto& [s, cross] : cross_) {
-    step(fmt::format("allgather of slice {}'s group across hosts", s), [&] {
+    step("allgather across hosts", s, [&] {
       cross->allgatherv(data, parts, std::vector<size_t>(host_count, bytes));
     });
   }

@@ -96,9 +96,10 @@ class HierarchicalCommunicator : public Communicator {
   static void fold(void* acc, const uint8_t* parts, int n, size_t count, DataType dtype,
                    ReduceOp op);
   uint8_t* scratch_for(size_t bytes);
-  // Runs one step of the allreduce, adding which step and which members to a failure.
+  // Runs one step of the allreduce, adding which step, which group (slice >= 0: that slice's
+  // cross-host group) and which member to a failure.
   template <typename F>
-  void step(const std::string& what, F&& f);
+  void step(const char* what, int slice, F&& f);
 
   HostLayout layout_;
   int index_;
