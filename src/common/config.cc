@@ -54,6 +54,14 @@ void assign(const Knob& knob, const Setting& setting, Config& config) {
           auto value = parse_bool_strict(setting.value);
           if (!value) reject(knob, setting);
           config.*member = *value;
+        } else if constexpr (std::is_same_v<T, std::optional<bool>>) {
+          if (to_lower(setting.value) == "auto") {
+            config.*member = std::nullopt;
+            return;
+          }
+          auto value = parse_bool_strict(setting.value);
+          if (!value) reject(knob, setting);
+          config.*member = *value;
         } else if constexpr (std::is_same_v<T, std::string>) {
           if (knob.choices.empty()) {
             config.*member = setting.value;

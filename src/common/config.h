@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct Config {
   // Data plane
   std::string cpu_operations = "gloo";  // KRUG_CPU_OPERATIONS: gloo
   std::string iface;                    // KRUG_GLOO_IFACE: network interface for the data plane
+  // KRUG_HIERARCHICAL_ALLREDUCE: true / false, or nullopt for "auto" (the engine decides per
+  // process set from the hosts its ranks are on).
+  std::optional<bool> hierarchical_allreduce;
   // Topology, set by krugrun (KRUG_RANK ...); -1 = not set
   int rank = -1, size = -1, local_rank = -1, local_size = -1, cross_rank = -1, cross_size = -1;
   std::string hostname;             // KRUG_HOSTNAME (default: gethostname)

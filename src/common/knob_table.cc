@@ -61,6 +61,13 @@ std::vector<Knob> make_table() {
       {.name = "KRUG_GLOO_IFACE", .alias = "HOROVOD_GLOO_IFACE", .unit = "string",
        .field = &Config::iface, .default_text = "unset (Gloo picks one)",
        .doc = "Network interface the data plane binds to (e.g. eth0)."},
+      {.name = "KRUG_HIERARCHICAL_ALLREDUCE", .alias = "HOROVOD_HIERARCHICAL_ALLREDUCE",
+       .unit = "bool or auto", .field = &Config::hierarchical_allreduce,
+       .doc = "Allreduce in three steps: reduce inside each host, allreduce across hosts, "
+              "spread inside each host, so only 1/(ranks on the host) of the data crosses the "
+              "network per rank. auto (and 1) use it for a process set whose ranks are on "
+              "several hosts with more than one rank on some host; 0 never does. See "
+              "docs/architecture.md for how its float sums are associated."},
       // Topology, set by krugrun for each worker.
       {.name = "KRUG_RANK", .alias = "HOROVOD_RANK", .unit = "int", .field = &Config::rank,
        .bounds = kNonNegative, .default_text = "unset",
@@ -119,8 +126,11 @@ std::string default_text(const Knob& knob) {
   std::string text = std::visit(
       [&](auto member) -> std::string {
         const auto& value = defaults.*member;
-        if constexpr (std::is_same_v<std::decay_t<decltype(value)>, bool>)
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, bool>)
           return value ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::optional<bool>>)
+          return value ? (*value ? "true" : "false") : "auto";
         else
           return fmt::format("{}", value);
       },
@@ -135,6 +145,8 @@ std::string accepted_text(const Knob& knob) {
         using T = std::decay_t<decltype(Config{}.*member)>;
         if constexpr (std::is_same_v<T, bool>)
           return "one of 1, 0, true, false, yes, no, on, off";
+        else if constexpr (std::is_same_v<T, std::optional<bool>>)
+          return "one of auto, 1, 0, true, false, yes, no, on, off";
         else if constexpr (std::is_same_v<T, std::string>)
           return "any text";
         else

@@ -15,8 +15,9 @@
 namespace krug::knobs {
 
 // Where a knob's value goes; the member's type decides how the text is parsed.
+// std::optional<bool> is a boolean that may also be "auto" (nullopt).
 using Field = std::variant<int64_t Config::*, int Config::*, double Config::*, bool Config::*,
-                           std::string Config::*>;
+                           std::optional<bool> Config::*, std::string Config::*>;
 
 // Accepted numeric range, checked after parsing (numbers only).
 struct Bounds {

@@ -10,11 +10,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "collectives/adasum.h"
 #include "collectives/gloo/gloo_communicator.h"
+#include "collectives/hierarchical/hierarchical_communicator.h"
 #include "common/log.h"
 #include "controller/negotiator.h"
 #include "controller/response_cache.h"
@@ -78,6 +80,7 @@ class Engine::Impl {
   void shutdown();
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
   std::vector<int32_t> process_set_ranks(int32_t id) const;
+  std::string allreduce_algorithm(int32_t id) const;
   const Config& config() const { return config_; }
 
  private:
@@ -114,7 +117,12 @@ class Engine::Impl {
   std::string root_cause(const std::string& local_error);
   int poll_timeout_ms(Clock::time_point now) const;
   void add_process_set(int32_t id, const std::vector<int32_t>& ranks);
-  std::unique_ptr<collectives::Communicator> make_communicator(int32_t id, int index, int size);
+  std::unique_ptr<collectives::Communicator> make_communicator(int32_t id,
+                                                               const std::vector<int32_t>& ranks,
+                                                               int index);
+  std::unique_ptr<collectives::Communicator> make_gloo(int32_t id, const std::string& scope,
+                                                       int rank, int size);
+  std::optional<bool> agree_on_hierarchical_allreduce();
   void timeline_begin(const std::string& name, std::string_view phase);
   void timeline_end(const std::string& name, std::string_view phase);
 
@@ -125,6 +133,9 @@ class Engine::Impl {
   controller::ResponseCache cache_;
   std::unique_ptr<controller::Negotiator> negotiator_;  // coordinator only
   std::unique_ptr<observe::Timeline> timeline_;         // rank 0 only, when configured
+  // KRUG_HIERARCHICAL_ALLREDUCE as the coordinator has it (nullopt: auto), so that every rank
+  // builds the same communicators even if their environments disagree.
+  std::optional<bool> hierarchical_allreduce_;
   net::Fd wake_;
 
   // Shared with user threads.
@@ -132,6 +143,7 @@ class Engine::Impl {
   std::vector<LocalEntry> queue_;
   std::set<std::string> in_flight_keys_;
   std::map<int32_t, std::vector<int32_t>> set_ranks_;  // mirror of sets_ for user threads
+  std::map<int32_t, std::string> set_allreduce_;       // how each set this rank is in allreduces
   bool shutdown_requested_ = false;
   std::string failure_;  // once set, every pending and future operation fails with it
 
@@ -173,6 +185,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
                                             config_.hostname, *store_, config_.secret, timeout);
   device_ = collectives::make_gloo_device(advertise, config_.iface);
+  hierarchical_allreduce_ = agree_on_hierarchical_allreduce();
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
   add_process_set(0, all);
@@ -184,11 +197,63 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   thread_ = std::thread([this] { run(); });
 }
 
-std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(int32_t id, int index,
-                                                                             int size) {
-  auto prefixed = std::make_shared<rendezvous::PrefixStore>(fmt::format("gloo/{}/", id), store_);
+std::optional<bool> Engine::Impl::agree_on_hierarchical_allreduce() {
+  auto text = [](std::optional<bool> v) { return std::string(v ? (*v ? "1" : "0") : "auto"); };
+  const std::string mine = text(config_.hierarchical_allreduce);
+  constexpr const char* kKey = "engine/hierarchical_allreduce";
+  if (config_.rank == 0) {
+    store_->set(kKey, std::vector<uint8_t>(mine.begin(), mine.end()));
+    return config_.hierarchical_allreduce;
+  }
+  const auto bytes = store_->get(kKey, seconds_to_ms(config_.timeout_seconds));
+  const std::string coordinator(bytes.begin(), bytes.end());
+  if (coordinator != mine)
+    log::at(log::Level::kWarning, config_.rank,
+            "KRUG_HIERARCHICAL_ALLREDUCE is {} here but {} on rank 0; every rank follows rank 0",
+            mine, coordinator);
+  if (coordinator == "auto") return std::nullopt;
+  return coordinator == "1";
+}
+
+std::unique_ptr<collectives::Communicator> Engine::Impl::make_gloo(int32_t id,
+                                                                    const std::string& scope,
+                                                                    int rank, int size) {
+  auto prefixed = std::make_shared<rendezvous::PrefixStore>(
+      scope.empty() ? fmt::format("gloo/{}/", id) : fmt::format("gloo/{}/{}/", id, scope), store_);
   return std::make_unique<collectives::GlooCommunicator>(
-      index, size, std::move(prefixed), device_, seconds_to_ms(config_.timeout_seconds));
+      rank, size, std::move(prefixed), device_, seconds_to_ms(config_.timeout_seconds));
+}
+
+std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
+    int32_t id, const std::vector<int32_t>& ranks, int index) {
+  const int size = static_cast<int>(ranks.size());
+  auto flat = make_gloo(id, "", index, size);
+  std::vector<std::string> hosts;
+  for (int32_t r : ranks) hosts.push_back(control_->host_of(r));
+  auto layout = collectives::HostLayout::from_host_names(hosts);
+  // Every member decides alike: the same coordinator setting, host table and member list. The
+  // choice depends on the topology only, never on timing or message size, because it fixes how
+  // float sums are associated (see hierarchical_communicator.h).
+  const bool hierarchical = hierarchical_allreduce_.value_or(true) && layout.has_hierarchy();
+  const bool report = index == 0;  // one line per set, from its first member
+  if (!hierarchical) {
+    if (report && hierarchical_allreduce_.value_or(false) && size > 1)
+      log::at(log::Level::kInfo, config_.rank,
+              "process set {}: KRUG_HIERARCHICAL_ALLREDUCE=1, but a hierarchical allreduce needs "
+              "several hosts with two ranks on one (members by host: {}); allreduce stays flat",
+              id, layout.describe());
+    return flat;
+  }
+  if (report)
+    log::at(log::Level::kInfo, config_.rank,
+            "process set {}: hierarchical allreduce ({}), members by host: {}", id,
+            hierarchical_allreduce_ ? "KRUG_HIERARCHICAL_ALLREDUCE=1" : "auto",
+            layout.describe());
+  return std::make_unique<collectives::HierarchicalCommunicator>(
+      std::move(layout), index, std::move(flat),
+      [&](const std::string& scope, int rank, int group_size) {
+        return make_gloo(id, "hier/" + scope, rank, group_size);
+      });
 }
 
 void Engine::Impl::add_process_set(int32_t id, const std::vector<int32_t>& ranks) {
@@ -197,11 +262,24 @@ void Engine::Impl::add_process_set(int32_t id, const std::vector<int32_t>& ranks
   auto it = std::find(ranks.begin(), ranks.end(), config_.rank);
   if (it != ranks.end()) {
     state.my_index = static_cast<int>(it - ranks.begin());
-    state.comm = make_communicator(id, state.my_index, static_cast<int>(ranks.size()));
+    state.comm = make_communicator(id, ranks, state.my_index);
   }
+  std::string algorithm;
+  if (auto* h = dynamic_cast<collectives::HierarchicalCommunicator*>(state.comm.get()))
+    algorithm = "hierarchical " + h->layout().describe();
+  else if (state.comm)
+    algorithm = "flat";
   sets_[id] = std::move(state);
   std::lock_guard lock(mu_);
   set_ranks_[id] = ranks;
+  set_allreduce_[id] = algorithm;
+}
+
+std::string Engine::Impl::allreduce_algorithm(int32_t id) const {
+  std::lock_guard lock(mu_);
+  auto it = set_allreduce_.find(id);
+  if (it == set_allreduce_.end()) throw Error(fmt::format("process set {} does not exist", id));
+  return it->second;
 }
 
 std::vector<int32_t> Engine::Impl::process_set_ranks(int32_t id) const {
@@ -558,6 +636,7 @@ void Engine::Impl::execute(const Response& r) {
       {
         std::lock_guard lock(mu_);
         set_ranks_.erase(r.root);
+        set_allreduce_.erase(r.root);
       }
       for (const auto& name : r.names) finish(controller::table_key(0, name));
       return;
@@ -832,5 +911,6 @@ int Engine::size() const { return impl_->config().size; }
 std::vector<int32_t> Engine::process_set_ranks(int32_t id) const {
   return impl_->process_set_ranks(id);
 }
+std::string Engine::allreduce_algorithm(int32_t id) const { return impl_->allreduce_algorithm(id); }
 
 }  // namespace krug::engine

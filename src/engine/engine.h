@@ -61,6 +61,9 @@ class Engine {
   int size() const;
   // Global ranks of a live process set (throws krug::Error for unknown ids).
   std::vector<int32_t> process_set_ranks(int32_t id) const;
+  // How this rank allreduces on process set `id`: "flat", "hierarchical [0 1] [2 3]" (the set's
+  // members grouped by host), or "" when it is not a member. Throws for unknown ids.
+  std::string allreduce_algorithm(int32_t id) const;
 
  private:
   class Impl;

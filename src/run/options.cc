@@ -101,6 +101,13 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
     app.add_option(flag_name(flag.key), k[flag.key], std::string(flag.help))
         ->check(knob_check(flag))
         ->type_name(knob_type_name(flag.kind));
+  // Not a value knob: two switches for one KRUG_HIERARCHICAL_ALLREDUCE (neither = auto).
+  app.add_flag_callback(
+      "--hierarchical-allreduce", [&o] { o.knob_env["KRUG_HIERARCHICAL_ALLREDUCE"] = "1"; },
+      "KRUG_HIERARCHICAL_ALLREDUCE=1 (default: auto)");
+  app.add_flag_callback(
+      "--no-hierarchical-allreduce", [&o] { o.knob_env["KRUG_HIERARCHICAL_ALLREDUCE"] = "0"; },
+      "KRUG_HIERARCHICAL_ALLREDUCE=0");
   // Stop at the first positional: the rest, options included, belongs to the rank command.
   app.prefix_command();
 }
@@ -139,6 +146,9 @@ void set_knobs(const CLI::App& app, const KnobText& k, LaunchOptions& o) {
   for (const KnobFlag& flag : knob_flags())
     if (app.count(flag_name(flag.key)) > 0)
       o.knob_env[std::string(flag.env)] = knob_value(flag, k.at(flag.key));
+  if (app.count("--hierarchical-allreduce") > 0 && app.count("--no-hierarchical-allreduce") > 0)
+    throw Error("krugrun: --hierarchical-allreduce and --no-hierarchical-allreduce contradict "
+                "each other; give one (neither leaves the choice to krug)");
 }
 
 // The flags given on the command line, named by their job spec keys (job_spec.h).

@@ -36,8 +36,10 @@ constexpr auto kRunTimeout = 120s;
 using namespace krug::testing;
 
 std::vector<std::string> job_args(const std::string& marker, int np, const std::string& scenario,
-                                  const std::vector<std::string>& env) {
+                                  const std::vector<std::string>& env,
+                                  const std::vector<std::string>& launcher_flags) {
   std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker};
+  args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
   for (const auto& e : env) {
     args.push_back("-x");
     args.push_back(e);
@@ -50,22 +52,28 @@ std::vector<std::string> job_args(const std::string& marker, int np, const std::
 // One krugrun job running krug_test_worker <scenario>, its ranks marked for the /proc scan.
 class Job : public KrugrunProcess {
  public:
-  Job(int np, const std::string& scenario, const std::vector<std::string>& env = {})
-      : Job(unique_marker("krugmp"), np, scenario, env) {}
+  // `launcher_flags` go to krugrun itself (-H ..., --hierarchical-allreduce).
+  Job(int np, const std::string& scenario, const std::vector<std::string>& env = {},
+      const std::vector<std::string>& launcher_flags = {})
+      : Job(unique_marker("krugmp"), np, scenario, env, launcher_flags) {}
   int wait() { return KrugrunProcess::wait(kRunTimeout); }
   const std::string& marker() const { return marker_; }
 
  private:
-  Job(std::string marker, int np, const std::string& scenario, const std::vector<std::string>& env)
-      : KrugrunProcess(KRUGRUN_PATH, job_args(marker, np, scenario, env)),
+  Job(std::string marker, int np, const std::string& scenario, const std::vector<std::string>& env,
+      const std::vector<std::string>& launcher_flags)
+      : KrugrunProcess(KRUGRUN_PATH, job_args(marker, np, scenario, env, launcher_flags)),
         marker_(std::move(marker)) {}
   std::string marker_;
 };
 
-// Runs a scenario that must pass on every rank.
-void expect_passes(int np, const std::string& scenario, const std::vector<std::string>& env = {}) {
-  Job job(np, scenario, env);
+// Runs a scenario that must pass on every rank; `err`, if given, receives krugrun's stderr.
+void expect_passes(int np, const std::string& scenario, const std::vector<std::string>& env = {},
+                   const std::vector<std::string>& launcher_flags = {},
+                   std::string* err = nullptr) {
+  Job job(np, scenario, env, launcher_flags);
   const int code = job.wait();
+  if (err) *err = job.err();
   ASSERT_NE(code, -1) << scenario << " -np " << np << " did not finish in "
                       << kRunTimeout.count() << " s\n" << job.output();
   EXPECT_EQ(code, 0) << scenario << " -np " << np << "\n" << job.output();
@@ -220,6 +228,59 @@ TEST(Timeline, HasNegotiateAndAllreducePhasesPerTensor) {
     EXPECT_TRUE(phases[tensor].count("ALLREDUCE")) << tensor;
   }
   fs::remove(path);
+}
+
+// ---- Hierarchical allreduce across two host names that both mean this machine: krugrun
+// starts every rank here, and the engine groups them by the host krugrun gave each.
+
+struct HierarchicalCase {
+  std::string scenario;
+  std::string hosts;  // -H
+  int np;
+  std::string layout;  // members by host, as the engine logs it
+};
+
+void PrintTo(const HierarchicalCase& c, std::ostream* os) {
+  *os << c.scenario << " -H " << c.hosts << " -np " << c.np;
+}
+
+class Hierarchical : public ::testing::TestWithParam<HierarchicalCase> {};
+
+TEST_P(Hierarchical, ScenarioPassesWithKnobOn) {
+  const auto& c = GetParam();
+  std::string err;
+  expect_passes(c.np, c.scenario, {"KRUG_HIERARCHICAL_ALLREDUCE=1", "KRUG_LOG_LEVEL=info"},
+                {"-H", c.hosts}, &err);
+  EXPECT_TRUE(contains(err, "process set 0: hierarchical allreduce (KRUG_HIERARCHICAL_ALLREDUCE=1"
+                            "), members by host: " + c.layout))
+      << err;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Scenarios, Hierarchical,
+    ::testing::Values(HierarchicalCase{"ops", "localhost:2,127.0.0.1:2", 4, "[0 1] [2 3]"},
+                      HierarchicalCase{"ops", "localhost:1,127.0.0.1:2", 3, "[0] [1 2]"},
+                      HierarchicalCase{"inflight", "localhost:2,127.0.0.1:2", 4, "[0 1] [2 3]"},
+                      HierarchicalCase{"join", "localhost:2,127.0.0.1:2", 4, "[0 1] [2 3]"},
+                      HierarchicalCase{"process_sets", "localhost:2,127.0.0.1:2", 4,
+                                       "[0 1] [2 3]"}),
+    [](const ::testing::TestParamInfo<HierarchicalCase>& info) {
+      return info.param.scenario + "_np" + std::to_string(info.param.np);
+    });
+
+// Default (auto): hierarchical as soon as ranks sit on several hosts with two on one;
+// krugrun's --no-hierarchical-allreduce turns it off.
+TEST(HierarchicalChoice, AutoUsesItAndTheLauncherFlagTurnsItOff) {
+  const std::vector<std::string> env{"KRUG_LOG_LEVEL=info"};
+  std::string err;
+  expect_passes(4, "ops", env, {"-H", "localhost:2,127.0.0.1:2"}, &err);
+  EXPECT_TRUE(contains(err, "process set 0: hierarchical allreduce (auto)")) << err;
+  expect_passes(4, "ops", env, {"-H", "localhost:2,127.0.0.1:2", "--no-hierarchical-allreduce"},
+                &err);
+  EXPECT_FALSE(contains(err, "hierarchical allreduce")) << err;
+  // One host: nothing to gain, flat even when asked for.
+  expect_passes(4, "ops", env, {"--hierarchical-allreduce"}, &err);
+  EXPECT_FALSE(contains(err, "process set 0: hierarchical allreduce")) << err;
 }
 
 // A worker without krugrun is a job of one (no rendezvous needed).

@@ -254,6 +254,19 @@ TEST(Options, HostfileSshAndInterfaceFlags) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Options, HierarchicalAllreduceFlags) {
+  EXPECT_EQ(parse({"-np", "4", "--hierarchical-allreduce", "true"})
+                .knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"),
+            "1");
+  EXPECT_EQ(parse({"-np", "4", "--no-hierarchical-allreduce", "true"})
+                .knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"),
+            "0");
+  EXPECT_EQ(parse({"-np", "4", "true"}).knob_env.count("KRUG_HIERARCHICAL_ALLREDUCE"), 0u);
+  EXPECT_THROW(
+      parse({"-np", "4", "--hierarchical-allreduce", "--no-hierarchical-allreduce", "true"}),
+      Error);
+}
+
 TEST(Options, UsageErrors) {
   EXPECT_THROW(parse({"true"}), Error);                                  // no -np
   EXPECT_THROW(parse({"-np", "2"}), Error);                              // no command

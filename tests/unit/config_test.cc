@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -48,6 +49,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_FALSE(c.stall_check_disable);
   EXPECT_EQ(c.log_level, "warning");
   EXPECT_EQ(c.cpu_operations, "gloo");
+  EXPECT_EQ(c.hierarchical_allreduce, std::nullopt) << "auto";
   EXPECT_EQ(c.rank, -1);
   EXPECT_EQ(c.size, -1);
   EXPECT_EQ(c.local_rank, -1);
@@ -71,6 +73,7 @@ TEST(ConfigTest, EveryTypeParses) {
       {"KRUG_LOG_LEVEL", "DEBUG"},
       {"KRUG_CPU_OPERATIONS", "Mpi"},
       {"KRUG_GLOO_IFACE", "eth0"},
+      {"KRUG_HIERARCHICAL_ALLREDUCE", "1"},
       {"KRUG_RANK", "3"},
       {"KRUG_SIZE", "4"},
       {"KRUG_LOCAL_RANK", "1"},
@@ -94,6 +97,7 @@ TEST(ConfigTest, EveryTypeParses) {
   EXPECT_EQ(c.log_level, "debug");
   EXPECT_EQ(c.cpu_operations, "mpi") << "parsed here, rejected by the engine";
   EXPECT_EQ(c.iface, "eth0");
+  EXPECT_EQ(c.hierarchical_allreduce, std::optional<bool>(true));
   EXPECT_EQ(c.rank, 3);
   EXPECT_EQ(c.size, 4);
   EXPECT_EQ(c.local_rank, 1);
@@ -120,6 +124,8 @@ TEST(ConfigTest, BadValuesNameTheVariableTheValueAndWhatIsAccepted) {
       {"KRUG_CPU_OPERATIONS", "nccl"},   {"KRUG_RANK", "-2"},
       {"KRUG_RANK", "99999999999"},      {"KRUG_SIZE", "0"},
       {"KRUG_RENDEZVOUS_PORT", "70000"},
+      {"KRUG_HIERARCHICAL_ALLREDUCE", "2"},  {"KRUG_HIERARCHICAL_ALLREDUCE", ""},
+      {"KRUG_HIERARCHICAL_ALLREDUCE", "automatic"},
   };
   for (const auto& [var, value] : cases) {
     SCOPED_TRACE(var + "=" + value);
@@ -137,6 +143,31 @@ TEST(ConfigTest, ErrorsSayWhatIsAccepted) {
   EXPECT_NE(error_of({{"KRUG_CYCLE_TIME", "0"}}).find("> 0"), std::string::npos);
   EXPECT_NE(error_of({{"KRUG_FUSION_THRESHOLD", "x"}}).find("bytes"), std::string::npos);
   EXPECT_NE(error_of({{"KRUG_STALL_CHECK_DISABLE", "2"}}).find("yes, no"), std::string::npos);
+}
+
+// A boolean that may also be "auto": every boolean spelling, "auto" in any case, and the alias.
+TEST(ConfigTest, HierarchicalAllreduceIsABooleanOrAuto) {
+  const auto value = [](const char* text) {
+    return load({{"KRUG_HIERARCHICAL_ALLREDUCE", text}}).hierarchical_allreduce;
+  };
+  EXPECT_EQ(value("auto"), std::nullopt);
+  EXPECT_EQ(value("AUTO"), std::nullopt);
+  EXPECT_EQ(value("1"), std::optional<bool>(true));
+  EXPECT_EQ(value("on"), std::optional<bool>(true));
+  EXPECT_EQ(value("0"), std::optional<bool>(false));
+  EXPECT_EQ(value("False"), std::optional<bool>(false));
+  EXPECT_EQ(load({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "1"}}).hierarchical_allreduce,
+            std::optional<bool>(true));
+  const std::string message = error_of({{"HOROVOD_HIERARCHICAL_ALLREDUCE", "sometimes"}});
+  EXPECT_NE(message.find("HOROVOD_HIERARCHICAL_ALLREDUCE='sometimes' is invalid: expected one "
+                         "of auto, 1, 0"),
+            std::string::npos)
+      << message;
+  for (const KnobDoc& k : knob_docs()) {
+    if (k.name == "KRUG_HIERARCHICAL_ALLREDUCE") {
+      EXPECT_EQ(k.default_value, "auto");
+    }
+  }
 }
 
 TEST(ConfigTest, ErrorNamesTheAliasThatWasSet) {
@@ -173,6 +204,7 @@ TEST(ConfigTest, EveryHorovodAliasIsDeclared) {
       {"KRUG_LOG_LEVEL", "HOROVOD_LOG_LEVEL"},
       {"KRUG_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS"},
       {"KRUG_GLOO_IFACE", "HOROVOD_GLOO_IFACE"},
+      {"KRUG_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"},
       {"KRUG_RANK", "HOROVOD_RANK"},
       {"KRUG_SIZE", "HOROVOD_SIZE"},
       {"KRUG_LOCAL_RANK", "HOROVOD_LOCAL_RANK"},
