@@ -15,6 +15,7 @@
 
 #include "collectives/adasum.h"
 #include "collectives/gloo/gloo_communicator.h"
+#include "collectives/mpi/mpi_backend.h"
 #include "common/log.h"
 #include "controller/negotiator.h"
 #include "controller/response_cache.h"
@@ -114,7 +115,10 @@ class Engine::Impl {
   std::string root_cause(const std::string& local_error);
   int poll_timeout_ms(Clock::time_point now) const;
   void add_process_set(int32_t id, const std::vector<int32_t>& ranks);
-  std::unique_ptr<collectives::Communicator> make_communicator(int32_t id, int index, int size);
+  // The data plane of process set `id` (global `ranks`) for its member at `index`. Called on
+  // members only, on every member in the same order of sets.
+  std::unique_ptr<collectives::Communicator> make_communicator(
+      int32_t id, const std::vector<int32_t>& ranks, int index);
   void timeline_begin(const std::string& name, std::string_view phase);
   void timeline_end(const std::string& name, std::string_view phase);
 
@@ -158,9 +162,11 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
     throw Error(fmt::format("krug: invalid rank {} / size {}: start the job with krugrun, or set "
                             "KRUG_RANK and KRUG_SIZE",
                             config_.rank, config_.size));
-  if (config_.cpu_operations != "gloo")
-    throw Error(fmt::format("KRUG_CPU_OPERATIONS={}: this build has only the gloo backend",
-                            config_.cpu_operations));
+  if (config_.cpu_operations.empty()) config_.cpu_operations = "gloo";
+  if (config_.cpu_operations == "shm")
+    throw Error("KRUG_CPU_OPERATIONS=shm: the shared-memory backend is not in this build; use "
+                "gloo (or mpi when the job is started with krugrun --mpi or mpirun)");
+  if (config_.cpu_operations == "mpi") collectives::mpi::require_world(config_.rank, config_.size);
   if (config_.hostname.empty()) config_.hostname = net::hostname();
   const auto timeout = seconds_to_ms(config_.timeout_seconds);
   const bool single_host = config_.local_size < 0 || config_.local_size == config_.size;
@@ -170,7 +176,8 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   if (!wake_.valid()) throw Error(fmt::format("eventfd failed: {}", std::strerror(errno)));
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
                                             config_.hostname, *store_, config_.secret, timeout);
-  device_ = collectives::make_gloo_device(advertise, config_.iface);
+  if (config_.cpu_operations == "gloo")
+    device_ = collectives::make_gloo_device(advertise, config_.iface);
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
   add_process_set(0, all);
@@ -182,11 +189,18 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   thread_ = std::thread([this] { run(); });
 }
 
-std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(int32_t id, int index,
-                                                                             int size) {
+std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
+    int32_t id, const std::vector<int32_t>& ranks, int index) {
+  const auto timeout = seconds_to_ms(config_.timeout_seconds);
+  if (config_.cpu_operations == "mpi") {
+    collectives::mpi::Options options;
+    options.timeout = timeout;
+    return collectives::mpi::make_communicator(ranks, index, id, options);
+  }
+  const int size = static_cast<int>(ranks.size());
   auto prefixed = std::make_shared<rendezvous::PrefixStore>(fmt::format("gloo/{}/", id), store_);
-  return std::make_unique<collectives::GlooCommunicator>(
-      index, size, std::move(prefixed), device_, seconds_to_ms(config_.timeout_seconds));
+  return std::make_unique<collectives::GlooCommunicator>(index, size, std::move(prefixed), device_,
+                                                         timeout);
 }
 
 void Engine::Impl::add_process_set(int32_t id, const std::vector<int32_t>& ranks) {
@@ -195,7 +209,7 @@ void Engine::Impl::add_process_set(int32_t id, const std::vector<int32_t>& ranks
   auto it = std::find(ranks.begin(), ranks.end(), config_.rank);
   if (it != ranks.end()) {
     state.my_index = static_cast<int>(it - ranks.begin());
-    state.comm = make_communicator(id, state.my_index, static_cast<int>(ranks.size()));
+    state.comm = make_communicator(id, ranks, state.my_index);
   }
   sets_[id] = std::move(state);
   std::lock_guard lock(mu_);

@@ -9,6 +9,7 @@
 #include "krug/types.h"
 #include "rendezvous/server.h"
 #include "run/hosts.h"
+#include "run/mpi_run.h"
 #include "run/options.h"
 #include "run/rank_env.h"
 #include "run/signals.h"
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
   auto parsed = krug::run::parse_command_line(argc, argv);
   if (const int* code = std::get_if<int>(&parsed)) return *code;
   try {
-    return krug::run::launch(std::get<krug::run::LaunchOptions>(parsed));
+    const auto& options = std::get<krug::run::LaunchOptions>(parsed);
+    return options.mpi ? krug::run::launch_mpi(options) : krug::run::launch(options);
   } catch (const krug::Error& e) {
     // Ranks already started were killed and reaped by their RankProcess destructors.
     std::fprintf(stderr, "%s\n", e.what());

@@ -53,6 +53,8 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobFlags& k, std::vector<std::s
   app.add_flag("--verbose", o.verbose, "Print the rendezvous address and each rank's start");
   app.add_flag("--no-prefix", [&o](int64_t) { o.prefix = false; },
                "Do not prefix output lines with [rank]<stdout>:");
+  app.add_flag("--mpi", o.mpi,
+               "Start the ranks with Open MPI's mpirun (KRUG_CPU_OPERATIONS=mpi unless set)");
   app.add_option("--start-timeout", o.start_timeout_s, "Seconds to start remote ranks")
       ->check(number_at_least(0, false));
   app.add_option("--fusion-threshold-mb", k.fusion_threshold_mb, "KRUG_FUSION_THRESHOLD in MiB")

@@ -21,6 +21,7 @@ struct LaunchOptions {
   std::string output_dir;                  // --output-filename
   bool verbose = false;
   bool prefix = true;                      // false with --no-prefix
+  bool mpi = false;                        // --mpi: start the ranks with mpirun (run/mpi_run.h)
   double start_timeout_s = 30.0;           // only used once remote starts exist
   std::vector<std::string> command;
 };

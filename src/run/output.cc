@@ -7,6 +7,11 @@
 namespace krug::run {
 
 void LineBuffer::emit(std::string_view line, std::string& out) const {
+  if (rewrite_) {
+    out.append(rewrite_(line));
+    out.push_back('\n');
+    return;
+  }
   out.append(prefix_);
   out.append(line);
   out.push_back('\n');
@@ -43,8 +48,9 @@ std::string output_prefix(int rank, bool is_stderr) {
   return "[" + std::to_string(rank) + (is_stderr ? "]<stderr>:" : "]<stdout>:");
 }
 
-StreamPump::StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file)
-    : pipe_(std::move(pipe)), terminal_fd_(terminal_fd), lines_(std::move(prefix)),
+StreamPump::StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file,
+                       LineBuffer::Rewrite rewrite)
+    : pipe_(std::move(pipe)), terminal_fd_(terminal_fd), lines_(std::move(prefix), std::move(rewrite)),
       copy_(std::move(copy_file)) {}
 
 void StreamPump::on_readable() {

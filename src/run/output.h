@@ -2,6 +2,7 @@
 // interleave mid-line on krugrun's own stdout / stderr.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -12,7 +13,11 @@ namespace krug::run {
 // Splits a byte stream into complete lines and prefixes each one. Pure; unit-tested.
 class LineBuffer {
  public:
-  explicit LineBuffer(std::string prefix) : prefix_(std::move(prefix)) {}
+  // Emits each line as `rewrite(line)` instead of prefix + line when `rewrite` is set (krugrun
+  // --mpi turns mpirun's output tags into krugrun's).
+  using Rewrite = std::function<std::string(std::string_view line)>;
+  explicit LineBuffer(std::string prefix, Rewrite rewrite = {})
+      : prefix_(std::move(prefix)), rewrite_(std::move(rewrite)) {}
   // Appends every complete line of data (prefix + line + '\n') to `out`; keeps the rest.
   void feed(std::string_view data, std::string& out);
   // End of stream: a partial last line is emitted with a newline added.
@@ -25,6 +30,7 @@ class LineBuffer {
  private:
   void emit(std::string_view line, std::string& out) const;
   std::string prefix_;
+  Rewrite rewrite_;
   std::string partial_;
 };
 
@@ -34,7 +40,8 @@ std::string output_prefix(int rank, bool is_stderr);  // "[3]<stderr>:"
 // and, with --output-filename, the raw bytes to a file.
 class StreamPump {
  public:
-  StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file);
+  StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file,
+             LineBuffer::Rewrite rewrite = {});
   int fd() const { return pipe_.get(); }
   bool open() const { return static_cast<bool>(pipe_); }
   // Call when poll() reports the pipe readable or hung up: forwards what one read returns;

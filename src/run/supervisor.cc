@@ -14,10 +14,13 @@
 
 namespace krug::run {
 
-Supervisor::Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose)
-    : ranks_(std::move(ranks)), signal_fd_(std::move(signal_fd)), verbose_(verbose) {}
+Supervisor::Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose,
+                       std::string name)
+    : ranks_(std::move(ranks)), signal_fd_(std::move(signal_fd)), verbose_(verbose),
+      name_(std::move(name)) {}
 
 std::string Supervisor::who(size_t i) const {
+  if (!name_.empty()) return name_;
   return fmt::format("rank {} on host {}", ranks_[i].slot.rank, ranks_[i].slot.host);
 }
 
@@ -108,8 +111,8 @@ void Supervisor::on_exit(size_t i) {
   if (ok) return;
   if (stop_ == Stop::kNone) {
     root_cause_ = i;
-    fmt::print(stderr, "krugrun: {} {}; stopping the other ranks\n", who(i),
-               describe_wait_status(status));
+    fmt::print(stderr, "krugrun: {} {}{}\n", who(i), describe_wait_status(status),
+               ranks_.size() > 1 ? "; stopping the other ranks" : "");
     begin_stop(Stop::kFailure);
   } else {
     also_stopped_.push_back(i);

@@ -14,6 +14,7 @@
 #include "krugrun_process.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,9 +36,20 @@ constexpr auto kRunTimeout = 120s;
 
 using namespace krug::testing;
 
+// KRUG_TEST_LAUNCH=mpi (the ctest entries named mpi.*) runs every job as `krugrun --mpi`:
+// mpirun starts the ranks and the data plane is MPI. Same scenarios, same expectations, except
+// where noted (mpirun, not krugrun, supervises the ranks).
+bool mpi_launch() {
+  const char* launch = std::getenv("KRUG_TEST_LAUNCH");
+  return launch != nullptr && std::string(launch) == "mpi";
+}
+
+std::string expected_data_plane() { return mpi_launch() ? "mpi" : "gloo"; }
+
 std::vector<std::string> job_args(const std::string& marker, int np, const std::string& scenario,
                                   const std::vector<std::string>& env) {
   std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker};
+  if (mpi_launch()) args.insert(args.begin(), "--mpi");
   for (const auto& e : env) {
     args.push_back("-x");
     args.push_back(e);
@@ -69,9 +81,11 @@ void expect_passes(int np, const std::string& scenario, const std::vector<std::s
   ASSERT_NE(code, -1) << scenario << " -np " << np << " did not finish in "
                       << kRunTimeout.count() << " s\n" << job.output();
   EXPECT_EQ(code, 0) << scenario << " -np " << np << "\n" << job.output();
-  for (int r = 0; r < np; ++r)
+  for (int r = 0; r < np; ++r) {
     EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": " + scenario + " OK"))
         << "rank " << r << " did not report success\n" << job.output();
+    EXPECT_TRUE(job.rank_printed(r, "data plane " + expected_data_plane())) << job.output();
+  }
   EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
 }
 
@@ -87,6 +101,10 @@ TEST_P(AllSizes, EveryOpAndDtype) { expect_passes(GetParam(), "ops"); }
 TEST_P(AllSizes, ThousandAllreducesInFlight) { expect_passes(GetParam(), "inflight"); }
 TEST_P(AllSizes, JoinWithUnevenBatches) { expect_passes(GetParam(), "join"); }
 TEST_P(AllSizes, InitShutdownInitAgain) { expect_passes(GetParam(), "reinit"); }
+TEST_P(AllSizes, TopologyOfOneHost) { expect_passes(GetParam(), "topology"); }
+TEST_P(AllSizes, SumsAreBitwiseRankOrderedWhateverTheFusion) {
+  expect_passes(GetParam(), "determinism");
+}
 
 INSTANTIATE_TEST_SUITE_P(Np, AllSizes, ::testing::Values(1, 2, 3, 4), np_name);
 
@@ -136,9 +154,22 @@ INSTANTIATE_TEST_SUITE_P(
 
 class Failures : public ::testing::TestWithParam<int> {};
 
+// Under `krugrun --mpi`, mpirun supervises the ranks: when one is killed it aborts the job
+// (the MPI model), so the survivors may be stopped before they report; krugrun passes on
+// mpirun's status and mpirun names the rank.
+void expect_killed_rank_reported_by_mpirun(Job& job, int victim) {
+  EXPECT_EQ(job.wait(), 128 + 9) << job.output();
+  const auto err_lines = lines_of(job.err());
+  ASSERT_FALSE(err_lines.empty()) << job.output();
+  EXPECT_EQ(err_lines.back(), "krugrun: mpirun exited with status 137") << job.output();
+  EXPECT_TRUE(contains(job.err(), "process rank " + std::to_string(victim))) << job.output();
+  EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
 // `victim` SIGKILLs itself after a first allreduce while the others wait on a second one.
 void expect_killed_rank_reported(int np, const std::string& scenario, int victim) {
   Job job(np, scenario);
+  if (mpi_launch()) return expect_killed_rank_reported_by_mpirun(job, victim);
   const int code = job.wait();
   ASSERT_NE(code, -1) << job.output();
   EXPECT_EQ(code, 128 + 9) << job.output();

@@ -47,7 +47,7 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(c.stall_shutdown_seconds, 0);
   EXPECT_FALSE(c.stall_check_disable);
   EXPECT_EQ(c.log_level, "warning");
-  EXPECT_EQ(c.cpu_operations, "gloo");
+  EXPECT_EQ(c.cpu_operations, "") << "unset: init() picks mpi under mpirun, gloo otherwise";
   EXPECT_EQ(c.rank, -1);
   EXPECT_EQ(c.size, -1);
   EXPECT_EQ(c.local_rank, -1);
