@@ -90,22 +90,33 @@ MpirunCommand mpirun_command(const LaunchOptions& options, const EnvMap& base, c
   return cmd;
 }
 
-std::string retag_mpirun_line(std::string_view line) {
-  std::string out;
-  out.reserve(line.size());
-  size_t copied = 0;  // line[0, copied) is in `out`
+void MpirunOutput::line(std::string_view line, std::string& out) {
+  // Split at tags into (prefix, text) pieces; text before the first tag is mpirun's own.
+  std::string prefix;
+  size_t begin = 0;
+  auto flush_piece = [&](size_t end, bool ends_line) {
+    std::string& held = partial_[prefix];
+    held.append(line.substr(begin, end - begin));
+    if (!ends_line) return;
+    out.append(prefix).append(held).push_back('\n');
+    partial_.erase(prefix);
+  };
   for (size_t at = line.find('['); at != std::string_view::npos; at = line.find('[', at + 1)) {
     std::string_view rank, stream;
     const size_t length = tag_at(line.substr(at), rank, stream);
     if (length == 0) continue;
-    out.append(line.substr(copied, at - copied));
-    if (at > 0) out.push_back('\n');
-    out.append("[").append(rank).append("]").append(stream);
-    copied = at + length;
-    at = copied - 1;
+    if (at > 0) flush_piece(at, false);
+    prefix = "[" + std::string(rank) + "]" + std::string(stream);
+    begin = at + length;
+    at = begin - 1;
   }
-  out.append(line.substr(copied));
-  return out;
+  flush_piece(line.size(), true);
+}
+
+void MpirunOutput::finish(std::string& out) {
+  for (const auto& [prefix, held] : partial_)
+    if (!held.empty()) out.append(prefix).append(held).push_back('\n');
+  partial_.clear();
 }
 
 RendezvousPlace mpi_rendezvous_place(const std::vector<HostSlots>& hosts,

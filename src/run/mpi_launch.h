@@ -5,12 +5,14 @@
 // MPI_COMM_WORLD instead. Pure functions, unit-tested without processes.
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "run/hosts.h"
 #include "run/options.h"
+#include "run/output.h"
 #include "run/rank_env.h"
 
 namespace krug::run {
@@ -31,11 +33,19 @@ struct MpirunCommand {
 MpirunCommand mpirun_command(const LaunchOptions& options, const EnvMap& base, const JobInfo& job,
                              bool as_root, const std::string& mpirun = "mpirun");
 
-// Rewrites Open MPI's output tags "[<job>,<rank>]<stdout>:" to krugrun's "[<rank>]<stdout>:"
-// (likewise stderr) so that output looks the same with and without --mpi. mpirun tags chunks,
-// not lines, so a rank's unterminated last line can run into the next rank's tag: such a tag in
-// mid-line starts a new line. Lines without tags (mpirun's own messages) are kept as they are.
-std::string retag_mpirun_line(std::string_view line);
+// mpirun's output with --tag-output, regrouped into krugrun's lines "[<rank>]<stdout>:text".
+// mpirun tags every chunk a rank writes ("[<job>,<rank>]<stdout>:"), not every line: a rank's
+// unterminated write runs into the next chunk's tag, which may be another rank's, so a line of
+// mpirun's output can hold pieces of several ranks' lines. Each piece is held back per rank
+// until that rank's line ends. Untagged lines (mpirun's own messages) pass through unchanged.
+class MpirunOutput : public LineRewriter {
+ public:
+  void line(std::string_view line, std::string& out) override;
+  void finish(std::string& out) override;
+
+ private:
+  std::map<std::string, std::string> partial_;  // krugrun prefix ("" = mpirun) -> held text
+};
 
 // Where krugrun's rendezvous server listens and what it tells ranks: loopback when every host
 // is this machine, else every interface under this host's name (ranks mpirun starts elsewhere

@@ -66,13 +66,15 @@ int launch_mpi(const LaunchOptions& options) {
       LocalStarter().start(RankLaunch{slot, cmd.argv, to_envp(cmd.env), options.forward_env});
   // mpirun tags every line with its rank (--tag-output) unless --no-prefix; mpirun writes the
   // ranks' files itself for --output-filename.
-  LineBuffer::Rewrite retag;
-  if (options.prefix) retag = [](std::string_view line) { return retag_mpirun_line(line); };
+  auto regroup = [&]() -> std::unique_ptr<LineRewriter> {
+    if (!options.prefix) return nullptr;
+    return std::make_unique<MpirunOutput>();
+  };
   std::vector<SupervisedRank> ranks;
   ranks.push_back(SupervisedRank{
       slot, std::move(started.process),
-      StreamPump(std::move(started.stdout_pipe), STDOUT_FILENO, "", Fd(), retag),
-      StreamPump(std::move(started.stderr_pipe), STDERR_FILENO, "", Fd(), retag)});
+      StreamPump(std::move(started.stdout_pipe), STDOUT_FILENO, "", Fd(), regroup()),
+      StreamPump(std::move(started.stderr_pipe), STDERR_FILENO, "", Fd(), regroup())});
   // The server outlives the supervisor: it is destroyed only after mpirun is gone.
   return Supervisor(std::move(ranks), std::move(signal_fd), options.verbose, "mpirun").run();
 }
