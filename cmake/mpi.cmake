@@ -4,7 +4,8 @@
 #
 # Without it, src/collectives/mpi_absent/mpi_absent.cc stands in: the same functions, each throwing an
 # error that says how to get the backend, so the engine and init() need no #ifdef.
-# Sets KRUG_MPI_ENABLED and, when enabled, KRUG_MPIEXEC (mpirun) for the tests.
+# Sets KRUG_MPI_ENABLED and, when enabled, KRUG_MPIEXEC (mpirun) and KRUG_MPIRUN_ENV for the
+# tests.
 
 set(KRUG_MPI_ENABLED OFF)
 string(TOUPPER "${KRUG_WITH_MPI}" KRUG_WITH_MPI)
@@ -25,6 +26,10 @@ else()
   if(MPI_C_FOUND AND MPIEXEC_EXECUTABLE)
     set(KRUG_MPI_ENABLED ON)
     set(KRUG_MPIEXEC ${MPIEXEC_EXECUTABLE})
+    # For tests that run mpirun directly: it refuses to run as root (containers) unless told;
+    # these tell it, and change nothing for other users. (krugrun --mpi and krug_mpirun_tests
+    # pass --allow-run-as-root themselves when root.)
+    set(KRUG_MPIRUN_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
     message(STATUS "krug: MPI backend enabled (MPI ${MPI_C_VERSION}, ${MPIEXEC_EXECUTABLE})")
   elseif(KRUG_WITH_MPI STREQUAL "ON")
     message(FATAL_ERROR "KRUG_WITH_MPI=ON but MPI's C bindings or mpirun were not found. "

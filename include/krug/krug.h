@@ -87,6 +87,9 @@ int cross_size();
 std::string cpu_operations();
 // Whether this build has the MPI backend (Open MPI was found when krug was built).
 bool mpi_built();
+// Whether krug runs on MPI and MPI allows calls from several threads at once
+// (MPI_THREAD_MULTIPLE), so the program may make its own MPI calls beside krug's.
+bool mpi_threads_supported();
 
 struct ReduceOptions {
   ReduceOp op = ReduceOp::kAverage;

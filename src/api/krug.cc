@@ -166,6 +166,9 @@ int cross_size() {
 
 std::string cpu_operations() { return current()->config().cpu_operations; }
 bool mpi_built() { return collectives::mpi::built(); }
+bool mpi_threads_supported() {
+  return cpu_operations() == "mpi" && collectives::mpi::thread_multiple();
+}
 
 Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
                        const Shape& shape, const ReduceOptions& options) {

@@ -26,6 +26,9 @@ bool built();
 // function-local static is constructed makes MPI outlive that static (see mpi_environment.h).
 void pin_lifetime();
 
+// Whether MPI is initialized with MPI_THREAD_MULTIPLE.
+bool thread_multiple();
+
 // Where this process sits in MPI_COMM_WORLD; local = same host (MPI_COMM_TYPE_SHARED), cross =
 // the processes with the same local rank. Initializes MPI if needed. Collective: every process
 // of MPI_COMM_WORLD calls it.

@@ -77,4 +77,11 @@ bool built() { return true; }
 
 void pin_lifetime() { Environment::get(); }
 
+bool thread_multiple() {
+  int initialized = 0, level = MPI_THREAD_SINGLE;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Query_thread(&level);
+  return level == MPI_THREAD_MULTIPLE;
+}
+
 }  // namespace krug::collectives::mpi

@@ -22,6 +22,8 @@ bool built() { return false; }
 
 void pin_lifetime() {}
 
+bool thread_multiple() { return false; }
+
 WorldTopology world_topology() {
   not_built("this process was started by mpirun (OMPI_COMM_WORLD_SIZE is set)");
 }
