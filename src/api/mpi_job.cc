@@ -19,8 +19,9 @@ namespace {
 void start_server(const Config& config, bool single_host, MpiBootstrap& b) {
   b.secret = rendezvous::make_job_secret();
   b.server = std::make_unique<rendezvous::RendezvousServer>(
-      single_host ? "127.0.0.1" : "", 0, b.secret,
-      [rank = config.rank](const std::string& m) { log::at(log::Level::kWarning, rank, "rendezvous: {}", m); });
+      single_host ? "127.0.0.1" : "", 0, b.secret, [rank = config.rank](const std::string& m) {
+        log::at(log::Level::kWarning, rank, "rendezvous: {}", m);
+      });
   b.addr = single_host ? "127.0.0.1" : config.hostname;
   b.port = b.server->port();
 }
@@ -49,7 +50,8 @@ void start_and_share_server(const Config& config, bool single_host, MpiBootstrap
     at = nl + 1;
   }
   const auto port = parts.size() == 4 ? parse_int64_strict(parts[2]) : std::nullopt;
-  if (parts[0] != "ok" || !port) throw Error("krug: malformed rendezvous address from rank 0 over MPI");
+  if (parts[0] != "ok" || !port)
+    throw Error("krug: malformed rendezvous address from rank 0 over MPI");
   b.addr = parts[1];
   b.port = static_cast<int>(*port);
   b.secret = parts[3];
@@ -65,9 +67,10 @@ bool started_by_mpirun(const Config& config, const GetEnv& getenv) {
 void configure_from_mpi(Config& config, MpiBootstrap& bootstrap) {
   const auto world = collectives::mpi::world_topology();
   if (config.size >= 0 && config.size != world.size)
-    throw Error(fmt::format("krug: KRUG_SIZE={} but mpirun started {} processes; leave KRUG_SIZE "
-                            "unset under mpirun",
-                            config.size, world.size));
+    throw Error(
+        fmt::format("krug: KRUG_SIZE={} but mpirun started {} processes; leave KRUG_SIZE "
+                    "unset under mpirun",
+                    config.size, world.size));
   config.rank = world.rank;
   config.size = world.size;
   config.local_rank = world.local_rank;
@@ -77,7 +80,8 @@ void configure_from_mpi(Config& config, MpiBootstrap& bootstrap) {
   if (config.cpu_operations.empty()) config.cpu_operations = "mpi";
   // krugrun --mpi runs the rendezvous server and passes its address; a job of one needs none.
   if (!config.rendezvous_addr.empty() || config.size == 1) return;
-  if (bootstrap.port == 0) start_and_share_server(config, world.local_size == world.size, bootstrap);
+  if (bootstrap.port == 0)
+    start_and_share_server(config, world.local_size == world.size, bootstrap);
   config.rendezvous_addr = bootstrap.addr;
   config.rendezvous_port = bootstrap.port;
   config.secret = bootstrap.secret;

@@ -10,16 +10,19 @@ namespace {
 // Per-rank variables krugrun sets without --mpi; under mpirun they would be the same (wrong)
 // value on every rank, so they are dropped and init() takes the topology from MPI.
 constexpr const char* kTopologyVariables[] = {
-    "KRUG_RANK",       "KRUG_SIZE",       "KRUG_LOCAL_RANK",       "KRUG_LOCAL_SIZE",
-    "KRUG_CROSS_RANK", "KRUG_CROSS_SIZE", "KRUG_HOSTNAME",         "HOROVOD_RANK",
-    "HOROVOD_SIZE",    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+    "KRUG_RANK",          "KRUG_SIZE",          "KRUG_LOCAL_RANK",    "KRUG_LOCAL_SIZE",
+    "KRUG_CROSS_RANK",    "KRUG_CROSS_SIZE",    "KRUG_HOSTNAME",      "HOROVOD_RANK",
+    "HOROVOD_SIZE",       "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
     "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME"};
 
-bool starts_with(std::string_view s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
 std::string host_list(const std::vector<HostSlots>& hosts) {
   std::string list;
-  for (const auto& h : hosts) list += (list.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
+  for (const auto& h : hosts)
+    list += (list.empty() ? "" : ",") + h.host + ":" + std::to_string(h.slots);
   return list;
 }
 
@@ -75,7 +78,8 @@ MpirunCommand mpirun_command(const LaunchOptions& options, const EnvMap& base, c
   argv.insert(argv.end(), {"-np", std::to_string(options.np), "--host", host_list(options.hosts),
                            "--bind-to", "none", "--map-by", "slot"});
   if (options.prefix) argv.push_back("--tag-output");
-  if (!options.output_dir.empty()) argv.insert(argv.end(), {"--output-filename", options.output_dir});
+  if (!options.output_dir.empty())
+    argv.insert(argv.end(), {"--output-filename", options.output_dir});
   // mpirun hands its own environment to ranks on this host only; -x carries a variable to
   // every host.
   std::set<std::string> passed;

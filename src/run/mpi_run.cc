@@ -37,22 +37,22 @@ std::string find_on_path(std::string_view name) {
 int launch_mpi(const LaunchOptions& options) {
   const std::string mpirun = find_on_path("mpirun");
   if (mpirun.empty())
-    throw Error("krugrun --mpi: mpirun was not found on PATH. Install Open MPI (Debian: "
-                "openmpi-bin libopenmpi-dev, see scripts/install-deps), or run without --mpi to "
-                "start the ranks with krugrun itself");
+    throw Error(
+        "krugrun --mpi: mpirun was not found on PATH. Install Open MPI (Debian: "
+        "openmpi-bin libopenmpi-dev, see scripts/install-deps), or run without --mpi to "
+        "start the ranks with krugrun itself");
   const std::string this_host = local_hostname();
   const RendezvousPlace place = mpi_rendezvous_place(options.hosts, this_host);
 
   Fd signal_fd = open_signal_fd();
-  JobInfo job{place.advertise, 0, rendezvous::make_job_secret(), make_job_id(),
-              build_python_dir()};
+  JobInfo job{place.advertise, 0, rendezvous::make_job_secret(), make_job_id(), build_python_dir()};
   rendezvous::RendezvousServer server(place.bind_host, 0, job.secret, [](const std::string& m) {
     std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
   });
   job.rendezvous_port = server.port();
 
-  const MpirunCommand cmd = mpirun_command(options, current_environment(), job,
-                                           ::geteuid() == 0, mpirun);
+  const MpirunCommand cmd =
+      mpirun_command(options, current_environment(), job, ::geteuid() == 0, mpirun);
   if (options.verbose) {
     std::string line;
     for (const auto& a : cmd.argv) line += (line.empty() ? "" : " ") + a;

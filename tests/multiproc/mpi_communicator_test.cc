@@ -23,10 +23,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr DataType kAllTypes[] = {
-    DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,   DataType::kInt32,
-    DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16, DataType::kFloat32,
-    DataType::kFloat64, DataType::kBool};
+constexpr DataType kAllTypes[] = {DataType::kUInt8,    DataType::kInt8,    DataType::kInt16,
+                                  DataType::kInt32,    DataType::kInt64,   DataType::kFloat16,
+                                  DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
+                                  DataType::kBool};
 
 const WorldTopology& world() {
   static const WorldTopology topology = world_topology();
@@ -65,22 +65,43 @@ std::vector<int32_t> all_ranks() {
 std::vector<uint8_t> input(int r, DataType dtype, size_t count) {
   std::vector<uint8_t> out(count * dtype_size(dtype));
   for (size_t i = 0; i < count; ++i) {
-    const uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(r + 1) * 40503u;
+    const uint32_t h =
+        static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(r + 1) * 40503u;
     const int small = static_cast<int>(h % 7) - 3 + (dtype == DataType::kUInt8 ? 3 : 0);
     const double wide = std::ldexp(1.0 + (h % 1000003u) / 1000003.0, static_cast<int>(h % 9) - 4);
     void* p = out.data() + i * dtype_size(dtype);
     auto put = [&](auto v) { std::memcpy(p, &v, sizeof(v)); };
     switch (dtype) {
-      case DataType::kUInt8: put(static_cast<uint8_t>(small)); break;
-      case DataType::kInt8: put(static_cast<int8_t>(small)); break;
-      case DataType::kInt16: put(static_cast<int16_t>(small)); break;
-      case DataType::kInt32: put(static_cast<int32_t>(small)); break;
-      case DataType::kInt64: put(static_cast<int64_t>(small)); break;
-      case DataType::kFloat16: put(reduce::float_to_half(static_cast<float>(small) / 4)); break;
-      case DataType::kBFloat16: put(reduce::float_to_bfloat16(static_cast<float>(small) / 4)); break;
-      case DataType::kFloat32: put(static_cast<float>(wide)); break;
-      case DataType::kFloat64: put(wide); break;
-      case DataType::kBool: put(static_cast<uint8_t>(h % 3 == 0)); break;
+      case DataType::kUInt8:
+        put(static_cast<uint8_t>(small));
+        break;
+      case DataType::kInt8:
+        put(static_cast<int8_t>(small));
+        break;
+      case DataType::kInt16:
+        put(static_cast<int16_t>(small));
+        break;
+      case DataType::kInt32:
+        put(static_cast<int32_t>(small));
+        break;
+      case DataType::kInt64:
+        put(static_cast<int64_t>(small));
+        break;
+      case DataType::kFloat16:
+        put(reduce::float_to_half(static_cast<float>(small) / 4));
+        break;
+      case DataType::kBFloat16:
+        put(reduce::float_to_bfloat16(static_cast<float>(small) / 4));
+        break;
+      case DataType::kFloat32:
+        put(static_cast<float>(wide));
+        break;
+      case DataType::kFloat64:
+        put(wide);
+        break;
+      case DataType::kBool:
+        put(static_cast<uint8_t>(h % 3 == 0));
+        break;
     }
   }
   return out;
@@ -143,8 +164,7 @@ TEST(MpiCommunicator, AllreduceInPiecesAndSegmentsIsBitwiseTheSame) {
     for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
       auto data = input(world().rank, dtype, count);
       comm->allreduce(data.data(), count, dtype, ReduceOp::kSum);
-      EXPECT_TRUE(data == reference(dtype, ReduceOp::kSum, count))
-          << where(dtype, count);
+      EXPECT_TRUE(data == reference(dtype, ReduceOp::kSum, count)) << where(dtype, count);
     }
 }
 
@@ -193,8 +213,9 @@ TEST(MpiCommunicator, AllgathervUnevenAndEmptyInPieces) {
   std::vector<uint8_t> want;
   for (int r = 0; r < n; ++r)
     for (size_t i = 0; i < bytes[r]; ++i) want.push_back(static_cast<uint8_t>(r * 31 + i));
-  std::vector<uint8_t> mine(want.begin() + std::accumulate(bytes.begin(), bytes.begin() + world().rank, size_t{0}),
-                            want.begin() + std::accumulate(bytes.begin(), bytes.begin() + world().rank + 1, size_t{0}));
+  std::vector<uint8_t> mine(
+      want.begin() + std::accumulate(bytes.begin(), bytes.begin() + world().rank, size_t{0}),
+      want.begin() + std::accumulate(bytes.begin(), bytes.begin() + world().rank + 1, size_t{0}));
   std::vector<uint8_t> out(want.size(), 0);
   comm->allgatherv(mine.data(), out.data(), bytes);
   EXPECT_EQ(out, want);

@@ -1,5 +1,7 @@
 // Unit tests of `krugrun --mpi`'s pure parts: the mpirun command line and environment, the
 // rewriting of mpirun's output tags, and where the rendezvous server listens. No processes.
+#include "run/mpi_launch.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +9,6 @@
 #include <variant>
 #include <vector>
 
-#include "run/mpi_launch.h"
 #include "run/options.h"
 #include "run/output.h"
 
@@ -42,8 +43,8 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
 }
 
 TEST(MpirunCommand, MapsKrugrunFlagsToMpirunAndEndsWithTheCommand) {
-  LaunchOptions o = parse({"--mpi", "-np", "3", "-H", "localhost:2,node1:4", "python3", "t.py",
-                           "-np", "9"});
+  LaunchOptions o =
+      parse({"--mpi", "-np", "3", "-H", "localhost:2,node1:4", "python3", "t.py", "-np", "9"});
   EXPECT_TRUE(o.mpi);
   MpirunCommand cmd = mpirun_command(o, {}, kJob, /*as_root=*/false, "/usr/bin/mpirun");
   const auto& a = cmd.argv;
@@ -77,8 +78,9 @@ TEST(MpirunCommand, NoPrefixAndOutputFilenameGoToMpirun) {
 TEST(MpirunCommand, EnvironmentCarriesTheJobButNoPerRankTopology) {
   LaunchOptions o = parse({"--mpi", "-np", "2", "--cycle-time-ms", "5", "-x", "FOO=bar", "-x",
                            "HOME", "-x", "UNSET_VAR", "true"});
-  const EnvMap base{{"HOME", "/root"},         {"PATH", "/bin"},          {"KRUG_RANK", "7"},
-                    {"HOROVOD_LOCAL_RANK", "1"}, {"KRUG_HOSTNAME", "old"}, {"KRUG_LOG_LEVEL", "info"}};
+  const EnvMap base{{"HOME", "/root"},        {"PATH", "/bin"},
+                    {"KRUG_RANK", "7"},       {"HOROVOD_LOCAL_RANK", "1"},
+                    {"KRUG_HOSTNAME", "old"}, {"KRUG_LOG_LEVEL", "info"}};
   MpirunCommand cmd = mpirun_command(o, base, kJob, false);
   EnvMap& env = cmd.env;
   EXPECT_EQ(env.count("KRUG_RANK"), 0u);
@@ -95,8 +97,8 @@ TEST(MpirunCommand, EnvironmentCarriesTheJobButNoPerRankTopology) {
 
   const auto names = forwarded(cmd.argv);
   for (const char* name : {"KRUG_SECRET", "KRUG_RENDEZVOUS_ADDR", "KRUG_RENDEZVOUS_PORT",
-                           "HOROVOD_GLOO_RENDEZVOUS_ADDR", "KRUG_CPU_OPERATIONS",
-                           "KRUG_CYCLE_TIME", "KRUG_LOG_LEVEL", "FOO", "HOME"})
+                           "HOROVOD_GLOO_RENDEZVOUS_ADDR", "KRUG_CPU_OPERATIONS", "KRUG_CYCLE_TIME",
+                           "KRUG_LOG_LEVEL", "FOO", "HOME"})
     EXPECT_TRUE(has(names, name)) << name;
   EXPECT_FALSE(has(names, "UNSET_VAR")) << "mpirun rejects -x of a variable it does not have";
   EXPECT_FALSE(has(names, "PATH"));
@@ -146,9 +148,9 @@ TEST(MpirunOutput, RewritesOpenMpiTagsToKrugruns) {
 // What mpirun printed for two ranks that each wrote "aaaa", then "bbbb\n": every chunk is
 // tagged, lines are not. Each rank's line comes out whole.
 TEST(MpirunOutput, JoinsTheChunksOfEachRanksLine) {
-  EXPECT_EQ(regroup({"[1,0]<stdout>:aaaa[1,1]<stdout>:aaaa[1,0]<stdout>:bbbb\n",
-                     "[1,1]<stdout>:bbbb\n"}),
-            "[0]<stdout>:aaaabbbb\n[1]<stdout>:aaaabbbb\n");
+  EXPECT_EQ(
+      regroup({"[1,0]<stdout>:aaaa[1,1]<stdout>:aaaa[1,0]<stdout>:bbbb\n", "[1,1]<stdout>:bbbb\n"}),
+      "[0]<stdout>:aaaabbbb\n[1]<stdout>:aaaabbbb\n");
   // A chunk holding several lines tags each of them; an unterminated last line is flushed at
   // the end of the stream.
   EXPECT_EQ(regroup({"[1,1]<stdout>:x\n[1,1]<stdout>:y\n[1,1]<stdout>:z[1,0]<stdout>:x\n",

@@ -4,9 +4,8 @@
 //
 // Built only with the MPI backend. mpirun gets --allow-run-as-root where the tests run as root
 // (containers), as krugrun --mpi does.
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -55,9 +54,15 @@ void expect_passes(int np, const std::string& scenario, const std::string& data_
 
 class PlainMpirun : public ::testing::TestWithParam<int> {};
 
-TEST_P(PlainMpirun, EveryOpAndDtypeOnTheMpiDataPlane) { expect_passes(GetParam(), "ops", "mpi"); }
-TEST_P(PlainMpirun, TopologyFromMpi) { expect_passes(GetParam(), "topology", "mpi"); }
-TEST_P(PlainMpirun, InitShutdownInitAgain) { expect_passes(GetParam(), "reinit", "mpi"); }
+TEST_P(PlainMpirun, EveryOpAndDtypeOnTheMpiDataPlane) {
+  expect_passes(GetParam(), "ops", "mpi");
+}
+TEST_P(PlainMpirun, TopologyFromMpi) {
+  expect_passes(GetParam(), "topology", "mpi");
+}
+TEST_P(PlainMpirun, InitShutdownInitAgain) {
+  expect_passes(GetParam(), "reinit", "mpi");
+}
 TEST_P(PlainMpirun, GlooDataPlaneWhenAskedFor) {
   expect_passes(GetParam(), "ops", "gloo", {"KRUG_CPU_OPERATIONS=gloo"});
 }
@@ -70,12 +75,14 @@ INSTANTIATE_TEST_SUITE_P(Np, PlainMpirun, ::testing::Values(1, 2, 3),
                            return "np" + std::to_string(info.param);
                          });
 
-TEST(PlainMpirun, ProcessSetsOfEvenAndOddRanks) { expect_passes(4, "process_sets", "mpi"); }
+TEST(PlainMpirun, ProcessSetsOfEvenAndOddRanks) {
+  expect_passes(4, "process_sets", "mpi");
+}
 
 // Ranks that krugrun started itself cannot use MPI: a clear error, not a hang.
 TEST(MpiDataPlane, WithoutMpirunIsAClearError) {
-  KrugrunProcess job(KRUGRUN_PATH, {"-np", "2", "-x", "KRUG_CPU_OPERATIONS=mpi",
-                                    KRUG_TEST_WORKER_PATH, "ops"});
+  KrugrunProcess job(KRUGRUN_PATH,
+                     {"-np", "2", "-x", "KRUG_CPU_OPERATIONS=mpi", KRUG_TEST_WORKER_PATH, "ops"});
   const int code = job.wait(kRunTimeout);
   ASSERT_NE(code, -1) << job.output();
   EXPECT_NE(code, 0) << job.output();

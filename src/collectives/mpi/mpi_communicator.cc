@@ -115,7 +115,8 @@ void MpiCommunicator::reduce_scatter_ordered(const void* in, void* out,
     if (n == 0) return;
     uint8_t* half = scratch + (step % 2) * half_bytes;
     for (int p = 0; p < size_; ++p)
-      if (p != rank_) recvs[step % 2].recv(half + p * seg_elems * esize, n * esize, p, kTagReduceScatter);
+      if (p != rank_)
+        recvs[step % 2].recv(half + p * seg_elems * esize, n * esize, p, kTagReduceScatter);
   };
 
   // The first receives before any send, then every send at once: the wire never waits for a
@@ -228,17 +229,19 @@ void MpiCommunicator::sendrecv(const void* send_data, size_t send_bytes, int sen
     return what;
   };
   if (send_to < -1 || send_to >= size_ || recv_from < -1 || recv_from >= size_)
-    throw Error(fmt::format("mpi point-to-point {} on rank {} of {}: peer out of range",
-                            describe(), rank_, size_));
+    throw Error(fmt::format("mpi point-to-point {} on rank {} of {}: peer out of range", describe(),
+                            rank_, size_));
   if ((send_to == rank_) != (recv_from == rank_))
-    throw Error(fmt::format("mpi point-to-point {} on rank {} of {}: a rank can exchange with "
-                            "itself only in both directions",
-                            describe(), rank_, size_));
+    throw Error(
+        fmt::format("mpi point-to-point {} on rank {} of {}: a rank can exchange with "
+                    "itself only in both directions",
+                    describe(), rank_, size_));
   if (send_to == rank_) {
     if (send_bytes != recv_bytes)
-      throw Error(fmt::format("mpi point-to-point on rank {}: sends {} bytes to itself but "
-                              "expects {}",
-                              rank_, send_bytes, recv_bytes));
+      throw Error(
+          fmt::format("mpi point-to-point on rank {}: sends {} bytes to itself but "
+                      "expects {}",
+                      rank_, send_bytes, recv_bytes));
     if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
     return;
   }

@@ -10,11 +10,16 @@ namespace {
 
 const char* thread_level_name(int level) {
   switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return "an unknown thread level";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "an unknown thread level";
   }
 }
 
@@ -30,8 +35,9 @@ void Environment::ensure_initialized() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized)
-    throw Error("krug: MPI was finalized already in this process; MPI cannot be initialized "
-                "twice, so krug cannot use it (do not call MPI_Finalize before krug is done)");
+    throw Error(
+        "krug: MPI was finalized already in this process; MPI cannot be initialized "
+        "twice, so krug cannot use it (do not call MPI_Finalize before krug is done)");
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -73,9 +79,13 @@ void check(int code, const std::string& what) {
   if (code != MPI_SUCCESS) throw Error(fmt::format("MPI {} failed: {}", what, error_string(code)));
 }
 
-bool built() { return true; }
+bool built() {
+  return true;
+}
 
-void pin_lifetime() { Environment::get(); }
+void pin_lifetime() {
+  Environment::get();
+}
 
 bool thread_multiple() {
   int initialized = 0, level = MPI_THREAD_SINGLE;

@@ -84,8 +84,8 @@ void Requests::wait(std::chrono::milliseconds timeout, const std::string& what, 
   auto deadline = Clock::now() + timeout;
   while (left > 0) {
     int completed = 0;
-    const int rc = MPI_Testsome(count, requests_.data(), &completed, indices.data(),
-                                MPI_STATUSES_IGNORE);
+    const int rc =
+        MPI_Testsome(count, requests_.data(), &completed, indices.data(), MPI_STATUSES_IGNORE);
     if (rc != MPI_SUCCESS)
       throw Error(fmt::format("mpi {} failed on rank {} of {} ({}): {}", what, rank, size,
                               pending_description(), error_string(rc)));

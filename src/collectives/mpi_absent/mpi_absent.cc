@@ -18,11 +18,15 @@ namespace {
 
 }  // namespace
 
-bool built() { return false; }
+bool built() {
+  return false;
+}
 
 void pin_lifetime() {}
 
-bool thread_multiple() { return false; }
+bool thread_multiple() {
+  return false;
+}
 
 WorldTopology world_topology() {
   not_built("this process was started by mpirun (OMPI_COMM_WORLD_SIZE is set)");
@@ -32,7 +36,9 @@ std::string broadcast_from_world_root(const std::string&) {
   not_built("this process was started by mpirun (OMPI_COMM_WORLD_SIZE is set)");
 }
 
-void require_world(int, int) { not_built("KRUG_CPU_OPERATIONS=mpi"); }
+void require_world(int, int) {
+  not_built("KRUG_CPU_OPERATIONS=mpi");
+}
 
 std::unique_ptr<Communicator> make_communicator(const std::vector<int32_t>&, int, int,
                                                 const Options&) {
