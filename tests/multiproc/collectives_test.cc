@@ -14,6 +14,7 @@
 #include "krugrun_process.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -36,13 +37,13 @@ constexpr auto kRunTimeout = 120s;
 
 using namespace krug::testing;
 
-// KRUG_TEST_LAUNCH=mpi (the ctest entries named mpi.*) runs every job as `krugrun --mpi`:
-// mpirun starts the ranks and the data plane is MPI. Same scenarios, same expectations, except
-// where noted (mpirun, not krugrun, supervises the ranks).
-bool mpi_launch() {
-  const char* launch = std::getenv("KRUG_TEST_LAUNCH");
-  return launch != nullptr && std::string(launch) == "mpi";
-}
+// --launch=mpi on the command line (the ctest entries named mpi.*) runs every job as
+// `krugrun --mpi`: mpirun starts the ranks and the data plane is MPI. Same scenarios, same
+// expectations, except where noted (mpirun, not krugrun, supervises the ranks). Set once, in
+// main(), before any test runs.
+bool g_mpi_launch = false;
+
+bool mpi_launch() { return g_mpi_launch; }
 
 std::string expected_data_plane() { return mpi_launch() ? "mpi" : "gloo"; }
 
@@ -272,3 +273,16 @@ TEST(Worker, RunsWithoutKrugrunAsAJobOfOne) {
 }
 
 }  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);  // takes out gtest's own flags
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) != "--launch=mpi") {
+      std::fprintf(stderr, "krug_multiproc_tests: unknown argument '%s' (only --launch=mpi)\n",
+                   argv[i]);
+      return 2;
+    }
+    g_mpi_launch = true;
+  }
+  return RUN_ALL_TESTS();
+}
