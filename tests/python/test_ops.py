@@ -48,8 +48,10 @@ def dname(dtype):
 
 def test_topology_matches_the_launcher():
     assert hvd.is_initialized()
-    assert hvd.size() == int(os.environ.get("KRUG_SIZE", "1"))
-    assert hvd.rank() == int(os.environ.get("KRUG_RANK", "0"))
+    # krugrun sets KRUG_*; a plain mpirun sets only its own OMPI_COMM_WORLD_*.
+    env = os.environ
+    assert hvd.size() == int(env.get("KRUG_SIZE", env.get("OMPI_COMM_WORLD_SIZE", "1")))
+    assert hvd.rank() == int(env.get("KRUG_RANK", env.get("OMPI_COMM_WORLD_RANK", "0")))
     assert hvd.local_size() == hvd.size()
     assert hvd.local_rank() == hvd.rank()
     assert hvd.cross_size() == 1 and hvd.cross_rank() == 0
