@@ -92,7 +92,7 @@ TEST(ConfigTest, EveryTypeParses) {
   EXPECT_DOUBLE_EQ(c.stall_shutdown_seconds, 20.5);
   EXPECT_TRUE(c.stall_check_disable);
   EXPECT_EQ(c.log_level, "debug");
-  EXPECT_EQ(c.cpu_operations, "mpi") << "parsed here, rejected by the engine";
+  EXPECT_EQ(c.cpu_operations, "mpi") << "parsed; the engine checks mpirun started the job";
   EXPECT_EQ(c.iface, "eth0");
   EXPECT_EQ(c.rank, 3);
   EXPECT_EQ(c.size, 4);
