@@ -150,8 +150,8 @@ int Supervisor::summarize() const {
     fmt::print(stderr, "krugrun: {} {}: {}\n", who(i), verb,
                describe_wait_status(*ranks_[i].process.status()));
   if (stop_ == Stop::kSignal) {
-    fmt::print(stderr, "krugrun: stopped {} ranks after {}\n", ranks_.size(),
-               signal_name(own_signal_));
+    const std::string what = name_.empty() ? fmt::format("{} ranks", ranks_.size()) : name_;
+    fmt::print(stderr, "krugrun: stopped {} after {}\n", what, signal_name(own_signal_));
     return 128 + own_signal_;
   }
   // The root cause goes last: it is the line a user sees.
