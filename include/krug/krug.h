@@ -67,8 +67,10 @@ class Handle {
 };
 
 // Initializes krug from the environment krugrun sets (KRUG_RANK, KRUG_SIZE, the rendezvous
-// address and secret, and every KRUG_* knob; see docs/configuration.md). Connects to every
-// rank; throws krug::Error if that fails. Calling init() twice without shutdown() is an error.
+// address and secret, and every KRUG_* knob; see docs/configuration.md). In a process that
+// mpirun started (`mpirun -np N prog`, or `krugrun --mpi`), the ranks come from MPI instead, and
+// rank 0 serves the rendezvous store itself when krugrun does not. Connects to every rank;
+// throws krug::Error if that fails. Calling init() twice without shutdown() is an error.
 void init();
 // Drains this rank's pending operations, stops the background thread and frees everything;
 // other ranks' pending operations fail with a message naming this rank. init() may follow.
@@ -81,6 +83,13 @@ int local_rank();
 int local_size();
 int cross_rank();
 int cross_size();
+// The data plane of this initialization: "gloo" or "mpi" (KRUG_CPU_OPERATIONS).
+std::string cpu_operations();
+// Whether this build has the MPI backend (Open MPI was found when krug was built).
+bool mpi_built();
+// Whether krug runs on MPI and MPI allows calls from several threads at once
+// (MPI_THREAD_MULTIPLE), so the program may make its own MPI calls beside krug's.
+bool mpi_threads_supported();
 
 struct ReduceOptions {
   ReduceOp op = ReduceOp::kAverage;

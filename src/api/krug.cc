@@ -8,7 +8,9 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "api/mpi_job.h"
 #include "api/runtime.h"
+#include "collectives/mpi/mpi_backend.h"
 #include "engine/engine.h"
 #include "net/address.h"
 #include "net/socket.h"
@@ -24,9 +26,14 @@ using engine::tensor_args;
 
 // The process's runtime: the engine, and how many times init() ran (so each initialization
 // rendezvouses in its own namespace of the job's store). The only mutable global in krug
-// besides the log level; DESIGN.md: "init() builds one Engine object".
+// besides the log level and the MPI lifetime (collectives/mpi/mpi_environment.h); DESIGN.md:
+// "init() builds one Engine object".
 struct Runtime {
+  // Constructed before this object, so destroyed after it: MPI is finalized at exit only after
+  // an engine the program never shut down has gone (see mpi_environment.h).
+  Runtime() { collectives::mpi::pin_lifetime(); }
   std::mutex mu;
+  MpiBootstrap mpi;  // declared before the engine: the rendezvous server outlives it
   std::shared_ptr<engine::Engine> engine;
   int generation = 0;
 };
@@ -99,7 +106,9 @@ void init() {
   if (rt.engine) throw Error("krug::init() called twice: call krug::shutdown() first");
   Config config = load_config();
   log::set_level(log::parse_level(config.log_level));
-  if (config.rank < 0 && config.size < 0) {
+  if (started_by_mpirun(config)) {
+    configure_from_mpi(config, rt.mpi);
+  } else if (config.rank < 0 && config.size < 0) {
     // A plain `./program` without krugrun: a job of one.
     config.rank = 0;
     config.size = 1;
@@ -164,6 +173,12 @@ int cross_rank() {
 int cross_size() {
   auto& c = current()->config();
   return c.cross_size >= 0 ? c.cross_size : 1;
+}
+
+std::string cpu_operations() { return current()->config().cpu_operations; }
+bool mpi_built() { return collectives::mpi::built(); }
+bool mpi_threads_supported() {
+  return cpu_operations() == "mpi" && collectives::mpi::thread_multiple();
 }
 
 Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,

@@ -28,7 +28,9 @@ struct Config {
   bool stall_check_disable = false;    // KRUG_STALL_CHECK_DISABLE
   std::string log_level = "warning";   // KRUG_LOG_LEVEL: trace|debug|info|warning|error|fatal
   // Data plane
-  std::string cpu_operations = "gloo";  // KRUG_CPU_OPERATIONS: gloo
+  // KRUG_CPU_OPERATIONS: gloo, mpi or shm; empty = not set: mpi in a process mpirun started,
+  // gloo otherwise (init() decides, the engine takes empty as gloo).
+  std::string cpu_operations;
   std::string iface;                    // KRUG_GLOO_IFACE: network interface for the data plane
   // KRUG_HIERARCHICAL_ALLREDUCE: true / false, or nullopt for "auto" (the engine decides per
   // process set from the hosts its ranks are on).

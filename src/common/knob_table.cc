@@ -56,8 +56,10 @@ std::vector<Knob> make_table() {
       // Data plane
       {.name = "KRUG_CPU_OPERATIONS", .alias = "HOROVOD_CPU_OPERATIONS", .unit = "enum",
        .field = &Config::cpu_operations, .choices = {"gloo", "mpi", "shm"},
-       .doc = "Communicator for CPU tensors. Only gloo is built today; the engine rejects the "
-              "others at init."},
+       .default_text = "gloo; mpi when mpirun started the job",
+       .doc = "Communicator for CPU tensors: gloo (TCP), or mpi when the ranks were started by "
+              "mpirun (krugrun --mpi, or mpirun directly; needs a build with Open MPI). shm is "
+              "not in this build and is rejected at init."},
       {.name = "KRUG_GLOO_IFACE", .alias = "HOROVOD_GLOO_IFACE", .unit = "string",
        .field = &Config::iface, .default_text = "unset (Gloo picks one)",
        .doc = "Network interface the data plane binds to (e.g. eth0)."},

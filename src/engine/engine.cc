@@ -17,6 +17,7 @@
 #include "collectives/adasum.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical/hierarchical_communicator.h"
+#include "collectives/mpi/mpi_backend.h"
 #include "common/log.h"
 #include "controller/negotiator.h"
 #include "controller/response_cache.h"
@@ -170,9 +171,11 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
     throw Error(fmt::format("krug: invalid rank {} / size {}: start the job with krugrun, or set "
                             "KRUG_RANK and KRUG_SIZE",
                             config_.rank, config_.size));
-  if (config_.cpu_operations != "gloo")
-    throw Error(fmt::format("KRUG_CPU_OPERATIONS={}: this build has only the gloo backend",
-                            config_.cpu_operations));
+  if (config_.cpu_operations.empty()) config_.cpu_operations = "gloo";
+  if (config_.cpu_operations == "shm")
+    throw Error("KRUG_CPU_OPERATIONS=shm: the shared-memory backend is not in this build; use "
+                "gloo (or mpi when the job is started with krugrun --mpi or mpirun)");
+  if (config_.cpu_operations == "mpi") collectives::mpi::require_world(config_.rank, config_.size);
   if (config_.hostname.empty()) config_.hostname = net::hostname();
   const auto timeout = seconds_to_ms(config_.timeout_seconds);
   const bool single_host = config_.local_size < 0 || config_.local_size == config_.size;
@@ -184,7 +187,8 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   if (!wake_.valid()) throw Error(fmt::format("eventfd failed: {}", std::strerror(errno)));
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
                                             config_.hostname, *store_, config_.secret, timeout);
-  device_ = collectives::make_gloo_device(advertise, config_.iface);
+  if (config_.cpu_operations == "gloo")
+    device_ = collectives::make_gloo_device(advertise, config_.iface);
   hierarchical_allreduce_ = agree_on_hierarchical_allreduce();
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
@@ -226,6 +230,13 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_gloo(int32_t id,
 
 std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
     int32_t id, const std::vector<int32_t>& ranks, int index) {
+  if (config_.cpu_operations == "mpi") {
+    // MPI sets keep their flat rank-ordered allreduce: the hierarchical one is built from Gloo
+    // groups (see docs/architecture.md).
+    collectives::mpi::Options options;
+    options.timeout = seconds_to_ms(config_.timeout_seconds);
+    return collectives::mpi::make_communicator(ranks, index, id, options);
+  }
   const int size = static_cast<int>(ranks.size());
   auto flat = make_gloo(id, "", index, size);
   std::vector<std::string> hosts;

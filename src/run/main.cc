@@ -14,6 +14,7 @@
 #include "run/remote_exec.h"
 #include "run/ssh.h"
 #include "run/hosts.h"
+#include "run/mpi_run.h"
 #include "run/options.h"
 #include "run/rank_env.h"
 #include "run/signals.h"
@@ -111,6 +112,7 @@ std::string rendezvous_address_for(const std::string& host, bool multi_host,
 
 // One krugrun job: every rank of options.command, supervised until all are gone.
 int launch_step(const LaunchOptions& options) {
+  if (options.mpi) return launch_mpi(options);
   const std::string this_host = local_hostname();
   const std::vector<std::string> my_addresses = net::local_addresses();
   const SshOptions ssh = ssh_options(options);
@@ -215,7 +217,7 @@ int main(int argc, char** argv) {
   auto parsed = krug::run::parse_command_line(argc, argv);
   if (const int* code = std::get_if<int>(&parsed)) return *code;
   try {
-    return krug::run::launch(std::get<krug::run::LaunchOptions>(parsed));
+    return krug::run::launch(std::get<krug::run::LaunchOptions>(std::move(parsed)));
   } catch (const krug::Error& e) {
     // Ranks already started were killed and reaped by their RankProcess destructors.
     std::fprintf(stderr, "%s\n", e.what());

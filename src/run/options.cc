@@ -94,6 +94,8 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
   app.add_flag("--verbose", o.verbose, "Print the rendezvous address and each rank's start");
   app.add_flag("--no-prefix", [&o](int64_t) { o.prefix = false; },
                "Do not prefix output lines with [rank]<stdout>:");
+  app.add_flag("--mpi", o.mpi,
+               "Start the ranks with Open MPI's mpirun (KRUG_CPU_OPERATIONS=mpi unless set)");
   app.add_option("--start-timeout", o.start_timeout_s,
                  "Seconds to reach each remote host over ssh (default 30)")
       ->check(number_at_least(0, false));

@@ -23,6 +23,7 @@ struct LaunchOptions {
   std::string output_dir;                  // --output-filename
   bool verbose = false;
   bool prefix = true;                      // false with --no-prefix
+  bool mpi = false;                        // --mpi: start the ranks with mpirun (run/mpi_run.h)
   double start_timeout_s = 30.0;           // --start-timeout: ssh connect and host checks
   std::string hostfile;                    // --hostfile (already parsed into hosts)
   int ssh_port = 0;                        // --ssh-port

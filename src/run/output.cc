@@ -6,7 +6,8 @@
 
 namespace krug::run {
 
-void LineBuffer::emit(std::string_view line, std::string& out) const {
+void LineBuffer::emit(std::string_view line, std::string& out) {
+  if (rewriter_) return rewriter_->line(line, out);
   out.append(prefix_);
   out.append(line);
   out.push_back('\n');
@@ -37,14 +38,16 @@ void LineBuffer::feed(std::string_view data, std::string& out) {
 void LineBuffer::finish(std::string& out) {
   if (!partial_.empty()) emit(partial_, out);
   partial_.clear();
+  if (rewriter_) rewriter_->finish(out);
 }
 
 std::string output_prefix(int rank, bool is_stderr) {
   return "[" + std::to_string(rank) + (is_stderr ? "]<stderr>:" : "]<stdout>:");
 }
 
-StreamPump::StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file)
-    : pipe_(std::move(pipe)), terminal_fd_(terminal_fd), lines_(std::move(prefix)),
+StreamPump::StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file,
+                       std::unique_ptr<LineRewriter> rewriter)
+    : pipe_(std::move(pipe)), terminal_fd_(terminal_fd), lines_(std::move(prefix), std::move(rewriter)),
       copy_(std::move(copy_file)) {}
 
 void StreamPump::on_readable() {

@@ -2,6 +2,7 @@
 // interleave mid-line on krugrun's own stdout / stderr.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -10,9 +11,22 @@
 namespace krug::run {
 
 // Splits a byte stream into complete lines and prefixes each one. Pure; unit-tested.
+// Turns complete lines into output lines, keeping state from one line to the next (krugrun
+// --mpi regroups mpirun's tagged output, see run/mpi_launch.h).
+class LineRewriter {
+ public:
+  virtual ~LineRewriter() = default;
+  // Appends zero or more whole lines ('\n'-terminated) for one input line (without its '\n').
+  virtual void line(std::string_view line, std::string& out) = 0;
+  // End of stream: appends whatever is still held back, as whole lines.
+  virtual void finish(std::string& out) = 0;
+};
+
 class LineBuffer {
  public:
-  explicit LineBuffer(std::string prefix) : prefix_(std::move(prefix)) {}
+  // With a `rewriter`, lines go through it instead of getting `prefix`.
+  explicit LineBuffer(std::string prefix, std::unique_ptr<LineRewriter> rewriter = nullptr)
+      : prefix_(std::move(prefix)), rewriter_(std::move(rewriter)) {}
   // Appends every complete line of data (prefix + line + '\n') to `out`; keeps the rest.
   void feed(std::string_view data, std::string& out);
   // End of stream: a partial last line is emitted with a newline added.
@@ -23,8 +37,9 @@ class LineBuffer {
   static constexpr size_t kMaxLine = 1 << 20;
 
  private:
-  void emit(std::string_view line, std::string& out) const;
+  void emit(std::string_view line, std::string& out);
   std::string prefix_;
+  std::unique_ptr<LineRewriter> rewriter_;
   std::string partial_;
 };
 
@@ -34,7 +49,8 @@ std::string output_prefix(int rank, bool is_stderr);  // "[3]<stderr>:"
 // and, with --output-filename, the raw bytes to a file.
 class StreamPump {
  public:
-  StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file);
+  StreamPump(Fd pipe, int terminal_fd, std::string prefix, Fd copy_file,
+             std::unique_ptr<LineRewriter> rewriter = nullptr);
   int fd() const { return pipe_.get(); }
   bool open() const { return static_cast<bool>(pipe_); }
   // Call when poll() reports the pipe readable or hung up: forwards what one read returns;

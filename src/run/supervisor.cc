@@ -14,10 +14,13 @@
 
 namespace krug::run {
 
-Supervisor::Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose)
-    : ranks_(std::move(ranks)), signal_fd_(std::move(signal_fd)), verbose_(verbose) {}
+Supervisor::Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose,
+                       std::string name)
+    : ranks_(std::move(ranks)), signal_fd_(std::move(signal_fd)), verbose_(verbose),
+      name_(std::move(name)) {}
 
 std::string Supervisor::who(size_t i) const {
+  if (!name_.empty()) return name_;
   return fmt::format("rank {} on host {}", ranks_[i].slot.rank, ranks_[i].slot.host);
 }
 
@@ -114,7 +117,8 @@ void Supervisor::on_exit(size_t i) {
   if (ok) return;
   if (stop_ == Stop::kNone) {
     root_cause_ = i;
-    fmt::print(stderr, "krugrun: {} {}; stopping the other ranks\n", who(i), status_of(i));
+    fmt::print(stderr, "krugrun: {} {}{}\n", who(i), status_of(i),
+               ranks_.size() > 1 ? "; stopping the other ranks" : "");
     begin_stop(Stop::kFailure);
   } else {
     also_stopped_.push_back(i);
@@ -156,8 +160,8 @@ int Supervisor::summarize() const {
                closed_by_us ? "its ssh session ended (ssh exited with status 255)" : status_of(i));
   }
   if (stop_ == Stop::kSignal) {
-    fmt::print(stderr, "krugrun: stopped {} ranks after {}\n", ranks_.size(),
-               signal_name(own_signal_));
+    const std::string what = name_.empty() ? fmt::format("{} ranks", ranks_.size()) : name_;
+    fmt::print(stderr, "krugrun: stopped {} after {}\n", what, signal_name(own_signal_));
     return 128 + own_signal_;
   }
   // The root cause goes last: it is the line a user sees.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 #include <vector>
 
 #include "run/fd.h"
@@ -28,7 +29,9 @@ class Supervisor {
   // How long output of exited ranks may still be drained (a descendant may hold the pipe).
   static constexpr std::chrono::seconds kDrain{1};
 
-  Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose);
+  // `name`, when given, is how messages call the one supervised process (krugrun --mpi
+  // supervises "mpirun"); otherwise each is "rank N on host H".
+  Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose, std::string name = {});
   // Runs until every rank is gone; returns krugrun's exit code: 0 when all ranks exit 0, the
   // first failing rank's exit code (128 + signal if killed), or 128 + krugrun's own signal.
   int run();
@@ -53,6 +56,7 @@ class Supervisor {
   std::vector<SupervisedRank> ranks_;
   Fd signal_fd_;
   bool verbose_;
+  std::string name_;
   Stop stop_ = Stop::kNone;
   bool killed_ = false;
   Clock::time_point kill_at_{};

@@ -14,6 +14,8 @@
 #include "krugrun_process.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -35,10 +37,21 @@ constexpr auto kRunTimeout = 120s;
 
 using namespace krug::testing;
 
+// --launch=mpi on the command line (the ctest entries named mpi.*) runs every job as
+// `krugrun --mpi`: mpirun starts the ranks and the data plane is MPI. Same scenarios, same
+// expectations, except where noted (mpirun, not krugrun, supervises the ranks). Set once, in
+// main(), before any test runs.
+bool g_mpi_launch = false;
+
+bool mpi_launch() { return g_mpi_launch; }
+
+std::string expected_data_plane() { return mpi_launch() ? "mpi" : "gloo"; }
+
 std::vector<std::string> job_args(const std::string& marker, int np, const std::string& scenario,
                                   const std::vector<std::string>& env,
                                   const std::vector<std::string>& launcher_flags) {
   std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker};
+  if (mpi_launch()) args.insert(args.begin(), "--mpi");
   args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
   for (const auto& e : env) {
     args.push_back("-x");
@@ -77,9 +90,11 @@ void expect_passes(int np, const std::string& scenario, const std::vector<std::s
   ASSERT_NE(code, -1) << scenario << " -np " << np << " did not finish in "
                       << kRunTimeout.count() << " s\n" << job.output();
   EXPECT_EQ(code, 0) << scenario << " -np " << np << "\n" << job.output();
-  for (int r = 0; r < np; ++r)
+  for (int r = 0; r < np; ++r) {
     EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": " + scenario + " OK"))
         << "rank " << r << " did not report success\n" << job.output();
+    EXPECT_TRUE(job.rank_printed(r, "data plane " + expected_data_plane())) << job.output();
+  }
   EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
 }
 
@@ -95,6 +110,10 @@ TEST_P(AllSizes, EveryOpAndDtype) { expect_passes(GetParam(), "ops"); }
 TEST_P(AllSizes, ThousandAllreducesInFlight) { expect_passes(GetParam(), "inflight"); }
 TEST_P(AllSizes, JoinWithUnevenBatches) { expect_passes(GetParam(), "join"); }
 TEST_P(AllSizes, InitShutdownInitAgain) { expect_passes(GetParam(), "reinit"); }
+TEST_P(AllSizes, TopologyOfOneHost) { expect_passes(GetParam(), "topology"); }
+TEST_P(AllSizes, SumsAreBitwiseRankOrderedWhateverTheFusion) {
+  expect_passes(GetParam(), "determinism");
+}
 
 INSTANTIATE_TEST_SUITE_P(Np, AllSizes, ::testing::Values(1, 2, 3, 4), np_name);
 
@@ -144,9 +163,22 @@ INSTANTIATE_TEST_SUITE_P(
 
 class Failures : public ::testing::TestWithParam<int> {};
 
+// Under `krugrun --mpi`, mpirun supervises the ranks: when one is killed it aborts the job
+// (the MPI model), so the survivors may be stopped before they report; krugrun passes on
+// mpirun's status and mpirun names the rank.
+void expect_killed_rank_reported_by_mpirun(Job& job, int victim) {
+  EXPECT_EQ(job.wait(), 128 + 9) << job.output();
+  const auto err_lines = lines_of(job.err());
+  ASSERT_FALSE(err_lines.empty()) << job.output();
+  EXPECT_EQ(err_lines.back(), "krugrun: mpirun exited with status 137") << job.output();
+  EXPECT_TRUE(contains(job.err(), "process rank " + std::to_string(victim))) << job.output();
+  EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
 // `victim` SIGKILLs itself after a first allreduce while the others wait on a second one.
 void expect_killed_rank_reported(int np, const std::string& scenario, int victim) {
   Job job(np, scenario);
+  if (mpi_launch()) return expect_killed_rank_reported_by_mpirun(job, victim);
   const int code = job.wait();
   ASSERT_NE(code, -1) << job.output();
   EXPECT_EQ(code, 128 + 9) << job.output();
@@ -247,6 +279,9 @@ void PrintTo(const HierarchicalCase& c, std::ostream* os) {
 class Hierarchical : public ::testing::TestWithParam<HierarchicalCase> {};
 
 TEST_P(Hierarchical, ScenarioPassesWithKnobOn) {
+  if (mpi_launch())
+    GTEST_SKIP() << "the hierarchical allreduce is built from Gloo groups; on the MPI data plane "
+                    "allreduce stays flat (docs/architecture.md)";
   const auto& c = GetParam();
   std::string err;
   expect_passes(c.np, c.scenario, {"KRUG_HIERARCHICAL_ALLREDUCE=1", "KRUG_LOG_LEVEL=info"},
@@ -271,6 +306,9 @@ INSTANTIATE_TEST_SUITE_P(
 // Default (auto): hierarchical as soon as ranks sit on several hosts with two on one;
 // krugrun's --no-hierarchical-allreduce turns it off.
 TEST(HierarchicalChoice, AutoUsesItAndTheLauncherFlagTurnsItOff) {
+  if (mpi_launch())
+    GTEST_SKIP() << "the hierarchical allreduce is built from Gloo groups; on the MPI data plane "
+                    "allreduce stays flat (docs/architecture.md)";
   const std::vector<std::string> env{"KRUG_LOG_LEVEL=info"};
   std::string err;
   expect_passes(4, "ops", env, {"-H", "localhost:2,127.0.0.1:2"}, &err);
@@ -302,3 +340,16 @@ TEST(Worker, RunsWithoutKrugrunAsAJobOfOne) {
 }
 
 }  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);  // takes out gtest's own flags
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) != "--launch=mpi") {
+      std::fprintf(stderr, "krug_multiproc_tests: unknown argument '%s' (only --launch=mpi)\n",
+                   argv[i]);
+      return 2;
+    }
+    g_mpi_launch = true;
+  }
+  return RUN_ALL_TESTS();
+}

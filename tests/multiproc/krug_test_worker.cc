@@ -994,6 +994,66 @@ void scenario_reinit() {
   });
 }
 
+// Where this rank sits, as init() found it: every test job runs on one host, so the local
+// rank is the rank and there is one "cross" group per local rank, of one host.
+void scenario_topology() {
+  const int n = krug::size();
+  expect(krug::local_rank() == g_rank, "local_rank() " + std::to_string(krug::local_rank()));
+  expect(krug::local_size() == n, "local_size() " + std::to_string(krug::local_size()));
+  expect(krug::cross_rank() == 0, "cross_rank() " + std::to_string(krug::cross_rank()));
+  expect(krug::cross_size() == 1, "cross_size() " + std::to_string(krug::cross_size()));
+}
+
+// Full-mantissa float32 values with exponents from 2^-3 to 2^3, so that sums round.
+float determinism_input(int r, int64_t i) {
+  const uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(r + 1) * 40503u;
+  return std::ldexp(1.0f + static_cast<float>(h % 1000003u) / 1000003.0f,
+                    static_cast<int>((i + r) % 7) - 3) * ((h >> 7) % 2 ? 1.0f : -1.0f);
+}
+
+// The determinism contract end to end: a float32 tensor is summed alone, then fused behind
+// padding of several lengths (so it lands at other offsets of the fusion buffer and is cut
+// into other chunks); every result must be bitwise the sum in rank order, x0 + x1 + ... .
+void scenario_determinism() {
+  const int n = krug::size();
+  const int64_t m = 1001;
+  std::vector<float> want(m);
+  for (int64_t i = 0; i < m; ++i) {
+    float acc = determinism_input(0, i);
+    for (int r = 1; r < n; ++r) acc += determinism_input(r, i);
+    want[i] = acc;
+  }
+  auto input = [&] {
+    std::vector<float> x(m);
+    for (int64_t i = 0; i < m; ++i) x[i] = determinism_input(g_rank, i);
+    return x;
+  };
+  auto check = [&](const std::vector<float>& got, const std::string& how) {
+    int wrong = 0;
+    for (int64_t i = 0; i < m; ++i)
+      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && ++wrong <= 3) {
+        std::ostringstream o;
+        o << how << ": element " << i << ": expected " << std::hexfloat << want[i] << ", got "
+          << got[i];
+        report(o.str());
+      }
+  };
+  krug::ReduceOptions sum;
+  sum.op = ReduceOp::kSum;
+  std::vector<float> x = input();
+  krug::allreduce("determinism.alone", x.data(), x.data(), DataType::kFloat32, {m}, sum);
+  check(x, "alone");
+  for (int64_t pad : {1, 333, 4097}) {
+    std::vector<float> padding(pad, 0.5f), padded(pad);
+    x = input();
+    std::vector<krug::GroupTensor> group = {
+        {padding.data(), padded.data(), DataType::kFloat32, {pad}},
+        {x.data(), x.data(), DataType::kFloat32, {m}}};
+    krug::grouped_allreduce_async("determinism.behind" + std::to_string(pad), group, sum).wait();
+    check(x, "fused behind " + std::to_string(pad) + " elements");
+  }
+}
+
 // Adasum through the public API. Inputs follow a closed form that tests/python/
 // adasum_reference.py repeats (multiples of 1/16, exact in every float dtype):
 //   x[r][t][i] = ((7 i + 13 t) % 17 - 8) / 8 + ((i (r + 3) + t) % 11 - 5) / 16
@@ -1083,6 +1143,8 @@ int main(int argc, char** argv) {
       {"timeline", scenario_timeline},
       {"reinit", scenario_reinit},
       {"adasum", scenario_adasum},
+      {"topology", scenario_topology},
+      {"determinism", scenario_determinism},
   };
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {
@@ -1092,6 +1154,8 @@ int main(int argc, char** argv) {
   try {
     krug::init();
     g_rank = krug::rank();
+    // The harness checks the backend it asked for is the one that ran.
+    std::cout << who() << ": data plane " << krug::cpu_operations() << std::endl;
     it->second();
     if (krug::is_initialized()) {
       // Everybody finishes before anybody shuts down (a shutdown ends the job for all ranks),

@@ -15,6 +15,8 @@ reference computed from the same closed-form inputs:
     /usr/bin/python3 tests/python/adasum_reference.py --krugrun build/krugrun \
         --worker build/tests/multiproc/krug_test_worker --np 4
 
+(--mpi starts the ranks with `krugrun --mpi`, so Adasum runs over the MPI data plane.)
+
 With a number of ranks that is not a power of two every rank must report the clear error.
 Exit status 0 when everything matches. Under pytest, the test_* functions check the reference
 itself, and test_against_krugrun runs the check when KRUGRUN and KRUG_TEST_WORKER are set.
@@ -123,8 +125,9 @@ def compare(results, np_):
     return problems
 
 
-def run_and_check(krugrun, worker, np_, timeout=120):
-    proc = subprocess.run([krugrun, "-np", str(np_), worker, "adasum"], capture_output=True,
+def run_and_check(krugrun, worker, np_, timeout=120, mpi=False):
+    launch = [krugrun] + (["--mpi"] if mpi else [])
+    proc = subprocess.run(launch + ["-np", str(np_), worker, "adasum"], capture_output=True,
                           text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     if np_ & (np_ - 1):
@@ -173,12 +176,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--krugrun", required=True)
     parser.add_argument("--worker", required=True)
+    parser.add_argument("--mpi", action="store_true",
+                        help="start the ranks with krugrun --mpi (the MPI data plane)")
     parser.add_argument("--np", type=int, action="append", required=True,
                         help="number of ranks (repeat for several runs)")
     args = parser.parse_args()
     failed = False
     for np_ in args.np:
-        problems, output = run_and_check(args.krugrun, args.worker, np_)
+        problems, output = run_and_check(args.krugrun, args.worker, np_, mpi=args.mpi)
         if problems:
             failed = True
             print("adasum with %d ranks: FAILED\n  %s\n--- output ---\n%s"

@@ -48,14 +48,16 @@ def dname(dtype):
 
 def test_topology_matches_the_launcher():
     assert hvd.is_initialized()
-    assert hvd.size() == int(os.environ.get("KRUG_SIZE", "1"))
-    assert hvd.rank() == int(os.environ.get("KRUG_RANK", "0"))
-    # One host unless krugrun said otherwise (the multi-host tests run this file across hosts).
-    env = lambda name, default: int(os.environ.get(name, default))
-    assert hvd.local_size() == env("KRUG_LOCAL_SIZE", hvd.size())
-    assert hvd.local_rank() == env("KRUG_LOCAL_RANK", hvd.rank())
-    assert hvd.cross_size() == env("KRUG_CROSS_SIZE", 1)
-    assert hvd.cross_rank() == env("KRUG_CROSS_RANK", 0)
+    # krugrun sets KRUG_*; a plain mpirun sets only its own OMPI_COMM_WORLD_*. One host unless
+    # the launcher said otherwise (the multi-host tests run this file across hosts).
+    env = os.environ
+    as_int = lambda name, fallback: int(env.get(name, fallback))
+    assert hvd.size() == as_int("KRUG_SIZE", env.get("OMPI_COMM_WORLD_SIZE", "1"))
+    assert hvd.rank() == as_int("KRUG_RANK", env.get("OMPI_COMM_WORLD_RANK", "0"))
+    assert hvd.local_size() == as_int("KRUG_LOCAL_SIZE", hvd.size())
+    assert hvd.local_rank() == as_int("KRUG_LOCAL_RANK", hvd.rank())
+    assert hvd.cross_size() == as_int("KRUG_CROSS_SIZE", 1)
+    assert hvd.cross_rank() == as_int("KRUG_CROSS_RANK", 0)
     assert hvd.global_process_set.process_set_id == 0
     assert hvd.global_process_set.ranks == list(range(n()))
     assert hvd.global_process_set.size() == n()
@@ -64,8 +66,16 @@ def test_topology_matches_the_launcher():
 
 
 def test_build_flags():
-    assert hvd.gloo_built() and hvd.gloo_enabled()
-    assert not hvd.mpi_built() and not hvd.mpi_enabled() and not hvd.mpi_threads_supported()
+    # The data plane is MPI when mpirun started the ranks, unless KRUG_CPU_OPERATIONS says gloo.
+    on_mpi = ("OMPI_COMM_WORLD_SIZE" in os.environ
+              and os.environ.get("KRUG_CPU_OPERATIONS", "mpi").lower() == "mpi")
+    assert hvd.gloo_built()
+    assert hvd.gloo_enabled() == (not on_mpi)
+    assert hvd.mpi_enabled() == on_mpi
+    # krug asks for MPI_THREAD_MULTIPLE, which Debian's Open MPI provides.
+    assert hvd.mpi_threads_supported() == on_mpi
+    if on_mpi:
+        assert hvd.mpi_built()
     assert not any([hvd.nccl_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.cuda_built(),
                     hvd.rocm_built()])
     init_again = hvd.init  # init() while initialized does nothing

@@ -154,8 +154,8 @@ def _reset_names():
 def init(comm=None, process_sets=None):
     """Initializes krug from the environment krugrun sets (a job of one without krugrun).
 
-    comm: not supported (MPI communicators; krug runs on Gloo): must be None or the list of
-        every rank.
+    comm: not supported (MPI communicators; krug always uses every rank of the job): must be
+        None or the list of every rank.
     process_sets: ProcessSet objects to register now (every rank passes the same list), or
         "dynamic" (accepted for compatibility: sets can always be added later).
     Calling init() again while initialized does nothing."""
@@ -166,8 +166,8 @@ def init(comm=None, process_sets=None):
         global_process_set.process_set_id = 0
         global_process_set.ranks = list(range(_core.size()))
     if comm is not None and list(comm) != list(range(_core.size())):
-        raise ValueError("init(comm=...) is not supported: krug runs on Gloo and always uses "
-                         "every rank krugrun started; use process sets for subsets")
+        raise ValueError("init(comm=...) is not supported: krug always uses every rank of the "
+                         "job; use process sets for subsets")
     if process_sets is not None and process_sets != "dynamic":
         for ps in process_sets:
             if ps.process_set_id is None:
@@ -242,21 +242,25 @@ def cross_rank():
 
 
 def mpi_threads_supported():
-    """False: krug does not run on MPI."""
+    """Whether krug runs on MPI with MPI_THREAD_MULTIPLE (the program may then make its own MPI
+    calls, e.g. with mpi4py, from any thread)."""
     _check_initialized()
-    return False
+    return _core.mpi_threads_supported()
 
 
 def mpi_enabled():
-    return False
+    """Whether the data plane is MPI (the job was started by mpirun or krugrun --mpi)."""
+    return _core.is_initialized() and _core.cpu_operations() == "mpi"
 
 
 def mpi_built():
-    return False
+    """Whether this krug was built with the MPI backend."""
+    return _core.mpi_built()
 
 
 def gloo_enabled():
-    return True
+    """Whether the data plane is Gloo (the default)."""
+    return not mpi_enabled()
 
 
 def gloo_built():

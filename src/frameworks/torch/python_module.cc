@@ -57,6 +57,9 @@ PYBIND11_MODULE(_torch_core, m) {
   m.def("local_size", &krug::local_size);
   m.def("cross_rank", &krug::cross_rank);
   m.def("cross_size", &krug::cross_size);
+  m.def("cpu_operations", &krug::cpu_operations);
+  m.def("mpi_built", &krug::mpi_built);
+  m.def("mpi_threads_supported", &krug::mpi_threads_supported);
   m.def("adasum_available", &ta::adasum_available);
   m.def("adasum_op", &ta::adasum_op);
 

@@ -1,0 +1,281 @@
+#include "collectives/mpi/mpi_communicator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "collectives/mpi/mpi_environment.h"
+#include "collectives/mpi/mpi_requests.h"
+#include "reduce/reduce.h"
+
+namespace krug::collectives::mpi {
+namespace {
+
+// Each kind of exchange has its own tag: calls complete before the next starts, so this is not
+// needed for matching, but it keeps a stray message from a failed call from matching another.
+constexpr int kTagReduceScatter = 1;
+constexpr int kTagAllgather = 2;
+constexpr int kTagAlltoall = 3;
+constexpr int kTagPointToPoint = 4;
+
+std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes) {
+  std::vector<size_t> offsets(sizes.size() + 1, 0);
+  std::partial_sum(sizes.begin(), sizes.end(), offsets.begin() + 1);
+  return offsets;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, const Options& options)
+    : comm_(comm), options_(options) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
+template <typename F>
+void MpiCommunicator::guarded(const char* what, F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    // Messages from Requests already name the call and the rank; others (a failed MPI_Isend)
+    // get them here.
+    if (std::string_view(e.what()).rfind("mpi ", 0) == 0) throw;
+    throw Error(fmt::format("mpi {} failed on rank {} of {}: {}", what, rank_, size_, e.what()));
+  }
+}
+
+uint8_t* MpiCommunicator::scratch_for(size_t bytes) {
+  // Reused across calls and never zero-filled: every byte read was received first.
+  if (scratch_size_ < bytes) {
+    scratch_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+    scratch_size_ = bytes;
+  }
+  return scratch_.get();
+}
+
+void MpiCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  if (count == 0 || size_ == 1) return;
+  std::vector<size_t> counts(size_);
+  for (int r = 0; r < size_; ++r)
+    counts[r] = count / size_ + (static_cast<size_t>(r) < count % size_ ? 1 : 0);
+  const auto offsets = prefix_offsets(counts);
+  const size_t esize = dtype_size(dtype);
+  auto* bytes = static_cast<uint8_t*>(data);
+  guarded("allreduce", [&] {
+    reduce_scatter_ordered(data, bytes + offsets[rank_] * esize, counts, dtype, op);
+    std::vector<size_t> chunk_bytes(size_);
+    for (int r = 0; r < size_; ++r) chunk_bytes[r] = counts[r] * esize;
+    allgather_in_place(data, chunk_bytes);
+  });
+}
+
+void MpiCommunicator::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                    DataType dtype, ReduceOp op) {
+  guarded("reducescatter", [&] { reduce_scatter_ordered(in, out, counts, dtype, op); });
+}
+
+void MpiCommunicator::reduce_scatter_ordered(const void* in, void* out,
+                                             const std::vector<size_t>& counts, DataType dtype,
+                                             ReduceOp op) {
+  const size_t esize = dtype_size(dtype);
+  const auto offsets = prefix_offsets(counts);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (size_ == 1) {
+    if (dst != src && counts[0] > 0) std::memmove(dst, src, counts[0] * esize);
+    return;
+  }
+  const size_t max_count = *std::max_element(counts.begin(), counts.end());
+  if (max_count == 0) return;
+  // Small buffers get small segments: scratch is sized by what actually moves.
+  const size_t seg_elems = std::max<size_t>(1, std::min(options_.segment_bytes / esize, max_count));
+  const size_t steps = (max_count + seg_elems - 1) / seg_elems;
+  // Two scratch halves: step s+1's receives land in one while step s is reduced in the other.
+  const size_t half_bytes = static_cast<size_t>(size_) * seg_elems * esize;
+  uint8_t* scratch = scratch_for(2 * half_bytes);
+
+  auto seg_len = [&](int r, size_t step) -> size_t {
+    const size_t begin = step * seg_elems;
+    return begin >= counts[r] ? 0 : std::min(seg_elems, counts[r] - begin);
+  };
+  Requests sends(comm_, options_.max_message_bytes);
+  Requests recvs[2] = {Requests(comm_, options_.max_message_bytes),
+                       Requests(comm_, options_.max_message_bytes)};
+  auto post_recvs = [&](size_t step) {
+    const size_t n = seg_len(rank_, step);
+    if (n == 0) return;
+    uint8_t* half = scratch + (step % 2) * half_bytes;
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_)
+        recvs[step % 2].recv(half + p * seg_elems * esize, n * esize, p, kTagReduceScatter);
+  };
+
+  // The first receives before any send, then every send at once: the wire never waits for a
+  // reduction. Messages of one (peer, tag) match in the order they were posted (MPI's
+  // non-overtaking rule), so step s's segment never lands in step s+1's slot.
+  post_recvs(0);
+  for (size_t step = 0; step < steps; ++step)
+    for (int p = 0; p < size_; ++p) {
+      const size_t n = seg_len(p, step);
+      if (p != rank_ && n > 0)
+        sends.send(src + (offsets[p] + step * seg_elems) * esize, n * esize, p, kTagReduceScatter);
+    }
+  for (size_t step = 0; step < steps; ++step) {
+    if (step + 1 < steps) post_recvs(step + 1);
+    recvs[step % 2].wait(options_.timeout, "reduce-scatter", rank_, size_);
+    const size_t n = seg_len(rank_, step);
+    if (n == 0) continue;
+    uint8_t* half = scratch + (step % 2) * half_bytes;
+    const uint8_t* mine = src + (offsets[rank_] + step * seg_elems) * esize;
+    auto contribution = [&](int r) { return r == rank_ ? mine : half + r * seg_elems * esize; };
+    // Reduce in rank order into this rank's scratch slot first: `out` may alias the input.
+    uint8_t* acc = half + rank_ * seg_elems * esize;
+    std::memcpy(acc, contribution(0), n * esize);
+    for (int r = 1; r < size_; ++r) reduce::reduce_into(dtype, op, acc, contribution(r), n);
+    std::memcpy(dst + step * seg_elems * esize, acc, n * esize);
+  }
+  sends.wait(options_.timeout, "reduce-scatter", rank_, size_);
+}
+
+void MpiCommunicator::allgather_in_place(void* data, const std::vector<size_t>& bytes_per_rank) {
+  const auto offsets = prefix_offsets(bytes_per_rank);
+  if (offsets[size_] == 0) return;
+  auto* bytes = static_cast<uint8_t*>(data);
+  Requests requests(comm_, options_.max_message_bytes);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_ && bytes_per_rank[p] > 0)
+      requests.recv(bytes + offsets[p], bytes_per_rank[p], p, kTagAllgather);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_ && bytes_per_rank[rank_] > 0)
+      requests.send(bytes + offsets[rank_], bytes_per_rank[rank_], p, kTagAllgather);
+  requests.wait(options_.timeout, "allgather", rank_, size_);
+}
+
+void MpiCommunicator::allgatherv(const void* in, void* out,
+                                 const std::vector<size_t>& bytes_per_rank) {
+  const auto offsets = prefix_offsets(bytes_per_rank);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (bytes_per_rank[rank_] > 0 && dst + offsets[rank_] != in)
+    std::memmove(dst + offsets[rank_], in, bytes_per_rank[rank_]);
+  if (size_ == 1) return;
+  guarded("allgather", [&] { allgather_in_place(out, bytes_per_rank); });
+}
+
+void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
+  if (bytes == 0 || size_ == 1) return;
+  guarded("broadcast", [&] {
+    auto* p = static_cast<char*>(data);
+    // One MPI_Ibcast per piece: its count is an int.
+    for (size_t done = 0; done < bytes; done += options_.max_message_bytes) {
+      const int n = static_cast<int>(std::min(options_.max_message_bytes, bytes - done));
+      Requests requests(comm_, options_.max_message_bytes);
+      MPI_Request r;
+      check(MPI_Ibcast(p + done, n, MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
+      requests.add(r, -1, "broadcast with");
+      requests.wait(options_.timeout, "broadcast", rank_, size_);
+    }
+  });
+}
+
+void MpiCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                                const std::vector<size_t>& recv_bytes) {
+  const auto send_off = prefix_offsets(send_bytes);
+  const auto recv_off = prefix_offsets(recv_bytes);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (send_bytes[rank_] > 0)
+    std::memmove(dst + recv_off[rank_], src + send_off[rank_], send_bytes[rank_]);
+  if (size_ == 1) return;
+  guarded("alltoall", [&] {
+    Requests requests(comm_, options_.max_message_bytes);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && recv_bytes[p] > 0)
+        requests.recv(dst + recv_off[p], recv_bytes[p], p, kTagAlltoall);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_ && send_bytes[p] > 0)
+        requests.send(src + send_off[p], send_bytes[p], p, kTagAlltoall);
+    requests.wait(options_.timeout, "alltoall", rank_, size_);
+  });
+}
+
+void MpiCommunicator::barrier() {
+  if (size_ == 1) return;
+  guarded("barrier", [&] {
+    Requests requests(comm_, options_.max_message_bytes);
+    MPI_Request r;
+    check(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
+    requests.add(r, -1, "barrier with");
+    requests.wait(options_.timeout, "barrier", rank_, size_);
+  });
+}
+
+void MpiCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
+                               void* recv_data, size_t recv_bytes, int recv_from) {
+  auto describe = [&] {
+    std::string what;
+    if (send_to >= 0) what = fmt::format("send of {} bytes to rank {}", send_bytes, send_to);
+    if (recv_from >= 0)
+      what += fmt::format("{}receive of {} bytes from rank {}", what.empty() ? "" : " and ",
+                          recv_bytes, recv_from);
+    return what;
+  };
+  if (send_to < -1 || send_to >= size_ || recv_from < -1 || recv_from >= size_)
+    throw Error(fmt::format("mpi point-to-point {} on rank {} of {}: peer out of range", describe(),
+                            rank_, size_));
+  if ((send_to == rank_) != (recv_from == rank_))
+    throw Error(
+        fmt::format("mpi point-to-point {} on rank {} of {}: a rank can exchange with "
+                    "itself only in both directions",
+                    describe(), rank_, size_));
+  if (send_to == rank_) {
+    if (send_bytes != recv_bytes)
+      throw Error(
+          fmt::format("mpi point-to-point on rank {}: sends {} bytes to itself but "
+                      "expects {}",
+                      rank_, send_bytes, recv_bytes));
+    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
+    return;
+  }
+  const std::string what = "point-to-point " + describe();
+  guarded(what.c_str(), [&] {
+    Requests requests(comm_, options_.max_message_bytes);
+    if (recv_from >= 0 && recv_bytes > 0)
+      requests.recv(recv_data, recv_bytes, recv_from, kTagPointToPoint);
+    if (send_to >= 0 && send_bytes > 0)
+      requests.send(send_data, send_bytes, send_to, kTagPointToPoint);
+    requests.wait(options_.timeout, what, rank_, size_);
+  });
+}
+
+std::unique_ptr<Communicator> make_communicator(const std::vector<int32_t>& world_ranks, int index,
+                                                int tag, const Options& options) {
+  Environment::get().ensure_initialized();
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  check(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group");
+  const std::vector<int> ranks(world_ranks.begin(), world_ranks.end());
+  int rc = MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Group_free(&world_group);
+  check(rc, "MPI_Group_incl");
+  MPI_Comm comm = MPI_COMM_NULL;
+  // Only members call it, unlike MPI_Comm_split: ranks outside a process set never learn of its
+  // communicator. Tags must be below MPI_TAG_UB (at least 32767).
+  rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag & 0x7fff, &comm);
+  MPI_Group_free(&group);
+  check(rc, fmt::format("MPI_Comm_create_group for {} ranks", ranks.size()));
+  auto communicator = std::make_unique<MpiCommunicator>(comm, options);
+  if (communicator->rank() != index || communicator->size() != static_cast<int>(ranks.size()))
+    throw Error(fmt::format("MPI_Comm_create_group made rank {} of {}, expected {} of {}",
+                            communicator->rank(), communicator->size(), index, ranks.size()));
+  return communicator;
+}
+
+}  // namespace krug::collectives::mpi
