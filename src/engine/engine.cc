@@ -124,6 +124,7 @@ class Engine::Impl {
   std::unique_ptr<collectives::Communicator> make_gloo(int32_t id, const std::string& scope,
                                                        int rank, int size);
   std::optional<bool> agree_on_hierarchical_allreduce();
+  void wait_for_every_rank_to_connect();
   void timeline_begin(const std::string& name, std::string_view phase);
   void timeline_end(const std::string& name, std::string_view phase);
 
@@ -193,12 +194,30 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
   add_process_set(0, all);
+  wait_for_every_rank_to_connect();
   if (control_->is_coordinator())
     negotiator_ = std::make_unique<controller::Negotiator>(
         config_.size, config_.fusion_threshold_bytes, cache_);
   if (config_.rank == 0 && !config_.timeline_path.empty())
     timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
   thread_ = std::thread([this] { run(); });
+}
+
+void Engine::Impl::wait_for_every_rank_to_connect() {
+  // A rank whose side of every mesh is up may return from init(), finish and close its sockets
+  // while a peer is still completing its side (a hierarchical set connects several meshes one
+  // after another): no rank leaves init() before every rank has connected everything.
+  if (config_.size == 1) return;
+  constexpr const char* kCount = "engine/connected", *kAll = "engine/all_connected";
+  if (store_->add(kCount, 1) == config_.size) store_->set(kAll, {1});
+  try {
+    store_->wait({kAll}, seconds_to_ms(config_.timeout_seconds));
+  } catch (const rendezvous::StoreTimeout&) {
+    throw Error(fmt::format("rank {} ({}) timed out after {} s waiting for every rank to connect "
+                            "its data plane; see the other ranks' errors (raise "
+                            "KRUG_TIMEOUT_SECONDS for slow starts)",
+                            config_.rank, config_.hostname, config_.timeout_seconds));
+  }
 }
 
 std::optional<bool> Engine::Impl::agree_on_hierarchical_allreduce() {
