@@ -5,6 +5,8 @@
 // the contributions in rank order (Gloo's ring sums in an order that depends on where a tensor
 // lands in the fusion buffer, which breaks bitwise reproducibility), then a direct allgather.
 // Both move (n-1)/n of the buffer per rank, like a ring, and use krug's kernels for every dtype.
+// The algorithm is shared with the MPI backend (collectives/ordered_reduce.h); this backend
+// supplies its messages (collectives/gloo/gloo_exchange.h).
 #pragma once
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "collectives/ordered_reduce.h"
 #include "rendezvous/store.h"
 
 namespace gloo {
@@ -51,13 +54,7 @@ class GlooCommunicator : public Communicator {
   const char* backend_name() const override { return "gloo"; }
 
  private:
-  // Exchanges and reduces the chunks described by `counts`; writes this rank's chunk to `out`.
-  void reduce_scatter_ordered(const void* in, void* out, const std::vector<size_t>& counts,
-                              DataType dtype, ReduceOp op);
-  // Every rank's chunk (already in place in `data`) is sent to every other rank.
-  void allgather_in_place(void* data, const std::vector<size_t>& bytes_per_rank);
   uint64_t next_slot();
-  uint8_t* scratch_for(size_t bytes);
 
   int rank_;
   int size_;
@@ -68,8 +65,9 @@ class GlooCommunicator : public Communicator {
   // one direction of a pair. Kept apart from slot_counter_, which every rank advances together.
   std::vector<uint64_t> sent_to_;
   std::vector<uint64_t> received_from_;
-  std::unique_ptr<uint8_t[]> scratch_;
-  size_t scratch_size_ = 0;
+  // Bytes per peer per pipeline step of the reduce-scatter: bounds scratch memory at
+  // 2 * size * 1 MiB while keeping per-step latency small against transfer time.
+  OrderedReducer reducer_{size_t{1} << 20};
 };
 
 }  // namespace krug::collectives

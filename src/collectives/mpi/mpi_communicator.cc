@@ -4,11 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "collectives/mpi/mpi_environment.h"
+#include "collectives/mpi/mpi_exchange.h"
 #include "collectives/mpi/mpi_requests.h"
-#include "reduce/reduce.h"
 
 namespace krug::collectives::mpi {
 namespace {
@@ -20,16 +19,10 @@ constexpr int kTagAllgather = 2;
 constexpr int kTagAlltoall = 3;
 constexpr int kTagPointToPoint = 4;
 
-std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes) {
-  std::vector<size_t> offsets(sizes.size() + 1, 0);
-  std::partial_sum(sizes.begin(), sizes.end(), offsets.begin() + 1);
-  return offsets;
-}
-
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, const Options& options)
-    : comm_(comm), options_(options) {
+    : comm_(comm), options_(options), reducer_(options.segment_bytes) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
@@ -53,111 +46,25 @@ void MpiCommunicator::guarded(const char* what, F&& f) {
   }
 }
 
-uint8_t* MpiCommunicator::scratch_for(size_t bytes) {
-  // Reused across calls and never zero-filled: every byte read was received first.
-  if (scratch_size_ < bytes) {
-    scratch_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
-    scratch_size_ = bytes;
-  }
-  return scratch_.get();
+MpiExchange MpiCommunicator::exchange(int tag, const char* what) const {
+  return MpiExchange(comm_, rank_, size_, options_.max_message_bytes, options_.timeout, tag, what);
 }
 
 void MpiCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
   if (count == 0 || size_ == 1) return;
-  std::vector<size_t> counts(size_);
-  for (int r = 0; r < size_; ++r)
-    counts[r] = count / size_ + (static_cast<size_t>(r) < count % size_ ? 1 : 0);
-  const auto offsets = prefix_offsets(counts);
-  const size_t esize = dtype_size(dtype);
-  auto* bytes = static_cast<uint8_t*>(data);
   guarded("allreduce", [&] {
-    reduce_scatter_ordered(data, bytes + offsets[rank_] * esize, counts, dtype, op);
-    std::vector<size_t> chunk_bytes(size_);
-    for (int r = 0; r < size_; ++r) chunk_bytes[r] = counts[r] * esize;
-    allgather_in_place(data, chunk_bytes);
+    auto reduce_scatter = exchange(kTagReduceScatter, "reduce-scatter");
+    auto allgather = exchange(kTagAllgather, "allgather");
+    reducer_.allreduce(reduce_scatter, allgather, data, count, dtype, op);
   });
 }
 
 void MpiCommunicator::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                                     DataType dtype, ReduceOp op) {
-  guarded("reducescatter", [&] { reduce_scatter_ordered(in, out, counts, dtype, op); });
-}
-
-void MpiCommunicator::reduce_scatter_ordered(const void* in, void* out,
-                                             const std::vector<size_t>& counts, DataType dtype,
-                                             ReduceOp op) {
-  const size_t esize = dtype_size(dtype);
-  const auto offsets = prefix_offsets(counts);
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* dst = static_cast<uint8_t*>(out);
-  if (size_ == 1) {
-    if (dst != src && counts[0] > 0) std::memmove(dst, src, counts[0] * esize);
-    return;
-  }
-  const size_t max_count = *std::max_element(counts.begin(), counts.end());
-  if (max_count == 0) return;
-  // Small buffers get small segments: scratch is sized by what actually moves.
-  const size_t seg_elems = std::max<size_t>(1, std::min(options_.segment_bytes / esize, max_count));
-  const size_t steps = (max_count + seg_elems - 1) / seg_elems;
-  // Two scratch halves: step s+1's receives land in one while step s is reduced in the other.
-  const size_t half_bytes = static_cast<size_t>(size_) * seg_elems * esize;
-  uint8_t* scratch = scratch_for(2 * half_bytes);
-
-  auto seg_len = [&](int r, size_t step) -> size_t {
-    const size_t begin = step * seg_elems;
-    return begin >= counts[r] ? 0 : std::min(seg_elems, counts[r] - begin);
-  };
-  Requests sends(comm_, options_.max_message_bytes);
-  Requests recvs[2] = {Requests(comm_, options_.max_message_bytes),
-                       Requests(comm_, options_.max_message_bytes)};
-  auto post_recvs = [&](size_t step) {
-    const size_t n = seg_len(rank_, step);
-    if (n == 0) return;
-    uint8_t* half = scratch + (step % 2) * half_bytes;
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_)
-        recvs[step % 2].recv(half + p * seg_elems * esize, n * esize, p, kTagReduceScatter);
-  };
-
-  // The first receives before any send, then every send at once: the wire never waits for a
-  // reduction. Messages of one (peer, tag) match in the order they were posted (MPI's
-  // non-overtaking rule), so step s's segment never lands in step s+1's slot.
-  post_recvs(0);
-  for (size_t step = 0; step < steps; ++step)
-    for (int p = 0; p < size_; ++p) {
-      const size_t n = seg_len(p, step);
-      if (p != rank_ && n > 0)
-        sends.send(src + (offsets[p] + step * seg_elems) * esize, n * esize, p, kTagReduceScatter);
-    }
-  for (size_t step = 0; step < steps; ++step) {
-    if (step + 1 < steps) post_recvs(step + 1);
-    recvs[step % 2].wait(options_.timeout, "reduce-scatter", rank_, size_);
-    const size_t n = seg_len(rank_, step);
-    if (n == 0) continue;
-    uint8_t* half = scratch + (step % 2) * half_bytes;
-    const uint8_t* mine = src + (offsets[rank_] + step * seg_elems) * esize;
-    auto contribution = [&](int r) { return r == rank_ ? mine : half + r * seg_elems * esize; };
-    // Reduce in rank order into this rank's scratch slot first: `out` may alias the input.
-    uint8_t* acc = half + rank_ * seg_elems * esize;
-    std::memcpy(acc, contribution(0), n * esize);
-    for (int r = 1; r < size_; ++r) reduce::reduce_into(dtype, op, acc, contribution(r), n);
-    std::memcpy(dst + step * seg_elems * esize, acc, n * esize);
-  }
-  sends.wait(options_.timeout, "reduce-scatter", rank_, size_);
-}
-
-void MpiCommunicator::allgather_in_place(void* data, const std::vector<size_t>& bytes_per_rank) {
-  const auto offsets = prefix_offsets(bytes_per_rank);
-  if (offsets[size_] == 0) return;
-  auto* bytes = static_cast<uint8_t*>(data);
-  Requests requests(comm_, options_.max_message_bytes);
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_ && bytes_per_rank[p] > 0)
-      requests.recv(bytes + offsets[p], bytes_per_rank[p], p, kTagAllgather);
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_ && bytes_per_rank[rank_] > 0)
-      requests.send(bytes + offsets[rank_], bytes_per_rank[rank_], p, kTagAllgather);
-  requests.wait(options_.timeout, "allgather", rank_, size_);
+  guarded("reducescatter", [&] {
+    auto reduce_scatter = exchange(kTagReduceScatter, "reduce-scatter");
+    reducer_.reduce_scatter(reduce_scatter, in, out, counts, dtype, op);
+  });
 }
 
 void MpiCommunicator::allgatherv(const void* in, void* out,
@@ -167,7 +74,10 @@ void MpiCommunicator::allgatherv(const void* in, void* out,
   if (bytes_per_rank[rank_] > 0 && dst + offsets[rank_] != in)
     std::memmove(dst + offsets[rank_], in, bytes_per_rank[rank_]);
   if (size_ == 1) return;
-  guarded("allgather", [&] { allgather_in_place(out, bytes_per_rank); });
+  guarded("allgather", [&] {
+    auto allgather = exchange(kTagAllgather, "allgather");
+    allgather_in_place(allgather, out, bytes_per_rank);
+  });
 }
 
 void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {

@@ -1,7 +1,8 @@
 // Communicator over an MPI communicator (one per process set, from MPI_Comm_create_group).
 //
 // Determinism first: allreduce and reducescatter are krug's rank-ordered reduce-scatter and
-// allgather (as in the Gloo backend) on MPI point-to-point messages, reduced with krug's kernels.
+// allgather (collectives/ordered_reduce.h, shared with the Gloo backend) on MPI point-to-point
+// messages (mpi_exchange.h), reduced with krug's kernels.
 // MPI_Allreduce would not do: MPI does not promise an order of reduction, and Open MPI picks its
 // algorithm (and so the order in which each element's contributions meet) by message size, so
 // the same tensor would round differently depending on what it was fused with; it also has no
@@ -18,6 +19,8 @@
 
 #include "collectives/communicator.h"
 #include "collectives/mpi/mpi_backend.h"
+#include "collectives/mpi/mpi_exchange.h"
+#include "collectives/ordered_reduce.h"
 
 namespace krug::collectives::mpi {
 
@@ -42,10 +45,8 @@ class MpiCommunicator : public Communicator {
   const char* backend_name() const override { return "mpi"; }
 
  private:
-  void reduce_scatter_ordered(const void* in, void* out, const std::vector<size_t>& counts,
-                              DataType dtype, ReduceOp op);
-  void allgather_in_place(void* data, const std::vector<size_t>& bytes_per_rank);
-  uint8_t* scratch_for(size_t bytes);
+  // The messages of one ordered collective (collectives/ordered_reduce.h) on this communicator.
+  MpiExchange exchange(int tag, const char* what) const;
   template <typename F>
   void guarded(const char* what, F&& f);
 
@@ -53,8 +54,7 @@ class MpiCommunicator : public Communicator {
   Options options_;
   int rank_ = 0;
   int size_ = 1;
-  std::unique_ptr<uint8_t[]> scratch_;
-  size_t scratch_size_ = 0;
+  OrderedReducer reducer_;
 };
 
 }  // namespace krug::collectives::mpi
