@@ -39,6 +39,17 @@ void allgather_in_place(Exchange& exchange, void* data, const std::vector<size_t
   exchange.wait_sends();
 }
 
+void allgatherv(Exchange& exchange, const void* in, void* out,
+                const std::vector<size_t>& bytes_per_rank) {
+  const int rank = exchange.rank();
+  const auto offsets = prefix_offsets(bytes_per_rank);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (bytes_per_rank[rank] > 0 && dst + offsets[rank] != in)
+    std::memmove(dst + offsets[rank], in, bytes_per_rank[rank]);
+  if (exchange.size() == 1) return;
+  allgather_in_place(exchange, out, bytes_per_rank);
+}
+
 uint8_t* OrderedReducer::scratch_for(size_t bytes) {
   // Reused across calls and never zero-filled: every byte read was received first.
   if (scratch_size_ < bytes) {

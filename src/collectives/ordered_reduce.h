@@ -53,6 +53,10 @@ std::vector<size_t> split_counts(size_t count, int size);
 // sent to every other rank. All receives are posted before any send.
 void allgather_in_place(Exchange& exchange, void* data, const std::vector<size_t>& bytes_per_rank);
 
+// allgatherv: places this rank's `in` at its offset in `out`, then allgather_in_place.
+void allgatherv(Exchange& exchange, const void* in, void* out,
+                const std::vector<size_t>& bytes_per_rank);
+
 // Holds the scratch memory of the reduce-scatter across calls; one per communicator.
 class OrderedReducer {
  public:

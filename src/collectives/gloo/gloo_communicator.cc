@@ -86,14 +86,9 @@ void GlooCommunicator::reducescatter(const void* in, void* out, const std::vecto
 
 void GlooCommunicator::allgatherv(const void* in, void* out,
                                   const std::vector<size_t>& bytes_per_rank) {
-  const auto offsets = prefix_offsets(bytes_per_rank);
-  auto* dst = static_cast<uint8_t*>(out);
-  if (bytes_per_rank[rank_] > 0 && dst + offsets[rank_] != in)
-    std::memmove(dst + offsets[rank_], in, bytes_per_rank[rank_]);
-  if (size_ == 1) return;
   translate_errors("allgather", rank_, size_, [&] {
     GlooExchange exchange(*context_, slot_counter_, timeout_);
-    allgather_in_place(exchange, out, bytes_per_rank);
+    collectives::allgatherv(exchange, in, out, bytes_per_rank);
   });
 }
 

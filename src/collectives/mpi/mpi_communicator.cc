@@ -69,14 +69,9 @@ void MpiCommunicator::reducescatter(const void* in, void* out, const std::vector
 
 void MpiCommunicator::allgatherv(const void* in, void* out,
                                  const std::vector<size_t>& bytes_per_rank) {
-  const auto offsets = prefix_offsets(bytes_per_rank);
-  auto* dst = static_cast<uint8_t*>(out);
-  if (bytes_per_rank[rank_] > 0 && dst + offsets[rank_] != in)
-    std::memmove(dst + offsets[rank_], in, bytes_per_rank[rank_]);
-  if (size_ == 1) return;
   guarded("allgather", [&] {
     auto allgather = exchange(kTagAllgather, "allgather");
-    allgather_in_place(allgather, out, bytes_per_rank);
+    collectives::allgatherv(allgather, in, out, bytes_per_rank);
   });
 }
 
