@@ -28,8 +28,8 @@ struct Config {
   bool stall_check_disable = false;    // KRUG_STALL_CHECK_DISABLE
   std::string log_level = "warning";   // KRUG_LOG_LEVEL: trace|debug|info|warning|error|fatal
   // Data plane
-  // KRUG_CPU_OPERATIONS: gloo, mpi or shm; empty = not set: mpi in a process mpirun started,
-  // gloo otherwise (init() decides, the engine takes empty as gloo).
+  // KRUG_CPU_OPERATIONS: gloo, mpi or shm; empty = not set: mpi in a process mpirun started
+  // (init() decides), otherwise the engine picks shm or gloo per process set from its hosts.
   std::string cpu_operations;
   std::string iface;                    // KRUG_GLOO_IFACE: network interface for the data plane
   // KRUG_HIERARCHICAL_ALLREDUCE: true / false, or nullopt for "auto" (the engine decides per
@@ -41,6 +41,7 @@ struct Config {
   std::string rendezvous_addr;      // KRUG_RENDEZVOUS_ADDR
   int rendezvous_port = 0;          // KRUG_RENDEZVOUS_PORT
   std::string secret;               // KRUG_SECRET
+  std::string job_id;               // KRUG_JOB_ID
   // Not a knob: the address this rank advertises to its peers (control and data planes),
   // picked by init() from KRUG_GLOO_IFACE or the route to the rendezvous server. Empty: the
   // engine falls back to 127.0.0.1 on one host and the host name otherwise.

@@ -56,10 +56,13 @@ std::vector<Knob> make_table() {
       // Data plane
       {.name = "KRUG_CPU_OPERATIONS", .alias = "HOROVOD_CPU_OPERATIONS", .unit = "enum",
        .field = &Config::cpu_operations, .choices = {"gloo", "mpi", "shm"},
-       .default_text = "gloo; mpi when mpirun started the job",
-       .doc = "Communicator for CPU tensors: gloo (TCP), or mpi when the ranks were started by "
-              "mpirun (krugrun --mpi, or mpirun directly; needs a build with Open MPI). shm is "
-              "not in this build and is rejected at init."},
+       .default_text = "shm for a process set on one host, gloo across hosts; mpi when mpirun "
+                       "started the job",
+       .doc = "Communicator for CPU tensors: shm (POSIX shared memory; every rank of a process "
+              "set must be on one host), gloo (TCP), or mpi when the ranks were started by "
+              "mpirun (krugrun --mpi, or mpirun directly; needs a build with Open MPI). Unset, "
+              "each process set whose ranks share a host uses shm and the others gloo; gloo "
+              "forces TCP everywhere."},
       {.name = "KRUG_GLOO_IFACE", .alias = "HOROVOD_GLOO_IFACE", .unit = "string",
        .field = &Config::iface, .default_text = "unset (Gloo picks one)",
        .doc = "Network interface the data plane binds to (e.g. eth0)."},
@@ -103,6 +106,10 @@ std::vector<Knob> make_table() {
        .default_text = "unset",
        .doc = "Per-job secret that authenticates workers to the rendezvous server and to each "
               "other (HMAC). Set by krugrun; never logged."},
+      {.name = "KRUG_JOB_ID", .alias = "" /* none: krugrun-only */, .unit = "string",
+       .field = &Config::job_id, .default_text = "unset",
+       .doc = "Identifies the job's shared-memory segments (/dev/shm/krug-<id>-*), which krugrun "
+              "removes when the job ends. Set by krugrun."},
   };
 }
 

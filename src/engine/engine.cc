@@ -17,6 +17,7 @@
 #include "collectives/adasum.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical/hierarchical_communicator.h"
+#include "collectives/shm/shm_communicator.h"
 #include "collectives/mpi/mpi_backend.h"
 #include "common/log.h"
 #include "controller/negotiator.h"
@@ -123,12 +124,17 @@ class Engine::Impl {
                                                                int index);
   std::unique_ptr<collectives::Communicator> make_gloo(int32_t id, const std::string& scope,
                                                        int rank, int size);
+  std::unique_ptr<collectives::shm::ShmCommunicator> make_shm(int32_t id, const std::string& scope,
+                                                              int rank, int size);
   std::optional<bool> agree_on_hierarchical_allreduce();
   void wait_for_every_rank_to_connect();
   void timeline_begin(const std::string& name, std::string_view phase);
   void timeline_end(const std::string& name, std::string_view phase);
 
   Config config_;
+  // KRUG_CPU_OPERATIONS as the user set it (empty: shm or gloo per set); config_.cpu_operations
+  // then reports the data plane the global process set uses.
+  std::string requested_operations_;
   std::shared_ptr<rendezvous::Store> store_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::unique_ptr<ControlPlane> control_;
@@ -172,10 +178,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
     throw Error(fmt::format("krug: invalid rank {} / size {}: start the job with krugrun, or set "
                             "KRUG_RANK and KRUG_SIZE",
                             config_.rank, config_.size));
-  if (config_.cpu_operations.empty()) config_.cpu_operations = "gloo";
-  if (config_.cpu_operations == "shm")
-    throw Error("KRUG_CPU_OPERATIONS=shm: the shared-memory backend is not in this build; use "
-                "gloo (or mpi when the job is started with krugrun --mpi or mpirun)");
+  requested_operations_ = config_.cpu_operations;
   if (config_.cpu_operations == "mpi") collectives::mpi::require_world(config_.rank, config_.size);
   if (config_.hostname.empty()) config_.hostname = net::hostname();
   const auto timeout = seconds_to_ms(config_.timeout_seconds);
@@ -188,12 +191,20 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   if (!wake_.valid()) throw Error(fmt::format("eventfd failed: {}", std::strerror(errno)));
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
                                             config_.hostname, *store_, config_.secret, timeout);
-  if (config_.cpu_operations == "gloo")
+  // Gloo also carries what shared memory does not: sets across hosts, point-to-point messages.
+  if (requested_operations_ != "mpi")
     device_ = collectives::make_gloo_device(advertise, config_.iface);
   hierarchical_allreduce_ = agree_on_hierarchical_allreduce();
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
   add_process_set(0, all);
+  // What cpu_operations() reports: the transport between hosts for a hierarchical set (Gloo;
+  // its groups inside a host use shared memory).
+  const auto* global = sets_[0].comm.get();
+  config_.cpu_operations =
+      !global || dynamic_cast<const collectives::HierarchicalCommunicator*>(global)
+          ? "gloo"
+          : global->backend_name();
   wait_for_every_rank_to_connect();
   if (control_->is_coordinator())
     negotiator_ = std::make_unique<controller::Negotiator>(
@@ -247,9 +258,19 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_gloo(int32_t id,
       rank, size, std::move(prefixed), device_, seconds_to_ms(config_.timeout_seconds));
 }
 
+std::unique_ptr<collectives::shm::ShmCommunicator> Engine::Impl::make_shm(
+    int32_t id, const std::string& scope, int rank, int size) {
+  rendezvous::PrefixStore prefixed(
+      scope.empty() ? fmt::format("shm/{}/", id) : fmt::format("shm/{}/{}/", id, scope), store_);
+  collectives::shm::Options options;
+  options.job_id = config_.job_id;
+  options.timeout = seconds_to_ms(config_.timeout_seconds);
+  return std::make_unique<collectives::shm::ShmCommunicator>(rank, size, prefixed, options);
+}
+
 std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
     int32_t id, const std::vector<int32_t>& ranks, int index) {
-  if (config_.cpu_operations == "mpi") {
+  if (requested_operations_ == "mpi") {
     // MPI sets keep their flat rank-ordered allreduce: the hierarchical one is built from Gloo
     // groups (see docs/architecture.md).
     collectives::mpi::Options options;
@@ -257,10 +278,35 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
     return collectives::mpi::make_communicator(ranks, index, id, options);
   }
   const int size = static_cast<int>(ranks.size());
-  auto flat = make_gloo(id, "", index, size);
   std::vector<std::string> hosts;
   for (int32_t r : ranks) hosts.push_back(control_->host_of(r));
+  const bool one_host = std::all_of(hosts.begin(), hosts.end(),
+                                    [&](const std::string& h) { return h == hosts.front(); });
+  const bool use_shm = requested_operations_ != "gloo";
+  if (use_shm && one_host) {
+    auto shm = make_shm(id, "", index, size);
+    shm->set_point_to_point(make_gloo(id, "", index, size));  // for Adasum's sendrecv
+    return shm;
+  }
   auto layout = collectives::HostLayout::from_host_names(hosts);
+  if (requested_operations_ == "shm") {
+    std::vector<std::pair<std::string, std::vector<int32_t>>> by_host;  // in order of appearance
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      auto it = std::find_if(by_host.begin(), by_host.end(),
+                             [&](const auto& entry) { return entry.first == hosts[i]; });
+      if (it == by_host.end()) it = by_host.insert(by_host.end(), {hosts[i], {}});
+      it->second.push_back(ranks[i]);
+    }
+    std::vector<std::string> parts;
+    for (const auto& [host, members] : by_host)
+      parts.push_back(fmt::format("{}: [{}]", host, fmt::join(members, " ")));
+    throw Error(fmt::format("KRUG_CPU_OPERATIONS=shm: process set {} has ranks on several hosts "
+                            "({}), and shared memory joins only ranks of one host; unset "
+                            "KRUG_CPU_OPERATIONS (shared memory inside a host, Gloo across hosts) "
+                            "or set it to gloo",
+                            id, fmt::join(parts, ", ")));
+  }
+  auto flat = make_gloo(id, "", index, size);
   // Every member decides alike: the same coordinator setting, host table and member list. The
   // choice depends on the topology only, never on timing or message size, because it fixes how
   // float sums are associated (see hierarchical_communicator.h).
@@ -281,7 +327,11 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
             layout.describe());
   return std::make_unique<collectives::HierarchicalCommunicator>(
       std::move(layout), index, std::move(flat),
-      [&](const std::string& scope, int rank, int group_size) {
+      [&](const std::string& scope, int rank, int group_size)
+          -> std::unique_ptr<collectives::Communicator> {
+        // Groups inside a host exchange through shared memory; they never send point to point.
+        if (use_shm && scope.rfind("local/", 0) == 0)
+          return make_shm(id, "hier/" + scope, rank, group_size);
         return make_gloo(id, "hier/" + scope, rank, group_size);
       });
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 
+#include "collectives/shm/shm_segment.h"
 #include "krug/types.h"
 #include "net/address.h"
 #include "rendezvous/server.h"
@@ -178,7 +179,14 @@ int launch_step(const LaunchOptions& options) {
         is_remote, std::move(started.stdin_keepalive)});
   }
   // The server outlives the supervisor: it is destroyed only after every rank is gone.
-  return Supervisor(std::move(ranks), std::move(signal_fd), options.verbose).run();
+  const int code = Supervisor(std::move(ranks), std::move(signal_fd), options.verbose).run();
+  // Shared-memory segments are unlinked once every rank of their set has mapped them; one is
+  // left only by a rank that died in between, and this host's are removed here.
+  if (const int removed = collectives::shm::remove_job_segments(job.job_id);
+      removed > 0 && options.verbose)
+    fmt::print(stderr, "krugrun: removed {} shared-memory segment(s) left by ranks that died "
+                       "during init\n", removed);
+  return code;
 }
 
 // A job spec's `run:` steps one after another: a step starts once every rank of the previous

@@ -43,7 +43,8 @@ EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const 
   env["KRUG_SECRET"] = job.secret;
   env["KRUG_JOB_ID"] = job.job_id;
   env["HOROVOD_CONTROLLER"] = "gloo";
-  env["HOROVOD_CPU_OPERATIONS"] = "gloo";
+  // No HOROVOD_CPU_OPERATIONS: it is an alias of KRUG_CPU_OPERATIONS, and setting it would stop
+  // the engine choosing shared memory inside a host.
   if (!job.python_dir.empty()) {
     auto it = env.find("PYTHONPATH");
     env["PYTHONPATH"] = (it == env.end() || it->second.empty())

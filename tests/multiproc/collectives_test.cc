@@ -42,16 +42,27 @@ using namespace krug::testing;
 // expectations, except where noted (mpirun, not krugrun, supervises the ranks). Set once, in
 // main(), before any test runs.
 bool g_mpi_launch = false;
+// --data-plane=gloo (the ctest entries named gloo.*): every job runs with KRUG_CPU_OPERATIONS=gloo,
+// so the TCP data plane stays covered now that one-host jobs default to shared memory.
+bool g_force_gloo = false;
 
 bool mpi_launch() { return g_mpi_launch; }
 
-std::string expected_data_plane() { return mpi_launch() ? "mpi" : "gloo"; }
+// Jobs with -H spread the ranks over (simulated) hosts: the global set is Gloo's there.
+std::string expected_data_plane(const std::vector<std::string>& launcher_flags) {
+  if (mpi_launch()) return "mpi";
+  if (g_force_gloo) return "gloo";
+  const bool several_hosts =
+      std::find(launcher_flags.begin(), launcher_flags.end(), "-H") != launcher_flags.end();
+  return several_hosts ? "gloo" : "shm";
+}
 
 std::vector<std::string> job_args(const std::string& marker, int np, const std::string& scenario,
                                   const std::vector<std::string>& env,
                                   const std::vector<std::string>& launcher_flags) {
   std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker};
   if (mpi_launch()) args.insert(args.begin(), "--mpi");
+  if (g_force_gloo) args.insert(args.end(), {"-x", "KRUG_CPU_OPERATIONS=gloo"});
   args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
   for (const auto& e : env) {
     args.push_back("-x");
@@ -93,7 +104,8 @@ void expect_passes(int np, const std::string& scenario, const std::vector<std::s
   for (int r = 0; r < np; ++r) {
     EXPECT_TRUE(job.rank_printed(r, "rank " + std::to_string(r) + ": " + scenario + " OK"))
         << "rank " << r << " did not report success\n" << job.output();
-    EXPECT_TRUE(job.rank_printed(r, "data plane " + expected_data_plane())) << job.output();
+    EXPECT_TRUE(job.rank_printed(r, "data plane " + expected_data_plane(launcher_flags)))
+        << job.output();
   }
   EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
 }
@@ -321,6 +333,100 @@ TEST(HierarchicalChoice, AutoUsesItAndTheLauncherFlagTurnsItOff) {
   EXPECT_FALSE(contains(err, "process set 0: hierarchical allreduce")) << err;
 }
 
+// ---- Shared memory (one host): nothing is left in /dev/shm however the job ends.
+
+bool shm_under_test() { return !mpi_launch() && !g_force_gloo; }
+
+// /dev/shm entries of the job whose ranks printed "job id" (krugrun names every segment of a
+// job "krug-<job id>-...").
+std::vector<std::string> job_segments(const std::string& job_id) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("krug-" + job_id + "-", 0) == 0) found.push_back(name);
+  }
+  return found;
+}
+
+// Waits (bounded) until every rank printed "leftover ready"; returns each rank's pid.
+std::vector<pid_t> wait_until_ready(Job& job, int np) {
+  std::vector<pid_t> pids(np, -1);
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int ready = 0;
+    for (int r = 0; r < np; ++r)
+      for (const auto& line : job.rank_lines(r))
+        if (auto at = line.find(": pid "); at != std::string::npos && contains(line, "leftover")) {
+          pids[r] = std::stoi(line.substr(at + 6));
+          ++ready;
+          break;
+        }
+    if (ready == np) return pids;
+    std::this_thread::sleep_for(20ms);
+  }
+  ADD_FAILURE() << "ranks did not get ready\n" << job.output();
+  return pids;
+}
+
+// The job id krugrun gave the ranks (--verbose prints "krugrun: job <id>: ...").
+std::string job_id_of(const Job& job) {
+  const std::string err = job.err(), tag = "krugrun: job ";
+  const auto at = err.find(tag);
+  if (at == std::string::npos) return "";
+  return err.substr(at + tag.size(), err.find(':', at + tag.size()) - at - tag.size());
+}
+
+TEST(SharedMemory, NothingLeftAfterANormalExit) {
+  if (!shm_under_test()) GTEST_SKIP() << "jobs of this run use another data plane";
+  std::string err;
+  expect_passes(3, "shm_leftover_finish", {}, {"--verbose"}, &err);
+  const auto at = err.find("krugrun: job ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const std::string id = err.substr(at + 13, err.find(':', at + 13) - at - 13);
+  EXPECT_EQ(job_segments(id), std::vector<std::string>{}) << "job " << id;
+  EXPECT_TRUE(contains(err, "removed 1 shared-memory segment")) << err;
+}
+
+TEST(SharedMemory, NothingLeftAfterASigkilledRank) {
+  if (!shm_under_test()) GTEST_SKIP() << "jobs of this run use another data plane";
+  Job job(3, "shm_leftover_loop", {}, {"--verbose"});
+  const auto pids = wait_until_ready(job, 3);
+  const std::string id = job_id_of(job);
+  ASSERT_FALSE(id.empty()) << job.output();
+  EXPECT_EQ(job_segments(id).size(), 1u) << "the test's own leftover should be there";
+  ASSERT_GT(pids[1], 0);
+  ::kill(pids[1], SIGKILL);
+  EXPECT_EQ(job.wait(), 128 + 9) << job.output();
+  EXPECT_EQ(job_segments(id), std::vector<std::string>{}) << job.output();
+  EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
+TEST(SharedMemory, NothingLeftAfterCtrlCToKrugrun) {
+  if (!shm_under_test()) GTEST_SKIP() << "jobs of this run use another data plane";
+  Job job(2, "shm_leftover_loop", {}, {"--verbose"});
+  wait_until_ready(job, 2);
+  const std::string id = job_id_of(job);
+  ASSERT_FALSE(id.empty()) << job.output();
+  ::kill(job.pid(), SIGINT);
+  const int code = job.wait();
+  EXPECT_NE(code, 0) << job.output();
+  EXPECT_NE(code, -1) << job.output();
+  EXPECT_EQ(job_segments(id), std::vector<std::string>{}) << job.output();
+  EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
+TEST(SharedMemory, AskedForAcrossHostsFailsNamingTheHosts) {
+  if (!shm_under_test()) GTEST_SKIP() << "jobs of this run use another data plane";
+  Job job(2, "ops", {"KRUG_CPU_OPERATIONS=shm"}, {"-H", "localhost:1,127.0.0.1:1"});
+  const int code = job.wait();
+  EXPECT_NE(code, 0) << job.output();
+  EXPECT_NE(code, -1) << job.output();
+  EXPECT_TRUE(contains(job.output(), "KRUG_CPU_OPERATIONS=shm: process set 0 has ranks on several "
+                                     "hosts (localhost: [0], 127.0.0.1: [1])"))
+      << job.output();
+  EXPECT_EQ(count_processes_with(job.marker()), 0) << "ranks outlived krugrun";
+}
+
 // A worker without krugrun is a job of one (no rendezvous needed).
 TEST(Worker, RunsWithoutKrugrunAsAJobOfOne) {
   const std::string cmd = "timeout 120 " + std::string(KRUG_TEST_WORKER_PATH) + " ops > /dev/null 2>&1";
@@ -344,12 +450,16 @@ TEST(Worker, RunsWithoutKrugrunAsAJobOfOne) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);  // takes out gtest's own flags
   for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) != "--launch=mpi") {
-      std::fprintf(stderr, "krug_multiproc_tests: unknown argument '%s' (only --launch=mpi)\n",
-                   argv[i]);
+    const std::string arg = argv[i];
+    if (arg == "--launch=mpi") {
+      g_mpi_launch = true;
+    } else if (arg == "--data-plane=gloo") {
+      g_force_gloo = true;
+    } else {
+      std::fprintf(stderr, "krug_multiproc_tests: unknown argument '%s' (--launch=mpi or "
+                   "--data-plane=gloo)\n", argv[i]);
       return 2;
     }
-    g_mpi_launch = true;
   }
   return RUN_ALL_TESTS();
 }

@@ -5,7 +5,9 @@
 // float16 and bfloat16 included), checks it, and prints one line per wrong element (rank,
 // operation, tensor, element, expected, got). Exit status: 0 when everything held, 1 when a
 // check failed, 2 for a usage error. The last line of a passing rank is "rank R: <scenario> OK".
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1121,6 +1123,31 @@ void scenario_adasum() {
 
 }  // namespace
 
+// Shared memory: rank 0 leaves a segment under the job's prefix (as a rank that died between
+// creating and unlinking one would), so the harness can check krugrun removes it; the segments
+// the engine made are unlinked already. "finish" returns after a few steps; "loop" allreduces
+// until the job is killed (at most 120 s) and reports its pid for the harness.
+void scenario_shm_leftover(bool loop) {
+  const char* job = std::getenv("KRUG_JOB_ID");
+  if (!job) die("shm_leftover needs KRUG_JOB_ID (run it under krugrun)");
+  if (g_rank == 0) {
+    const std::string name = std::string("/krug-") + job + "-leftover-by-test";
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+    if (fd < 0) die("shm_open " + name + " failed");
+    ::close(fd);
+  }
+  krug::barrier();
+  std::cout << who() << ": pid " << ::getpid() << " leftover ready" << std::endl;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(loop ? 120 : 0);
+  int steps = 0;
+  do {
+    std::vector<float> x(1 << 16, 1.0f);
+    krug::allreduce("shm_leftover.step", x.data(), x.data(), krug::DataType::kFloat32,
+                    {static_cast<int64_t>(x.size())});
+    ++steps;
+  } while (std::chrono::steady_clock::now() < until || steps < 3);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::cerr << "usage: krug_test_worker <scenario>" << std::endl;
@@ -1145,6 +1172,8 @@ int main(int argc, char** argv) {
       {"adasum", scenario_adasum},
       {"topology", scenario_topology},
       {"determinism", scenario_determinism},
+      {"shm_leftover_finish", [] { scenario_shm_leftover(false); }},
+      {"shm_leftover_loop", [] { scenario_shm_leftover(true); }},
   };
   auto it = scenarios.find(scenario);
   if (it == scenarios.end()) {

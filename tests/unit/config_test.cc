@@ -215,6 +215,7 @@ TEST(ConfigTest, EveryHorovodAliasIsDeclared) {
       {"KRUG_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_ADDR"},
       {"KRUG_RENDEZVOUS_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT"},
       {"KRUG_SECRET", ""},
+      {"KRUG_JOB_ID", ""},
   };
   for (const auto& [name, alias] : expected) {
     ASSERT_TRUE(alias_of.count(name)) << name;

@@ -6,6 +6,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "api/mpi_job.h"
 #include "collectives/mpi/mpi_backend.h"
@@ -42,10 +44,45 @@ std::string engine_error(const std::string& cpu_operations) {
   return "";
 }
 
-TEST(DataPlaneChoice, SharedMemoryIsRejectedAsNotInThisBuild) {
-  const std::string error = engine_error("shm");
-  EXPECT_NE(error.find("KRUG_CPU_OPERATIONS=shm"), std::string::npos) << error;
-  EXPECT_NE(error.find("not in this build"), std::string::npos) << error;
+// Each rank claims host hosts[r]; returns each rank's data plane for the global set, or its error.
+std::vector<std::string> data_planes(const std::vector<std::string>& hosts,
+                                     const std::string& cpu_operations) {
+  const int size = static_cast<int>(hosts.size());
+  auto store = std::make_shared<rendezvous::InMemoryStore>();
+  std::vector<std::string> result(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      Config c = engine::testing::rank_config(r, size);
+      c.hostname = hosts[r];
+      c.cpu_operations = cpu_operations;
+      c.timeout_seconds = 5;
+      try {
+        engine::Engine engine(c, store);
+        result[r] = engine.config().cpu_operations;
+        engine.shutdown();
+      } catch (const Error& e) {
+        result[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return result;
+}
+
+TEST(DataPlaneChoice, SharedMemoryWhenEveryRankIsOnOneHostUnlessGlooIsAskedFor) {
+  EXPECT_EQ(data_planes({"a", "a", "a"}, ""), (std::vector<std::string>{"shm", "shm", "shm"}));
+  EXPECT_EQ(data_planes({"a", "a"}, "shm"), (std::vector<std::string>{"shm", "shm"}));
+  EXPECT_EQ(data_planes({"a", "a"}, "gloo"), (std::vector<std::string>{"gloo", "gloo"}));
+  // Across hosts the global set is Gloo's (its groups inside a host use shared memory).
+  EXPECT_EQ(data_planes({"a", "b"}, ""), (std::vector<std::string>{"gloo", "gloo"}));
+}
+
+TEST(DataPlaneChoice, SharedMemoryAskedForAcrossHostsFailsNamingTheHosts) {
+  for (const std::string& error : data_planes({"a", "a", "b"}, "shm")) {
+    EXPECT_NE(error.find("KRUG_CPU_OPERATIONS=shm"), std::string::npos) << error;
+    EXPECT_NE(error.find("several hosts"), std::string::npos) << error;
+    EXPECT_NE(error.find("a: [0 1]"), std::string::npos) << error;
+  }
 }
 
 // This test process was not started by mpirun, so the MPI data plane cannot reach other ranks.

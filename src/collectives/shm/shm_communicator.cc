@@ -1,0 +1,399 @@
+#include "collectives/shm/shm_communicator.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "collectives/ordered_reduce.h"
+#include "reduce/reduce.h"
+
+namespace krug::collectives::shm {
+namespace {
+
+constexpr uint32_t kMagic = 0x6b727567;  // "krug"
+constexpr size_t kPage = 4096;
+constexpr size_t kMessageBytes = 512;
+constexpr size_t kControlsOffset = kPage;  // the header has the first page to itself
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+struct ShmCommunicator::Header {
+  std::atomic<uint32_t> magic;
+  std::atomic<uint32_t> abort_claimed;
+  std::atomic<uint32_t> aborted_by;  // 0, or the failing member + 1 once `message` is written
+  char message[kMessageBytes];
+};
+
+struct ShmCommunicator::Control {
+  Counter filled;
+  Counter reduced;
+  Counter done;
+  alignas(64) std::atomic<int32_t> pid;
+};
+
+size_t ShmCommunicator::segment_bytes(int size, const Options& options) {
+  const size_t controls = round_up(sizeof(Control) * static_cast<size_t>(size), kPage);
+  return kControlsOffset + controls + 2 * static_cast<size_t>(size) * options.slot_bytes;
+}
+
+ShmCommunicator::ShmCommunicator(int rank, int size, rendezvous::Store& store,
+                                 const Options& options)
+    : rank_(rank),
+      size_(size),
+      options_(options),
+      // Spinning pays only while every member has a core to itself; otherwise a spinning
+      // member takes the core from the peer it waits for.
+      spin_(static_cast<unsigned>(size) <= std::max(1u, std::thread::hardware_concurrency())
+                ? std::chrono::microseconds(20)
+                : std::chrono::nanoseconds(0)),
+      segment_(rank, size, segment_bytes(size, options), options.job_id, store, options.timeout) {
+  static_assert(sizeof(Header) <= 4096);
+  if (options_.slot_bytes < 4096 || options_.slot_bytes % 64 != 0)
+    throw Error(fmt::format("shared-memory data plane: slot size {} must be a multiple of 64 "
+                            "and at least 4096",
+                            options_.slot_bytes));
+  // The pages came zero-filled from ftruncate/fallocate: every counter starts at 0.
+  control(rank_).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
+  if (rank_ == 0) header().magic.store(kMagic, std::memory_order_release);
+  // Every member must see every pid before relying on it for liveness checks.
+  barrier();
+  if (header().magic.load(std::memory_order_acquire) != kMagic)
+    throw Error("shared-memory data plane: segment header is not initialised");
+}
+
+ShmCommunicator::~ShmCommunicator() = default;
+
+ShmCommunicator::Header& ShmCommunicator::header() const {
+  return *reinterpret_cast<Header*>(segment_.data());
+}
+
+ShmCommunicator::Control& ShmCommunicator::control(int member) const {
+  return reinterpret_cast<Control*>(segment_.data() + kControlsOffset)[member];
+}
+
+uint8_t* ShmCommunicator::slot(uint32_t step, int member) const {
+  const size_t controls = round_up(sizeof(Control) * static_cast<size_t>(size_), kPage);
+  const size_t index = (step % 2) * static_cast<size_t>(size_) + static_cast<size_t>(member);
+  return segment_.data() + kControlsOffset + controls + index * options_.slot_bytes;
+}
+
+std::string ShmCommunicator::check_peer(int member) const {
+  if (const uint32_t by = header().aborted_by.load(std::memory_order_acquire); by != 0)
+    return fmt::format("stopped because rank {} of the process set failed: {}", by - 1,
+                       std::string(header().message, strnlen(header().message, kMessageBytes)));
+  const pid_t pid = control(member).pid.load(std::memory_order_acquire);
+  if (!process_alive(pid))
+    return fmt::format("rank {} of the process set (pid {} on this host) has exited", member, pid);
+  return {};
+}
+
+void ShmCommunicator::abort_all(const std::string& message) {
+  uint32_t expected = 0;
+  if (header().abort_claimed.compare_exchange_strong(expected, 1)) {
+    const size_t n = std::min(message.size(), kMessageBytes - 1);
+    std::memcpy(header().message, message.data(), n);
+    header().message[n] = '\0';
+    header().aborted_by.store(static_cast<uint32_t>(rank_) + 1, std::memory_order_release);
+  }
+  for (int m = 0; m < size_; ++m) {
+    wake_all(control(m).filled);
+    wake_all(control(m).reduced);
+    wake_all(control(m).done);
+  }
+}
+
+void ShmCommunicator::fail(const char* op, int member, const std::string& why) {
+  std::string message;
+  if (why == "timeout")
+    message = fmt::format("shared-memory {}: rank {} of the process set did not arrive within {} "
+                          "s (stuck, or in another collective); raise KRUG_TIMEOUT_SECONDS if "
+                          "it is only slow",
+                          op, member, options_.timeout.count() / 1000.0);
+  else
+    message = fmt::format("shared-memory {}: {}", op, why);
+  throw Error(message);
+}
+
+template <typename Body>
+void ShmCommunicator::guarded(const char* op, Body&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    abort_all(e.what());
+    throw;
+  } catch (const std::exception& e) {
+    const std::string message = fmt::format("shared-memory {}: {}", op, e.what());
+    abort_all(message);
+    throw Error(message);
+  }
+}
+
+namespace {
+
+WaitContext context_for(std::chrono::milliseconds timeout, std::chrono::nanoseconds spin,
+                        std::function<std::string()> check) {
+  return WaitContext{std::chrono::steady_clock::now() + timeout, spin, std::move(check)};
+}
+
+}  // namespace
+
+void ShmCommunicator::begin_step(const char* op) {
+  if (step_ < 2) return;
+  for (int m = 0; m < size_; ++m) {
+    if (m == rank_) continue;
+    auto why = wait_for(control(m).done, step_ - 1,
+                        context_for(options_.timeout, spin_, [this, m] { return check_peer(m); }));
+    if (!why.empty()) fail(op, m, why);
+  }
+}
+
+void ShmCommunicator::publish_filled() { publish(control(rank_).filled, step_ + 1); }
+void ShmCommunicator::publish_reduced() { publish(control(rank_).reduced, step_ + 1); }
+void ShmCommunicator::publish_done() {
+  publish(control(rank_).done, step_ + 1);
+  ++step_;
+}
+
+void ShmCommunicator::wait_filled(int member, const char* op) {
+  if (member == rank_) return;
+  auto why = wait_for(control(member).filled, step_ + 1,
+                      context_for(options_.timeout, spin_,
+                                  [this, member] { return check_peer(member); }));
+  if (!why.empty()) fail(op, member, why);
+}
+
+void ShmCommunicator::wait_filled_all(const char* op) {
+  for (int m = 0; m < size_; ++m) wait_filled(m, op);
+}
+
+void ShmCommunicator::wait_reduced_all(const char* op) {
+  for (int m = 0; m < size_; ++m) {
+    if (m == rank_) continue;
+    auto why = wait_for(control(m).reduced, step_ + 1,
+                        context_for(options_.timeout, spin_, [this, m] { return check_peer(m); }));
+    if (!why.empty()) fail(op, m, why);
+  }
+}
+
+void ShmCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
+  if (size_ == 1 || count == 0) return;
+  const size_t element = dtype_size(dtype);
+  guarded("allreduce", [&] {
+    if (count * element <= options_.small_allreduce_bytes)
+      allreduce_small(static_cast<uint8_t*>(data), count, element, dtype, op);
+    else
+      allreduce_large(static_cast<uint8_t*>(data), count, element, dtype, op);
+  });
+}
+
+void ShmCommunicator::allreduce_small(uint8_t* data, size_t count, size_t element, DataType dtype,
+                                      ReduceOp op) {
+  const size_t per_step = options_.slot_bytes / element;
+  for (size_t first = 0; first < count; first += per_step) {
+    const size_t n = std::min(per_step, count - first);
+    uint8_t* out = data + first * element;
+    begin_step("allreduce");
+    std::memcpy(slot(step_, rank_), out, n * element);
+    publish_filled();
+    wait_filled_all("allreduce");
+    // Rank order, whole piece: out = s0 op s1 op ... (out's own input is already in its slot).
+    reduce::reduce(dtype, op, out, slot(step_, 0), slot(step_, 1), n);
+    for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, out, slot(step_, m), n);
+    publish_reduced();
+    publish_done();
+  }
+}
+
+void ShmCommunicator::allreduce_large(uint8_t* data, size_t count, size_t element, DataType dtype,
+                                      ReduceOp op) {
+  const size_t per_step = options_.slot_bytes / element;
+  for (size_t first = 0; first < count; first += per_step) {
+    const size_t n = std::min(per_step, count - first);
+    const auto slices = split_counts(n, size_);
+    const auto offsets = prefix_offsets(slices);
+    uint8_t* piece = data + first * element;
+    begin_step("allreduce");
+    std::memcpy(slot(step_, rank_), piece, n * element);
+    publish_filled();
+    wait_filled_all("allreduce");
+    // This member's slice, in rank order, written back into its own slot. Its own input is read
+    // from `piece` (still unchanged), because its slot's slice is the destination.
+    const size_t at = offsets[rank_] * element;
+    const size_t len = slices[rank_];
+    auto source = [&](int m) -> const uint8_t* {
+      return m == rank_ ? piece + at : slot(step_, m) + at;
+    };
+    uint8_t* result = slot(step_, rank_) + at;
+    if (len > 0) {
+      reduce::reduce(dtype, op, result, source(0), source(1), len);
+      for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, result, source(m), len);
+    }
+    publish_reduced();
+    wait_reduced_all("allreduce");
+    for (int m = 0; m < size_; ++m) {
+      const size_t from = offsets[m] * element;
+      std::memcpy(piece + from, slot(step_, m) + from, slices[m] * element);
+    }
+    publish_done();
+  }
+}
+
+void ShmCommunicator::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
+                                    DataType dtype, ReduceOp op) {
+  const size_t element = dtype_size(dtype);
+  const auto offsets = prefix_offsets(counts);
+  const size_t total = offsets.back();
+  const auto* input = static_cast<const uint8_t*>(in);
+  auto* output = static_cast<uint8_t*>(out);
+  if (size_ == 1) {
+    if (output != input && total > 0) std::memmove(output, input, total * element);
+    return;
+  }
+  const size_t mine_first = offsets[rank_], mine_end = offsets[rank_ + 1];
+  const size_t per_step = options_.slot_bytes / element;
+  guarded("reducescatter", [&] {
+    for (size_t first = 0; first < total; first += per_step) {
+      const size_t n = std::min(per_step, total - first);
+      begin_step("reducescatter");
+      std::memcpy(slot(step_, rank_), input + first * element, n * element);
+      publish_filled();
+      wait_filled_all("reducescatter");
+      // The part of this member's chunk inside the piece, from every slot (its own included:
+      // `out` may alias `in`).
+      const size_t a = std::max(first, mine_first), b = std::min(first + n, mine_end);
+      if (a < b) {
+        const size_t at = (a - first) * element;
+        uint8_t* dst = output + (a - mine_first) * element;
+        reduce::reduce(dtype, op, dst, slot(step_, 0) + at, slot(step_, 1) + at, b - a);
+        for (int m = 2; m < size_; ++m)
+          reduce::reduce_into(dtype, op, dst, slot(step_, m) + at, b - a);
+      }
+      publish_reduced();
+      publish_done();
+    }
+  });
+}
+
+void ShmCommunicator::allgatherv(const void* in, void* out,
+                                 const std::vector<size_t>& bytes_per_rank) {
+  const auto offsets = prefix_offsets(bytes_per_rank);
+  const auto* input = static_cast<const uint8_t*>(in);
+  auto* output = static_cast<uint8_t*>(out);
+  const size_t mine = bytes_per_rank[rank_];
+  if (mine > 0 && output + offsets[rank_] != input)
+    std::memmove(output + offsets[rank_], input, mine);
+  if (size_ == 1) return;
+  const size_t largest = *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
+  const size_t piece = options_.slot_bytes;
+  guarded("allgather", [&] {
+    for (size_t first = 0; first < largest; first += piece) {
+      begin_step("allgather");
+      if (first < mine) std::memcpy(slot(step_, rank_), input + first, std::min(piece, mine - first));
+      publish_filled();
+      for (int m = 0; m < size_; ++m) {
+        if (m == rank_ || first >= bytes_per_rank[m]) continue;
+        wait_filled(m, "allgather");
+        std::memcpy(output + offsets[m] + first, slot(step_, m),
+                    std::min(piece, bytes_per_rank[m] - first));
+      }
+      publish_reduced();
+      publish_done();
+    }
+  });
+}
+
+void ShmCommunicator::broadcast(void* data, size_t bytes, int root) {
+  if (size_ == 1 || bytes == 0) return;
+  auto* buffer = static_cast<uint8_t*>(data);
+  const size_t piece = options_.slot_bytes;
+  guarded("broadcast", [&] {
+    for (size_t first = 0; first < bytes; first += piece) {
+      const size_t n = std::min(piece, bytes - first);
+      begin_step("broadcast");
+      if (rank_ == root) std::memcpy(slot(step_, root), buffer + first, n);
+      publish_filled();
+      if (rank_ != root) {
+        wait_filled(root, "broadcast");
+        std::memcpy(buffer + first, slot(step_, root), n);
+      }
+      publish_reduced();
+      publish_done();
+    }
+  });
+}
+
+void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                                const std::vector<size_t>& recv_bytes) {
+  const auto send_offsets = prefix_offsets(send_bytes);
+  const auto recv_offsets = prefix_offsets(recv_bytes);
+  const auto* input = static_cast<const uint8_t*>(in);
+  auto* output = static_cast<uint8_t*>(out);
+  if (send_bytes[rank_] > 0)
+    std::memmove(output + recv_offsets[rank_], input + send_offsets[rank_], send_bytes[rank_]);
+  if (size_ == 1) return;
+  // Each slot is cut into one box per destination. Members know only their own sizes, so the
+  // number of rounds is agreed first: the largest any member needs.
+  const size_t box = options_.slot_bytes / static_cast<size_t>(size_) / 64 * 64;
+  guarded("alltoall", [&] {
+    size_t largest = 0;
+    for (int m = 0; m < size_; ++m)
+      if (m != rank_) largest = std::max({largest, send_bytes[m], recv_bytes[m]});
+    begin_step("alltoall");
+    // In the slot, not the control block: the slot is not reused before every member is done.
+    const uint64_t needed = (largest + box - 1) / box;
+    std::memcpy(slot(step_, rank_), &needed, sizeof needed);
+    publish_filled();
+    wait_filled_all("alltoall");
+    uint64_t rounds = 0;
+    for (int m = 0; m < size_; ++m) {
+      uint64_t theirs = 0;
+      std::memcpy(&theirs, slot(step_, m), sizeof theirs);
+      rounds = std::max(rounds, theirs);
+    }
+    publish_reduced();
+    publish_done();
+    for (uint64_t round = 0; round < rounds; ++round) {
+      const size_t first = round * box;
+      begin_step("alltoall");
+      for (int m = 0; m < size_; ++m)
+        if (m != rank_ && first < send_bytes[m])
+          std::memcpy(slot(step_, rank_) + m * box, input + send_offsets[m] + first,
+                      std::min(box, send_bytes[m] - first));
+      publish_filled();
+      for (int m = 0; m < size_; ++m) {
+        if (m == rank_ || first >= recv_bytes[m]) continue;
+        wait_filled(m, "alltoall");
+        std::memcpy(output + recv_offsets[m] + first, slot(step_, m) + rank_ * box,
+                    std::min(box, recv_bytes[m] - first));
+      }
+      publish_reduced();
+      publish_done();
+    }
+  });
+}
+
+void ShmCommunicator::barrier() {
+  if (size_ == 1) return;
+  guarded("barrier", [&] {
+    begin_step("barrier");
+    publish_filled();
+    wait_filled_all("barrier");
+    publish_reduced();
+    publish_done();
+  });
+}
+
+void ShmCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
+                               void* recv_data, size_t recv_bytes, int recv_from) {
+  if (!point_to_point_)
+    throw Error("shared-memory communicator: point-to-point messages need a TCP communicator, "
+                "and none was attached");
+  point_to_point_->sendrecv(send_data, send_bytes, send_to, recv_data, recv_bytes, recv_from);
+}
+
+}  // namespace krug::collectives::shm

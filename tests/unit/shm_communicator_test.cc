@@ -1,0 +1,270 @@
+// The shared-memory communicator with members as threads of this process: every collective
+// against values computed here, for sizes that take one step, many steps, and the small and
+// large allreduce paths; rank-ordered sums bitwise equal to the reference association; failures
+// that name the member; and nothing left in /dev/shm.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/shm/shm_communicator.h"
+#include "rendezvous/store.h"
+
+namespace krug::collectives::shm {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Small slots, so modest buffers already take many steps (and both slot halves).
+Options small_slots(const std::string& job) {
+  Options o;
+  o.job_id = job;
+  o.slot_bytes = 4096;
+  o.small_allreduce_bytes = 1024;
+  o.timeout = 10s;
+  return o;
+}
+
+std::string unique_job(const std::string& what) {
+  return what + std::to_string(::getpid()) + "x" + std::to_string(std::random_device{}());
+}
+
+int segments_named(const std::string& job) {
+  const std::string prefix = segment_prefix(job);
+  int found = 0;
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (const dirent* e = ::readdir(dir))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) ++found;
+    ::closedir(dir);
+  }
+  return found;
+}
+
+// Runs body(comm, member) on `size` members, one thread each; returns each member's error.
+std::vector<std::string> run_members(int size, const Options& options,
+                                     const std::function<void(ShmCommunicator&, int)>& body) {
+  rendezvous::InMemoryStore store;
+  std::vector<std::string> errors(size);
+  std::vector<std::thread> threads;
+  for (int m = 0; m < size; ++m)
+    threads.emplace_back([&, m] {
+      try {
+        ShmCommunicator comm(m, size, store, options);
+        body(comm, m);
+      } catch (const std::exception& e) {
+        errors[m] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+void expect_all_pass(int size, const Options& options,
+                     const std::function<void(ShmCommunicator&, int)>& body) {
+  const auto errors = run_members(size, options, body);
+  for (int m = 0; m < size; ++m) EXPECT_EQ(errors[m], "") << "member " << m;
+}
+
+// Values whose float sums depend on the association, so a wrong order shows in the bits.
+float value(int member, size_t i) {
+  return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + member)) *
+         (member % 2 ? 1e-3f : 1e4f);
+}
+
+class Sizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sizes, AllreduceSumsInRankOrderOnBothPaths) {
+  const int size = GetParam();
+  const std::string job = unique_job("ar");
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{200}, size_t{1000},
+                       size_t{5000}, size_t{70001}}) {
+    expect_all_pass(size, small_slots(job), [&](ShmCommunicator& comm, int m) {
+      std::vector<float> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = value(m, i);
+      comm.allreduce(x.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        float expected = value(0, i);
+        for (int r = 1; r < size; ++r) expected += value(r, i);
+        ASSERT_EQ(std::memcmp(&x[i], &expected, sizeof(float)), 0)
+            << "count " << count << " element " << i << ": " << x[i] << " vs " << expected;
+      }
+    });
+  }
+  EXPECT_EQ(segments_named(job), 0);
+}
+
+TEST_P(Sizes, AllreduceOfOtherTypesAndOps) {
+  const int size = GetParam();
+  expect_all_pass(size, small_slots(unique_job("ops")), [&](ShmCommunicator& comm, int m) {
+    for (size_t count : {size_t{3}, size_t{3000}}) {
+      std::vector<int64_t> x(count);
+      std::iota(x.begin(), x.end(), int64_t{m});
+      comm.allreduce(x.data(), count, DataType::kInt64, ReduceOp::kMax);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], int64_t(i) + size - 1);
+      std::vector<double> y(count, m + 2.0);
+      comm.allreduce(y.data(), count, DataType::kFloat64, ReduceOp::kProduct);
+      double product = 1;
+      for (int r = 0; r < size; ++r) product *= r + 2.0;
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], product);
+    }
+  });
+}
+
+TEST_P(Sizes, ReducescatterGivesEachMemberItsChunk) {
+  const int size = GetParam();
+  expect_all_pass(size, small_slots(unique_job("rs")), [&](ShmCommunicator& comm, int m) {
+    std::vector<size_t> counts(size);
+    for (int r = 0; r < size; ++r) counts[r] = 1500 * r + 1;  // uneven, several steps
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    std::vector<float> in(total);
+    for (size_t i = 0; i < total; ++i) in[i] = value(m, i);
+    std::vector<float> out(counts[m], -1);
+    comm.reducescatter(in.data(), out.data(), counts, DataType::kFloat32, ReduceOp::kSum);
+    size_t first = 0;
+    for (int r = 0; r < m; ++r) first += counts[r];
+    for (size_t i = 0; i < counts[m]; ++i) {
+      float expected = value(0, first + i);
+      for (int r = 1; r < size; ++r) expected += value(r, first + i);
+      ASSERT_EQ(std::memcmp(&out[i], &expected, sizeof(float)), 0) << i;
+    }
+  });
+}
+
+TEST_P(Sizes, AllgathervWithUnevenAndEmptyParts) {
+  const int size = GetParam();
+  expect_all_pass(size, small_slots(unique_job("ag")), [&](ShmCommunicator& comm, int m) {
+    std::vector<size_t> bytes(size);
+    for (int r = 0; r < size; ++r) bytes[r] = r == 1 ? 0 : 9000 * r + 5;
+    std::vector<uint8_t> in(bytes[m]);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(m * 31 + i);
+    std::vector<uint8_t> out(std::accumulate(bytes.begin(), bytes.end(), size_t{0}), 0);
+    comm.allgatherv(in.data(), out.data(), bytes);
+    size_t at = 0;
+    for (int r = 0; r < size; ++r)
+      for (size_t i = 0; i < bytes[r]; ++i, ++at)
+        ASSERT_EQ(out[at], static_cast<uint8_t>(r * 31 + i)) << "from " << r << " byte " << i;
+  });
+}
+
+TEST_P(Sizes, BroadcastFromEveryRoot) {
+  const int size = GetParam();
+  expect_all_pass(size, small_slots(unique_job("bc")), [&](ShmCommunicator& comm, int m) {
+    for (int root = 0; root < size; ++root) {
+      std::vector<int32_t> x(10007, m == root ? root + 100 : -1);
+      comm.broadcast(x.data(), x.size() * sizeof(int32_t), root);
+      for (int32_t v : x) ASSERT_EQ(v, root + 100);
+    }
+  });
+}
+
+TEST_P(Sizes, AlltoallvWithUnevenSplits) {
+  const int size = GetParam();
+  expect_all_pass(size, small_slots(unique_job("a2a")), [&](ShmCommunicator& comm, int m) {
+    // Member s sends (s + 1) * (d + 1) * 700 bytes to member d, each byte tagged by s, d, index.
+    auto bytes = [](int s, int d) { return size_t(s + 1) * size_t(d + 1) * 700; };
+    auto tag = [](int s, int d, size_t i) { return static_cast<uint8_t>(s * 7 + d * 13 + i); };
+    std::vector<size_t> send(size), recv(size);
+    for (int r = 0; r < size; ++r) send[r] = bytes(m, r), recv[r] = bytes(r, m);
+    std::vector<uint8_t> in, out(std::accumulate(recv.begin(), recv.end(), size_t{0}));
+    for (int d = 0; d < size; ++d)
+      for (size_t i = 0; i < send[d]; ++i) in.push_back(tag(m, d, i));
+    comm.alltoallv(in.data(), send, out.data(), recv);
+    size_t at = 0;
+    for (int s = 0; s < size; ++s)
+      for (size_t i = 0; i < recv[s]; ++i, ++at) ASSERT_EQ(out[at], tag(s, m, i)) << s << " " << i;
+  });
+}
+
+TEST_P(Sizes, ManyCollectivesInARowKeepTheMembersInStep) {
+  const int size = GetParam();
+  expect_all_pass(size, small_slots(unique_job("seq")), [&](ShmCommunicator& comm, int m) {
+    for (int round = 0; round < 200; ++round) {
+      int32_t x = m + round;
+      comm.allreduce(&x, 1, DataType::kInt32, ReduceOp::kSum);
+      ASSERT_EQ(x, size * round + size * (size - 1) / 2);
+      if (round % 7 == 0) comm.barrier();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, Sizes, ::testing::Values(1, 2, 3, 4, 8),
+                         [](const auto& info) { return "n" + std::to_string(info.param); });
+
+TEST(ShmCommunicator, NothingIsLeftInDevShmOnceEveryMemberHasMappedTheSegment) {
+  const std::string job = unique_job("left");
+  expect_all_pass(3, small_slots(job), [&](ShmCommunicator& comm, int) {
+    comm.barrier();  // every member is past construction: the name is gone already
+    EXPECT_EQ(segments_named(job), 0);
+  });
+}
+
+TEST(ShmCommunicator, RemoveJobSegmentsRemovesOnlyThatJobsSegments) {
+  const std::string job = unique_job("rm"), other = unique_job("keep");
+  for (const std::string& name : {"/" + segment_prefix(job) + "a", "/" + segment_prefix(job) + "b",
+                                  "/" + segment_prefix(other) + "c"}) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << name;
+    ::close(fd);
+  }
+  EXPECT_EQ(remove_job_segments(job), 2);
+  EXPECT_EQ(segments_named(job), 0);
+  EXPECT_EQ(segments_named(other), 1);
+  EXPECT_EQ(remove_job_segments(other), 1);
+}
+
+TEST(ShmCommunicator, SegmentIsOnlyForItsOwner) {
+  const std::string job = unique_job("perm");
+  rendezvous::InMemoryStore store;
+  std::thread second([&] {
+    // Holds the creator in construction until this member has looked at the segment.
+    const auto name = store.get("shm/name", 10s);
+    struct stat st {};
+    ASSERT_EQ(::stat(("/dev/shm" + std::string(name.begin(), name.end())).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    ShmCommunicator comm(1, 2, store, small_slots(job));
+  });
+  ShmCommunicator comm(0, 2, store, small_slots(job));
+  second.join();
+}
+
+TEST(ShmCommunicator, AMemberThatNeverArrivesIsNamedAfterTheTimeout) {
+  Options options = small_slots(unique_job("late"));
+  options.timeout = 300ms;
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_members(3, options, [](ShmCommunicator& comm, int m) {
+    if (m == 2) return;  // never joins the allreduce
+    float x = 1;
+    comm.allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  // Member 0 or 1 times out first and aborts the segment; the other then stops at once with the
+  // first one's message. Both name member 2.
+  for (int m : {0, 1}) {
+    EXPECT_NE(errors[m].find("shared-memory allreduce"), std::string::npos) << errors[m];
+    EXPECT_NE(errors[m].find("rank 2 of the process set did not arrive"), std::string::npos)
+        << errors[m];
+  }
+  EXPECT_EQ(errors[2], "");
+}
+
+TEST(ShmCommunicator, SendrecvWithoutAPointToPointCommunicatorSaysSo) {
+  const auto errors = run_members(2, small_slots(unique_job("p2p")), [](ShmCommunicator& comm, int m) {
+    uint8_t b = 0;
+    comm.sendrecv(&b, 1, 1 - m, &b, 1, 1 - m);
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("none was attached"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace krug::collectives::shm
