@@ -187,7 +187,7 @@ inline int64_t total_elements(const std::vector<TensorSpec>& tensors) {
 // The step table: one row per run, the same in every tool so the suite parses them alike.
 inline void print_step_header(const char* tool, const std::string& what, int ranks,
                               const std::string& how) {
-  std::printf("# %s step: %s, %d ranks, float32 sum, %s\n", tool, what.c_str(), ranks,
+  std::printf("# %s: step of %s, %d ranks, float32 sum, %s\n", tool, what.c_str(), ranks,
               now_string().c_str());
   std::printf("# %s; time: average per step of the slowest rank\n", how.c_str());
   std::printf("# %10s %14s %8s %14s %8s\n", "tensors", "bytes", "iters", "time(us)", "#wrong");
