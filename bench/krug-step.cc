@@ -109,9 +109,9 @@ class Step {
         krug::allreduce(name, inputs_[i].data(), outputs_[i].data(), krug::DataType::kFloat32,
                         {tensors_[i].elements}, options_);
       } else {
-        handles_[i] = krug::allreduce_async(name, inputs_[i].data(), outputs_[i].data(),
-                                            krug::DataType::kFloat32, {tensors_[i].elements},
-                                            options_);
+        handles_[i] =
+            krug::allreduce_async(name, inputs_[i].data(), outputs_[i].data(),
+                                  krug::DataType::kFloat32, {tensors_[i].elements}, options_);
       }
     }
     if (!sync_)
@@ -145,9 +145,9 @@ int run(const Options& o) {
   const int64_t bytes = 4 * bench::total_elements(tensors);
   const bool print = krug::rank() == 0;
   if (print) {
-    std::string what = o.shapes.empty() ? std::to_string(count) + " x " +
-                                              bench::human_bytes(o.tensor_bytes)
-                                        : o.shapes + " (" + std::to_string(count) + " tensors)";
+    std::string what = o.shapes.empty()
+                           ? std::to_string(count) + " x " + bench::human_bytes(o.tensor_bytes)
+                           : o.shapes + " (" + std::to_string(count) + " tensors)";
     bench::print_step_header("krug-step", what, krug::size(),
                              o.sync ? "synchronous allreduce one after the other"
                                     : "allreduce_async for every tensor, then wait for all");

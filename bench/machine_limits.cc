@@ -110,15 +110,15 @@ int main(int argc, char** argv) {
   std::printf("# machine_limits: single thread, best of %lld, %s\n",
               static_cast<long long>(o.repeats), bench::now_string().c_str());
   std::printf("# memcpy: bytes copied / s; reduce a=b+c (float32): bytes of result / s;\n");
-  std::printf("# bound: 2/(1/reduce + 1/memcpy), the most allreduce busbw one core per rank allows\n");
-  std::printf("# %12s %14s %14s %14s\n", "size(B)", "memcpy(GB/s)", "reduce(GB/s)",
-              "bound(GB/s)");
+  std::printf(
+      "# bound: 2/(1/reduce + 1/memcpy), the most allreduce busbw one core per rank allows\n");
+  std::printf("# %12s %14s %14s %14s\n", "size(B)", "memcpy(GB/s)", "reduce(GB/s)", "bound(GB/s)");
   try {
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
       Row r = measure(bytes, o.repeats);
       double bound = 2.0 / (1.0 / r.reduce_gbs + 1.0 / r.memcpy_gbs);
-      std::printf("  %12lld %14.3f %14.3f %14.3f\n", static_cast<long long>(r.bytes),
-                  r.memcpy_gbs, r.reduce_gbs, bound);
+      std::printf("  %12lld %14.3f %14.3f %14.3f\n", static_cast<long long>(r.bytes), r.memcpy_gbs,
+                  r.reduce_gbs, bound);
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {

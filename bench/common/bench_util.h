@@ -128,8 +128,8 @@ Timed time_operation(const Timing& t, Once&& once, Slowest&& slowest, Barrier&& 
   }
   Timed r;
   r.iters = t.iters.value_or(std::clamp<int64_t>(
-      static_cast<int64_t>(std::llround(t.target_seconds / std::max(estimate, 1e-9))),
-      t.min_iters, t.max_iters));
+      static_cast<int64_t>(std::llround(t.target_seconds / std::max(estimate, 1e-9))), t.min_iters,
+      t.max_iters));
   barrier();
   auto t0 = Clock::now();
   for (int64_t i = 0; i < r.iters; ++i) once();
