@@ -122,6 +122,17 @@ class Runner:
             return None
         return out
 
+    def parsed(self, tag, cmd, parse):
+        """Runs a tool and parses its table; a run that prints no row is a failure too."""
+        out = self.run(tag, cmd)
+        if out is None:
+            return None
+        rows = parse(out)
+        if not rows:
+            self.errors.append("%s: printed no result row (see %s)"
+                               % (tag, os.path.join(self.raw, tag + ".txt")))
+        return rows
+
     def krug(self, np_, prog, *argv):
         return [self.krugrun, "-np", str(np_), "--no-prefix", prog] + list(argv)
 
@@ -154,7 +165,7 @@ def sweep_rows(text):
 
 def step_row(text):
     rows = parse_rows(text, 5)
-    if not rows:
+    if not rows:  # parsed() reports it
         return None
     f = rows[-1]
     return {"tensors": int(f[0]), "bytes": int(f[1]), "iters": int(f[2]),
@@ -166,14 +177,14 @@ def run_sweeps(r, args, np_):
              "--factor", str(args.factor), "--target-seconds", str(args.target_seconds)]
     result = {}
     for op in args.ops:
-        res = {"krug": sweep_rows(r.run("krug-bench.%s.np%d" % (op, np_),
-                                        r.krug(np_, r.bin["krug-bench"], op, *sizes)))}
+        res = {"krug": r.parsed("krug-bench.%s.np%d" % (op, np_),
+                                r.krug(np_, r.bin["krug-bench"], op, *sizes), sweep_rows)}
         if r.have_mpi:
-            res["mpi"] = sweep_rows(r.run("mpi_bench.%s.np%d" % (op, np_),
-                                          r.mpi(np_, op, *sizes)))
+            res["mpi"] = r.parsed("mpi_bench.%s.np%d" % (op, np_), r.mpi(np_, op, *sizes),
+                                  sweep_rows)
         if r.have_torch:
-            res["gloo"] = sweep_rows(r.run("torch_gloo_bench.%s.np%d" % (op, np_),
-                                           r.gloo(np_, op, *sizes)))
+            res["gloo"] = r.parsed("torch_gloo_bench.%s.np%d" % (op, np_),
+                                   r.gloo(np_, op, *sizes), sweep_rows)
         result[op] = res
     return result
 
@@ -193,27 +204,28 @@ def run_small_ops(r, args, np_):
     for key, _, spec in SMALL_MEASURES:
         if args.smoke and key == "step_resnet50":
             continue
-        res = {"krug_cpp": step_row(r.run("krug-step.%s.np%d" % (key, np_),
-                                          r.krug(np_, r.bin["krug-step"], *spec, *t)))}
+        res = {"krug_cpp": r.parsed("krug-step.%s.np%d" % (key, np_),
+                                    r.krug(np_, r.bin["krug-step"], *spec, *t), step_row)}
         if not args.no_python_ops and r.have_krug_torch:
-            res["krug_py"] = step_row(r.run(
+            res["krug_py"] = r.parsed(
                 "krug_small_ops.%s.np%d" % (key, np_),
-                r.krug(np_, PYTHON, os.path.join(HERE, "krug_small_ops.py"), *spec, *t)))
+                r.krug(np_, PYTHON, os.path.join(HERE, "krug_small_ops.py"), *spec, *t),
+                step_row)
         if r.have_mpi:
-            res["mpi"] = step_row(r.run("mpi_bench.step.%s.np%d" % (key, np_),
-                                        r.mpi(np_, "step", *spec, *t)))
+            res["mpi"] = r.parsed("mpi_bench.step.%s.np%d" % (key, np_),
+                                  r.mpi(np_, "step", *spec, *t), step_row)
         if not args.no_python_ops and r.have_torch:
-            res["gloo"] = step_row(r.run("torch_gloo_bench.step.%s.np%d" % (key, np_),
-                                         r.gloo(np_, "step", *spec, *t)))
+            res["gloo"] = r.parsed("torch_gloo_bench.step.%s.np%d" % (key, np_),
+                                   r.gloo(np_, "step", *spec, *t), step_row)
         out[key] = res
     return out
 
 
 def run_machine_limits(r, args):
     sizes = ["--min-bytes", "1M", "--max-bytes", "4M", "--repeats", "3"] if args.smoke else []
-    text = r.run("machine_limits", [r.bin["machine_limits"]] + sizes)
-    return [{"bytes": int(f[0]), "memcpy": float(f[1]), "reduce": float(f[2]),
-             "bound": float(f[3])} for f in parse_rows(text, 4)]
+    return r.parsed("machine_limits", [r.bin["machine_limits"]] + sizes, lambda text: [
+        {"bytes": int(f[0]), "memcpy": float(f[1]), "reduce": float(f[2]), "bound": float(f[3])}
+        for f in parse_rows(text, 4)]) or []
 
 
 _TOTAL = re.compile(r"Total img/sec on (\d+) rank\(s\): ([\d.]+)")
@@ -226,16 +238,18 @@ def run_training(r, args):
     ddp = os.path.join(HERE, "peers", "ddp_synthetic.py")
 
     def total(text):
-        m = _TOTAL.search(text or "")
+        m = _TOTAL.search(text)
         return float(m.group(2)) if m else None
 
-    res = {"plain": total(r.run("train.plain", [PYTHON, ddp, "--plain"] + TRAIN_MODEL + iters))}
+    res = {"plain": r.parsed("train.plain", [PYTHON, ddp, "--plain"] + TRAIN_MODEL + iters,
+                             total)}
     for np_ in (1, 2):
         if r.have_krug_torch:
-            res["krug_np%d" % np_] = total(r.run(
-                "train.krug.np%d" % np_, r.krug(np_, PYTHON, example, *TRAIN_MODEL, *iters)))
-        res["ddp_np%d" % np_] = total(r.run(
-            "train.ddp.np%d" % np_, [PYTHON, ddp, "--np", str(np_)] + TRAIN_MODEL + iters))
+            res["krug_np%d" % np_] = r.parsed(
+                "train.krug.np%d" % np_, r.krug(np_, PYTHON, example, *TRAIN_MODEL, *iters),
+                total)
+        res["ddp_np%d" % np_] = r.parsed(
+            "train.ddp.np%d" % np_, [PYTHON, ddp, "--np", str(np_)] + TRAIN_MODEL + iters, total)
     return res
 
 
