@@ -16,6 +16,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -106,14 +107,24 @@ class Runner:
         log = os.path.join(self.raw, tag + ".txt")
         print("  running %s" % tag, file=sys.stderr, flush=True)
         t0 = time.monotonic()
+        # Its own session, so that a run that overstays is ended with all of its ranks.
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, **(env or {})), cwd=ROOT,
+                             start_new_session=True)
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.timeout,
-                               env=dict(os.environ, **(env or {})), cwd=ROOT,
-                               start_new_session=True)
-            out, err, rc = p.stdout, p.stderr, p.returncode
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-            err, rc = "timed out after %d s" % self.args.timeout, 124
+            out, err = p.communicate(timeout=self.args.timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            end_group(p)
+            try:
+                out, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a rank outside the group still holds a pipe
+                out, err = "", ""
+            err += "\ntimed out after %d s" % self.args.timeout
+            rc = 124
+        except BaseException:
+            end_group(p)
+            raise
         with open(log, "w") as f:
             f.write("$ %s\n%s\n# stderr:\n%s# exit %d, %.1f s\n"
                     % (" ".join(cmd), out, err, rc, time.monotonic() - t0))
@@ -145,6 +156,22 @@ class Runner:
     def gloo(self, np_, *argv):
         return [PYTHON, os.path.join(HERE, "peers", "torch_gloo_bench.py"), "--np", str(np_)] + \
             list(argv)
+
+
+def end_group(p):
+    """SIGTERM to the run's process group (krugrun and mpirun pass it to their ranks), then
+    SIGKILL to whatever is left of it."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=wait)
+            if sig == signal.SIGTERM:
+                os.killpg(p.pid, signal.SIGKILL)  # ranks that outlived their launcher
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
 
 
 def parse_rows(text, nfields):
@@ -185,6 +212,11 @@ def run_sweeps(r, args, np_):
         if r.have_torch:
             res["gloo"] = r.parsed("torch_gloo_bench.%s.np%d" % (op, np_),
                                    r.gloo(np_, op, *sizes), sweep_rows)
+        # The tools print 3 decimals; recompute from the time so small sizes keep their value.
+        for rows in res.values():
+            for row in [r for r in rows or [] if r["time_us"] > 0]:
+                row["algbw"] = row["bytes"] / row["time_us"] / 1e3
+                row["busbw"] = row["algbw"] * pybench.BUS_FACTOR[op](np_)
         result[op] = res
     return result
 
@@ -287,14 +319,15 @@ def sweep_table(op, np_, res):
         cols = [size_label(b)]
         for t in tools:
             row = by_size[b].get(t)
-            cols += [fmt(row and row["time_us"], "%.1f"), fmt(row and row["busbw"], "%.3f")]
+            cols += [fmt(row and row["time_us"], "%.1f"), fmt(row and row["busbw"], "%.4g")]
         k = by_size[b].get("krug")
         for t in tools:
             if t == "krug":
                 continue
             p = by_size[b].get(t)
             # krug busbw / peer busbw = peer time / krug time (same bytes): > 1 means krug wins.
-            cols.append(fmt(p["time_us"] / k["time_us"] if p and k else None, "%.2f"))
+            cols.append(fmt(p["time_us"] / k["time_us"] if p and k and k["time_us"] else None,
+                            "%.2f"))
         rows.append(cols)
     return ("### %s, %d ranks (time per op in µs; busbw in GB/s; ratio = krug busbw / peer "
             "busbw, above 1 krug is faster)\n\n" % (op, np_)) + table(headers, rows)
@@ -442,20 +475,28 @@ def plot(results, path):
     sweeps = results["sweeps"]
     cases = [(np_, op) for np_ in sorted(sweeps) for op in sweeps[np_]]
     fig, axes = plt.subplots(len(cases), 1, figsize=(8, 3.2 * len(cases)), squeeze=False)
-    bound = max((l["bound"] for l in results["machine_limits"]), default=None)
+    # The bound of the largest buffers: those do not fit any cache, as large messages do not.
+    limits = sorted(results["machine_limits"], key=lambda l: l["bytes"])
+    bound = limits[-1]["bound"] if limits else None
     for ax, (np_, op) in zip(axes[:, 0], cases):
+        sizes = set()
         for tool in TOOLS:
-            rows = sweeps[np_][op].get(tool)
+            rows = [r for r in sweeps[np_][op].get(tool) or [] if r["busbw"] > 0]
             if rows:
+                sizes.update(r["bytes"] for r in rows)
                 ax.plot([r["bytes"] for r in rows], [r["busbw"] for r in rows], marker=".",
                         label=TOOL_TITLE[tool])
         if bound and op == "allreduce":
             ax.axhline(bound, color="grey", linestyle="--", label="machine bound")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ticks = [b for b in sorted(sizes) if (b.bit_length() - 1) % 4 == 0]
+        ax.set_xticks(ticks, [pybench.human_bytes(b).replace(" ", "").replace("iB", "")
+                              for b in ticks])
         ax.set_title("%s, %d ranks" % (op, np_))
-        ax.set_xlabel("size (bytes)")
+        ax.set_xlabel("size")
         ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.grid(True, alpha=0.3)
+        ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle("Bus bandwidth against size (%s)" % results["machine"]["date"], fontsize="small")
     fig.tight_layout()
