@@ -300,6 +300,10 @@ def fmt(v, spec="%.2f", missing="—"):
     return missing if v is None else spec % v
 
 
+def fmt_us(v):
+    return fmt(v, "%.2f" if v is not None and v < 10 else "%.1f")
+
+
 def size_label(b):
     return pybench.human_bytes(b).replace(" ", "\u00a0") if b >= 1024 else "%d B" % b
 
@@ -319,7 +323,7 @@ def sweep_table(op, np_, res):
         cols = [size_label(b)]
         for t in tools:
             row = by_size[b].get(t)
-            cols += [fmt(row and row["time_us"], "%.1f"), fmt(row and row["busbw"], "%.4g")]
+            cols += [fmt_us(row and row["time_us"]), fmt(row and row["busbw"], "%.3f")]
         k = by_size[b].get("krug")
         for t in tools:
             if t == "krug":
@@ -327,7 +331,7 @@ def sweep_table(op, np_, res):
             p = by_size[b].get(t)
             # krug busbw / peer busbw = peer time / krug time (same bytes): > 1 means krug wins.
             cols.append(fmt(p["time_us"] / k["time_us"] if p and k and k["time_us"] else None,
-                            "%.2f"))
+                            "%.3g"))
         rows.append(cols)
     return ("### %s, %d ranks (time per op in µs; busbw in GB/s; ratio = krug busbw / peer "
             "busbw, above 1 krug is faster)\n\n" % (op, np_)) + table(headers, rows)
@@ -340,7 +344,7 @@ def small_ops_table(np_, res):
     rows = []
     for key, label, _ in SMALL_MEASURES:
         if key in res:
-            rows.append([label] + [fmt(res[key].get(t) and res[key][t]["time_us"], "%.1f")
+            rows.append([label] + [fmt_us(res[key].get(t) and res[key][t]["time_us"])
                                    for t, _ in tools])
     return ("### Small messages, %d ranks (C++: krug-step, mpi_bench; Python: krug_small_ops.py, "
             "torch_gloo_bench.py; a step submits every tensor asynchronously and waits for all, "
@@ -400,22 +404,21 @@ def targets(results):
     small = results["small_ops"].get(2, {})
     train = results.get("training") or {}
 
-    def add(desc, value, ok, unit=""):
+    def add(desc, value, ok, spec):
         if value is None:
             out.append((desc, "not measured", "SKIP"))
         else:
-            out.append((desc, "%s%s" % (value if isinstance(value, str) else "%.3g" % value,
-                                        unit), "PASS" if ok else "FAIL"))
+            out.append((desc, spec % value, "PASS" if ok else "FAIL"))
 
     for mib in (64, 256):
         k = at_size(sw.get("krug"), mib << 20)
         m = at_size(sw.get("mpi"), mib << 20)
-        add("allreduce busbw %d MiB >= 3.3 GB/s" % mib, k, k is not None and k >= 3.3, " GB/s")
+        add("allreduce busbw %d MiB >= 3.3 GB/s" % mib, k, k is not None and k >= 3.3, "%.2f GB/s")
         ratio = k / m if k is not None and m else None
         add("allreduce busbw %d MiB >= 2x Open MPI" % mib, ratio,
-            ratio is not None and ratio >= 2.0, "x")
+            ratio is not None and ratio >= 2.0, "%.2fx")
     k = at_size(sw.get("krug"), 16 << 20)
-    add("allreduce busbw 16 MiB >= 6.0 GB/s", k, k is not None and k >= 6.0, " GB/s")
+    add("allreduce busbw 16 MiB >= 6.0 GB/s", k, k is not None and k >= 6.0, "%.2f GB/s")
 
     def step_time(key, tool):
         row = small.get(key, {}).get(tool)
@@ -427,13 +430,13 @@ def targets(results):
             ("step_100x1k", "krug_cpp", 150, "step of 100 x 1 KiB, C++ API <= 150 us"),
             ("step_100x1k", "krug_py", 500, "step of 100 x 1 KiB, Python API <= 500 us")):
         v = step_time(key, tool)
-        add(desc, v, v is not None and v <= limit, " us")
+        add(desc, v, v is not None and v <= limit, "%.1f us")
     k, d, plain = train.get("krug_np2"), train.get("ddp_np2"), train.get("plain")
     ratio = k / d if k and d else None
     add("ResNet-18 2 ranks: images/s >= 1.3x DDP", ratio, ratio is not None and ratio >= 1.3,
-        "x")
+        "%.2fx")
     e = k / (2 * plain) if k and plain else None
-    add("ResNet-18 2 ranks: scaling efficiency >= 0.90", e, e is not None and e >= 0.90)
+    add("ResNet-18 2 ranks: scaling efficiency >= 0.90", e, e is not None and e >= 0.90, "%.2f")
     return out
 
 
