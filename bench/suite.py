@@ -309,7 +309,7 @@ def size_label(b):
 
 
 def sweep_table(op, np_, res):
-    tools = [t for t in TOOLS if t in res]
+    tools = [t for t in TOOLS if res.get(t)]  # None: the tool failed (see Errors)
     by_size = {}
     for t in tools:
         for row in res[t]:
@@ -453,7 +453,15 @@ def machine_info(r):
                 if l.startswith("MemTotal")), 0)
     osname = next((l.split("=", 1)[1].strip().strip('"') for l in open("/etc/os-release")
                    if l.startswith("PRETTY_NAME")), "") if os.path.exists("/etc/os-release") else ""
-    commit = cmd(["git", "-C", ROOT, "describe", "--always", "--dirty"])
+    # The commit of the sources krug was built from (the build's CMakeCache names them).
+    build = os.path.dirname(os.path.realpath(r.krugrun))
+    source = ROOT
+    cache = os.path.join(build, "CMakeCache.txt")
+    if os.path.exists(cache):
+        source = next((l.split("=", 1)[1].strip() for l in open(cache)
+                       if l.startswith("CMAKE_HOME_DIRECTORY")), ROOT)
+    commit = "%s (built in %s)" % (cmd(["git", "-C", source, "describe", "--always", "--dirty"]),
+                                   build)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem,
