@@ -42,14 +42,16 @@ def parse_args():
         epilog="Presets: --quick (2 ranks, factor 4 up to 256M, shorter training), "
                "--smoke (2 ranks, allreduce up to 64K, no Python small ops, no training: "
                "checks that everything runs).")
-    p.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    p.add_argument("--build-dir", default=os.path.join(ROOT, "build"),
+                   help="where krugrun and build/bench/* are (default build/)")
     p.add_argument("--out", default=None,
                    help="results folder (default bench-results/<date>-<time>)")
     p.add_argument("--np", default="2 4", help='rank counts (default "2 4")')
-    p.add_argument("--ops", default="allreduce allgather broadcast")
-    p.add_argument("--min-bytes", default="4")
-    p.add_argument("--max-bytes", default="256M")
-    p.add_argument("--factor", type=int, default=2)
+    p.add_argument("--ops", default="allreduce allgather broadcast",
+                   help="collectives of the sweep (default all three)")
+    p.add_argument("--min-bytes", default="4", help="smallest size (default 4)")
+    p.add_argument("--max-bytes", default="256M", help="largest size (default 256M)")
+    p.add_argument("--factor", type=int, default=2, help="size step (default 2)")
     p.add_argument("--target-seconds", type=float, default=0.2,
                    help="timed seconds per size and tool (default 0.2)")
     p.add_argument("--step-seconds", type=float, default=0.5,
@@ -59,8 +61,8 @@ def parse_args():
     p.add_argument("--no-train", action="store_true", help="skip training throughput")
     p.add_argument("--no-python-ops", action="store_true",
                    help="skip the Python-API small ops (krug.torch, Gloo)")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--quick", action="store_true", help="the quick preset (see below)")
+    p.add_argument("--smoke", action="store_true", help="the smoke preset (see below)")
     p.add_argument("--update-docs", action="store_true",
                    help="write the results section of docs/benchmarks.md and its plot")
     p.add_argument("--timeout", type=int, default=900, help="seconds per tool run")
