@@ -76,8 +76,8 @@ def load_tensor_list(path):
 def step_tensors(args):
     """The step's tensors from --shapes, or --tensors x --tensor-bytes: [(name, shape)]."""
     if args.shapes:
-        return load_tensor_list(args.shapes), "%s (%s tensors)" % (
-            args.shapes, len(load_tensor_list(args.shapes)))
+        tensors = load_tensor_list(args.shapes)
+        return tensors, "%s (%d tensors)" % (args.shapes, len(tensors))
     n = max(1, parse_size(args.tensor_bytes) // 4)
     return ([("step.%d" % i, (n,)) for i in range(args.tensors)],
             "%d x %s" % (args.tensors, human_bytes(parse_size(args.tensor_bytes))))
