@@ -529,6 +529,12 @@ def report(results, args, command):
            m["python"], m["gloo"]),
         limits_table(results["machine_limits"], results["sweeps"]),
     ]
+    if m["load_average"][0] > 0.5 * (m["cores"] or 1):
+        # A peer that busy-polls (Open MPI with one rank per core) loses whole scheduler ticks
+        # to other work on the cores; such figures say little about a quiet machine.
+        parts.insert(3, "**Warning: the machine was busy when the run started (load average "
+                        "%.2f on %s cores): figures are not representative of a quiet machine; "
+                        "busy-polling peers suffer most.**" % (m["load_average"][0], m["cores"]))
     for np_ in sorted(results["sweeps"]):
         for op, res in results["sweeps"][np_].items():
             parts.append(sweep_table(op, np_, res))
