@@ -1,0 +1,210 @@
+// Pieces shared by the benchmarks that sit beside krug-bench (krug-step, mpi_bench,
+// machine_limits): size parsing, the timing loop, the gradient-list file and the output lines.
+// Header-only and free of krug and MPI, so the peer benchmarks build without either; each
+// program supplies its own "slowest rank" and "barrier" as callables.
+//
+// The timing loop is krug-bench's (bench/krug-bench.cc), so that every tool's time(us) column
+// means the same thing: warm up, estimate one operation (a batch when it is short), run enough
+// operations for about `target_seconds` (3..1000), and report the average of the slowest rank.
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Thrown for a malformed command line; main() prints it with the usage text and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline int64_t parse_int(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0)
+    throw UsageError(flag + ": '" + text + "' is not an integer");
+  return v;
+}
+
+inline double parse_positive(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(v > 0))
+    throw UsageError(flag + ": '" + text + "' is not a positive number");
+  return v;
+}
+
+// "4", "64K", "256M", "1G" (binary multiples, as krug-bench and nccl-tests read them).
+inline int64_t parse_size(const std::string& flag, const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0) throw UsageError(flag + ": '" + text + "' is not a size (e.g. 4, 64K, 256M)");
+  std::string suffix = text.substr(digits);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int shift = -1;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  if (suffix == "K" || suffix == "KB" || suffix == "KIB") shift = 10;
+  if (suffix == "M" || suffix == "MB" || suffix == "MIB") shift = 20;
+  if (suffix == "G" || suffix == "GB" || suffix == "GIB") shift = 30;
+  if (shift < 0) throw UsageError(flag + ": '" + text + "': unknown suffix (use K, M or G)");
+  int64_t v = parse_int(flag, text.substr(0, digits));
+  if (v > (int64_t{1} << 40) >> shift) throw UsageError(flag + ": '" + text + "' is too large");
+  return v << shift;
+}
+
+inline std::string human_bytes(int64_t b) {
+  char buf[32];
+  if (b >= (int64_t{1} << 30) && b % (int64_t{1} << 30) == 0)
+    std::snprintf(buf, sizeof buf, "%" PRId64 " GiB", b >> 30);
+  else if (b >= (int64_t{1} << 20) && b % (int64_t{1} << 20) == 0)
+    std::snprintf(buf, sizeof buf, "%" PRId64 " MiB", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0)
+    std::snprintf(buf, sizeof buf, "%" PRId64 " KiB", b >> 10);
+  else
+    std::snprintf(buf, sizeof buf, "%" PRId64 " B", b);
+  return buf;
+}
+
+inline std::string now_string() {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S %Z", &tm);
+  return buf;
+}
+
+struct Timing {
+  std::optional<int64_t> iters;  // unset: scaled to target_seconds
+  int64_t warmup = 1;
+  double target_seconds = 0.2;
+  int64_t min_iters = 3;
+  int64_t max_iters = 1000;
+};
+
+struct Timed {
+  int64_t iters = 0;
+  double seconds = 0;  // per operation, slowest rank
+};
+
+// Times `once()` as krug-bench does. `slowest(v)` returns the maximum of v over the ranks (it is
+// collective: every rank calls it the same number of times); `barrier()` lines the ranks up.
+template <class Once, class Slowest, class Barrier>
+Timed time_operation(const Timing& t, Once&& once, Slowest&& slowest, Barrier&& barrier) {
+  for (int64_t i = 0; i < t.warmup; ++i) once();
+  double estimate = 0;
+  if (!t.iters) {
+    auto t0 = Clock::now();
+    once();
+    estimate = slowest(seconds_since(t0));
+    if (estimate < 0.01) {  // one short operation is mostly noise: estimate from a batch
+      int64_t batch =
+          std::clamp<int64_t>(static_cast<int64_t>(0.02 / std::max(estimate, 1e-6)), 2, 20);
+      t0 = Clock::now();
+      for (int64_t i = 0; i < batch; ++i) once();
+      estimate = slowest(seconds_since(t0) / static_cast<double>(batch));
+    }
+  }
+  Timed r;
+  r.iters = t.iters.value_or(std::clamp<int64_t>(
+      static_cast<int64_t>(std::llround(t.target_seconds / std::max(estimate, 1e-9))), t.min_iters,
+      t.max_iters));
+  barrier();
+  auto t0 = Clock::now();
+  for (int64_t i = 0; i < r.iters; ++i) once();
+  r.seconds = slowest(seconds_since(t0) / static_cast<double>(r.iters));
+  return r;
+}
+
+// ---- the tensors of one training step ----------------------------------------------------------
+
+struct TensorSpec {
+  std::string name;
+  int64_t elements = 0;
+};
+
+// `count` tensors of `bytes` each (float32), named step.0, step.1, ...
+inline std::vector<TensorSpec> uniform_tensors(int64_t count, int64_t bytes) {
+  std::vector<TensorSpec> v;
+  for (int64_t i = 0; i < count; ++i)
+    v.push_back({"step." + std::to_string(i), std::max<int64_t>(1, bytes / 4)});
+  return v;
+}
+
+// A gradient list (bench/resnet50_gradients.txt): "name 64x3x7x7" per line, '#' comments.
+// Returned in reverse file order, the order in which backward() produces the gradients.
+inline std::vector<TensorSpec> load_tensor_list(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read the tensor list '" + path + "'");
+  std::vector<TensorSpec> v;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string name, shape;
+    if (!(fields >> name >> shape))
+      throw std::runtime_error(path + ":" + std::to_string(lineno) + ": expected 'name shape'");
+    int64_t elements = 1;
+    std::istringstream dims(shape);
+    for (std::string d; std::getline(dims, d, 'x');)
+      elements *= parse_int(path + ":" + std::to_string(lineno), d);
+    v.push_back({name, elements});
+  }
+  if (v.empty()) throw std::runtime_error("the tensor list '" + path + "' names no tensor");
+  std::reverse(v.begin(), v.end());
+  return v;
+}
+
+inline int64_t total_elements(const std::vector<TensorSpec>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.elements;
+  return n;
+}
+
+// The step table: one row per run, the same in every tool so the suite parses them alike.
+inline void print_step_header(const char* tool, const std::string& what, int ranks,
+                              const std::string& how) {
+  std::printf("# %s: step of %s, %d ranks, float32 sum, %s\n", tool, what.c_str(), ranks,
+              now_string().c_str());
+  std::printf("# %s; time: average per step of the slowest rank\n", how.c_str());
+  std::printf("# %10s %14s %8s %14s %8s\n", "tensors", "bytes", "iters", "time(us)", "#wrong");
+}
+
+inline void print_step_row(int64_t tensors, int64_t bytes, const Timed& t, int64_t wrong) {
+  std::printf("  %10" PRId64 " %14" PRId64 " %8" PRId64 " %14.2f %8" PRId64 "\n", tensors, bytes,
+              t.iters, t.seconds * 1e6, wrong);
+  std::fflush(stdout);
+}
+
+// Elements that differ from `expected` (float32 sums of small integers are exact).
+inline int64_t count_not_equal(const float* data, int64_t n, float expected) {
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (!(data[i] == expected)) ++wrong;
+  return wrong;
+}
+
+}  // namespace bench

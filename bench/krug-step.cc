@@ -1,0 +1,186 @@
+// krug-step: the time of one "training step" of allreduces through krug's public C++ API, which
+// measures negotiation and fusion rather than bandwidth.
+//
+//   krugrun -np 2 build/bench/krug-step --tensors 100 --tensor-bytes 1K   # 100 x 1 KiB
+//   krugrun -np 2 build/bench/krug-step --tensors 1 --tensor-bytes 4K     # one 4 KiB op
+//   krugrun -np 2 build/bench/krug-step --shapes bench/resnet50_gradients.txt
+//
+// A step submits every tensor with allreduce_async (float32, sum, out of place; each tensor has
+// its own name, the same in every step, as a framework's gradients do) and then waits for all
+// of them. --sync runs them one synchronous allreduce after the other instead. Timing is
+// krug-bench's (bench/common/bench_util.h): the average step of the slowest rank. After timing,
+// one more step checks every output element (rank r contributes r + 1).
+#include <krug/krug.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/bench_util.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: krugrun -np N krug-step [--tensors N --tensor-bytes SIZE | --shapes FILE]\n"
+    "                               [--sync] [--iters N] [--warmup N] [--target-seconds S]\n"
+    "\n"
+    "  --tensors N          tensors per step (default 100)\n"
+    "  --tensor-bytes SIZE  bytes of each tensor, float32 (default 1K)\n"
+    "  --shapes FILE        the tensors of a gradient list instead (bench/resnet50_gradients.txt)\n"
+    "  --sync               one synchronous allreduce after the other (default: submit all\n"
+    "                       asynchronously, then wait for all)\n"
+    "  --iters N            timed steps (default: enough for --target-seconds, 3..1000)\n"
+    "  --warmup N           untimed steps before the estimate (default 1)\n"
+    "  --target-seconds S   timed seconds when --iters is not given (default 0.5)\n";
+
+bench::Timing step_timing() {
+  bench::Timing t;
+  t.target_seconds = 0.5;
+  return t;
+}
+
+struct Options {
+  int64_t tensors = 100;
+  int64_t tensor_bytes = 1024;
+  std::string shapes;
+  bool sync = false;
+  bench::Timing timing = step_timing();
+};
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    if (flag == "-h" || flag == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (flag == "--sync") {
+      o.sync = true;
+      continue;
+    }
+    if (i + 1 >= args.size()) throw bench::UsageError(flag + " needs a value (see --help)");
+    const std::string& value = args[++i];
+    if (flag == "--tensors")
+      o.tensors = bench::parse_int(flag, value);
+    else if (flag == "--tensor-bytes")
+      o.tensor_bytes = bench::parse_size(flag, value);
+    else if (flag == "--shapes")
+      o.shapes = value;
+    else if (flag == "--iters")
+      o.timing.iters = bench::parse_int(flag, value);
+    else if (flag == "--warmup")
+      o.timing.warmup = bench::parse_int(flag, value);
+    else if (flag == "--target-seconds")
+      o.timing.target_seconds = bench::parse_positive(flag, value);
+    else
+      throw bench::UsageError("unknown option '" + flag + "'");
+  }
+  if (o.tensors < 1) throw bench::UsageError("--tensors must be at least 1");
+  if (o.tensor_bytes < 4) throw bench::UsageError("--tensor-bytes must be at least 4");
+  if (o.timing.iters && *o.timing.iters < 1) throw bench::UsageError("--iters must be >= 1");
+  return o;
+}
+
+double slowest(double v) {
+  krug::ReduceOptions o;
+  o.op = krug::ReduceOp::kMax;
+  krug::allreduce("krug-step/max", &v, &v, krug::DataType::kFloat64, {1}, o);
+  return v;
+}
+
+class Step {
+ public:
+  Step(std::vector<bench::TensorSpec> tensors, bool sync)
+      : tensors_(std::move(tensors)), sync_(sync) {
+    options_.op = krug::ReduceOp::kSum;
+    for (const auto& t : tensors_) {
+      inputs_.emplace_back(static_cast<size_t>(t.elements), static_cast<float>(krug::rank() + 1));
+      outputs_.emplace_back(static_cast<size_t>(t.elements), 0.0f);
+    }
+    handles_.resize(tensors_.size());
+  }
+
+  void once() {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const std::string name = "krug-step/" + tensors_[i].name;
+      if (sync_) {
+        krug::allreduce(name, inputs_[i].data(), outputs_[i].data(), krug::DataType::kFloat32,
+                        {tensors_[i].elements}, options_);
+      } else {
+        handles_[i] =
+            krug::allreduce_async(name, inputs_[i].data(), outputs_[i].data(),
+                                  krug::DataType::kFloat32, {tensors_[i].elements}, options_);
+      }
+    }
+    if (!sync_)
+      for (auto& h : handles_) h.wait();
+  }
+
+  // One more step on poisoned outputs; wrong elements of this rank.
+  int64_t verify() {
+    for (auto& out : outputs_) std::fill(out.begin(), out.end(), 0.0f);
+    once();
+    const int n = krug::size();
+    const float expected = static_cast<float>(n * (n + 1) / 2);
+    int64_t wrong = 0;
+    for (const auto& out : outputs_)
+      wrong += bench::count_not_equal(out.data(), static_cast<int64_t>(out.size()), expected);
+    return wrong;
+  }
+
+ private:
+  std::vector<bench::TensorSpec> tensors_;
+  bool sync_;
+  krug::ReduceOptions options_;
+  std::vector<std::vector<float>> inputs_, outputs_;
+  std::vector<krug::Handle> handles_;
+};
+
+int run(const Options& o) {
+  auto tensors = o.shapes.empty() ? bench::uniform_tensors(o.tensors, o.tensor_bytes)
+                                  : bench::load_tensor_list(o.shapes);
+  const int64_t count = static_cast<int64_t>(tensors.size());
+  const int64_t bytes = 4 * bench::total_elements(tensors);
+  const bool print = krug::rank() == 0;
+  if (print) {
+    std::string what = o.shapes.empty()
+                           ? std::to_string(count) + " x " + bench::human_bytes(o.tensor_bytes)
+                           : o.shapes + " (" + std::to_string(count) + " tensors)";
+    bench::print_step_header("krug-step", what, krug::size(),
+                             o.sync ? "synchronous allreduce one after the other"
+                                    : "allreduce_async for every tensor, then wait for all");
+  }
+  Step step(std::move(tensors), o.sync);
+  auto timed = bench::time_operation(
+      o.timing, [&] { step.once(); }, slowest, [] { krug::barrier(); });
+  double wrong_here = static_cast<double>(step.verify());
+  krug::ReduceOptions sum;
+  sum.op = krug::ReduceOp::kSum;
+  krug::allreduce("krug-step/wrong", &wrong_here, &wrong_here, krug::DataType::kFloat64, {1}, sum);
+  const auto wrong = static_cast<int64_t>(wrong_here);
+  if (print) bench::print_step_row(count, bytes, timed, wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse_args(argc, argv);
+  } catch (const bench::UsageError& e) {
+    std::fprintf(stderr, "krug-step: %s\n\n%s", e.what(), kUsage);
+    return 2;
+  }
+  try {
+    krug::init();
+    int rc = run(o);
+    krug::shutdown();
+    return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "krug-step: %s\n", e.what());
+    return 1;
+  }
+}

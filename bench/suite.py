@@ -1,0 +1,617 @@
+#!/usr/bin/python3
+"""krug next to its peers, on the same sizes in the same run (scripts/bench-suite runs this).
+
+Runs, for each rank count: krug-bench, mpi_bench (Open MPI) and torch_gloo_bench (torch's
+Gloo) over the same sweep of sizes for allreduce, allgather and broadcast; the small-message
+measures (one 4 KiB allreduce, a step of 100 x 1 KiB, a step of ResNet-50's 161 gradients)
+through krug's C++ and Python APIs, MPI and Gloo; the machine's memcpy and reduction bandwidth;
+and training throughput (examples/torch_synthetic_benchmark.py against DDP and one plain
+process). Prints the tables side by side and a PASS/FAIL line per target of issue 6, writes
+results.json, every tool's raw output and a plot of bus bandwidth against size.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import pybench  # noqa: E402
+
+PYTHON = "/usr/bin/python3"  # Debian's interpreter, the one with python3-torch
+DOCS_BEGIN = "<!-- bench-suite results: begin (written by scripts/bench-suite --update-docs) -->"
+DOCS_END = "<!-- bench-suite results: end -->"
+TOOLS = ("krug", "mpi", "gloo")
+TOOL_TITLE = {"krug": "krug", "mpi": "Open MPI", "gloo": "torch Gloo"}
+TRAIN_MODEL = ["--model", "resnet18", "--batch-size", "16", "--image-size", "64",
+               "--threads", "1"]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(
+        prog="scripts/bench-suite", description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Presets: --quick (2 ranks, factor 4 up to 256M, shorter training), "
+               "--smoke (2 ranks, allreduce up to 64K, no Python small ops, no training: "
+               "checks that everything runs).")
+    p.add_argument("--build-dir", default=os.path.join(ROOT, "build"),
+                   help="where krugrun and build/bench/* are (default build/)")
+    p.add_argument("--out", default=None,
+                   help="results folder (default bench-results/<date>-<time>)")
+    p.add_argument("--np", default="2 4", help='rank counts (default "2 4")')
+    p.add_argument("--ops", default="allreduce allgather broadcast",
+                   help="collectives of the sweep (default all three)")
+    p.add_argument("--min-bytes", default="4", help="smallest size (default 4)")
+    p.add_argument("--max-bytes", default="256M", help="largest size (default 256M)")
+    p.add_argument("--factor", type=int, default=2, help="size step (default 2)")
+    p.add_argument("--target-seconds", type=float, default=0.2,
+                   help="timed seconds per size and tool (default 0.2)")
+    p.add_argument("--step-seconds", type=float, default=0.5,
+                   help="timed seconds per small-op measure (default 0.5)")
+    p.add_argument("--train-iters", type=int, default=5,
+                   help="timed iterations of 5 steps per training run (default 5)")
+    p.add_argument("--no-train", action="store_true", help="skip training throughput")
+    p.add_argument("--no-python-ops", action="store_true",
+                   help="skip the Python-API small ops (krug.torch, Gloo)")
+    p.add_argument("--quick", action="store_true", help="the quick preset (see below)")
+    p.add_argument("--smoke", action="store_true", help="the smoke preset (see below)")
+    p.add_argument("--update-docs", action="store_true",
+                   help="write the results section of docs/benchmarks.md and its plot")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per tool run")
+    args = p.parse_args()
+    if args.quick:
+        args.np, args.factor, args.train_iters = "2", 4, 3
+    if args.smoke:
+        args.np, args.ops, args.max_bytes, args.factor = "2", "allreduce", "64K", 4
+        args.target_seconds, args.step_seconds = 0.02, 0.05
+        args.no_train = args.no_python_ops = True
+    args.nps = [int(n) for n in args.np.split()]
+    args.ops = args.ops.split()
+    for op in args.ops:
+        if op not in pybench.BUS_FACTOR:
+            p.error("unknown op '%s' (allreduce, allgather, broadcast)" % op)
+    if args.out is None:
+        args.out = os.path.join(ROOT, "bench-results",
+                                datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    return args
+
+
+# ---- running the tools ------------------------------------------------------------------------
+
+class Runner:
+    """Runs each tool with a deadline, keeps its raw output under <out>/raw/."""
+
+    def __init__(self, args):
+        self.args = args
+        self.raw = os.path.join(args.out, "raw")
+        os.makedirs(self.raw, exist_ok=True)
+        self.errors = []
+        b = args.build_dir
+        self.krugrun = os.path.join(b, "krugrun")
+        self.bin = {name: os.path.join(b, "bench", name)
+                    for name in ("krug-bench", "krug-step", "machine_limits", "mpi_bench")}
+        self.mpirun = shutil.which("mpirun")
+        self.have_mpi = self.mpirun is not None and os.access(self.bin["mpi_bench"], os.X_OK)
+        self.have_torch = subprocess.run([PYTHON, "-c", "import torch.distributed"],
+                                         capture_output=True).returncode == 0
+        self.have_krug_torch = os.path.isdir(os.path.join(b, "python", "krug", "torch"))
+
+    def run(self, tag, cmd, env=None):
+        """Returns the tool's stdout, or None when it failed (the failure is recorded)."""
+        log = os.path.join(self.raw, tag + ".txt")
+        print("  running %s" % tag, file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        # Its own session, so that a run that overstays is ended with all of its ranks.
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, **(env or {})), cwd=ROOT,
+                             start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=self.args.timeout)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            end_group(p)
+            try:
+                out, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a rank outside the group still holds a pipe
+                out, err = "", ""
+            err += "\ntimed out after %d s" % self.args.timeout
+            rc = 124
+        except BaseException:
+            end_group(p)
+            raise
+        with open(log, "w") as f:
+            f.write("$ %s\n%s\n# stderr:\n%s# exit %d, %.1f s\n"
+                    % (" ".join(cmd), out, err, rc, time.monotonic() - t0))
+        if rc != 0:
+            self.errors.append("%s: exit %d (see %s): %s" % (tag, rc, log, err.strip()[-300:]))
+            return None
+        return out
+
+    def parsed(self, tag, cmd, parse):
+        """Runs a tool and parses its table; a run that prints no row is a failure too."""
+        out = self.run(tag, cmd)
+        if out is None:
+            return None
+        rows = parse(out)
+        if not rows:
+            self.errors.append("%s: printed no result row (see %s)"
+                               % (tag, os.path.join(self.raw, tag + ".txt")))
+        return rows
+
+    def krug(self, np_, prog, *argv):
+        return [self.krugrun, "-np", str(np_), "--no-prefix", prog] + list(argv)
+
+    def mpi(self, np_, *argv):
+        cmd = [self.mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        return cmd + [self.bin["mpi_bench"]] + list(argv)
+
+    def gloo(self, np_, *argv):
+        return [PYTHON, os.path.join(HERE, "peers", "torch_gloo_bench.py"), "--np", str(np_)] + \
+            list(argv)
+
+
+def end_group(p):
+    """SIGTERM to the run's process group (krugrun and mpirun pass it to their ranks), then
+    SIGKILL to whatever is left of it."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=wait)
+            if sig == signal.SIGTERM:
+                os.killpg(p.pid, signal.SIGKILL)  # ranks that outlived their launcher
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+
+
+def parse_rows(text, nfields):
+    """The numeric rows (not '#' lines) of a table with nfields columns."""
+    rows = []
+    for line in (text or "").splitlines():
+        f = line.split()
+        if len(f) == nfields and not line.lstrip().startswith("#") and f[0].isdigit():
+            rows.append(f)
+    return rows
+
+
+def sweep_rows(text):
+    return [{"bytes": int(f[0]), "iters": int(f[5]), "time_us": float(f[6]),
+             "algbw": float(f[7]), "busbw": float(f[8]), "wrong": int(f[9]) if f[9].isdigit()
+             else None} for f in parse_rows(text, 10)]
+
+
+def step_row(text):
+    rows = parse_rows(text, 5)
+    if not rows:  # parsed() reports it
+        return None
+    f = rows[-1]
+    return {"tensors": int(f[0]), "bytes": int(f[1]), "iters": int(f[2]),
+            "time_us": float(f[3]), "wrong": int(f[4])}
+
+
+def run_sweeps(r, args, np_):
+    sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
+             "--factor", str(args.factor), "--target-seconds", str(args.target_seconds)]
+    result = {}
+    for op in args.ops:
+        res = {"krug": r.parsed("krug-bench.%s.np%d" % (op, np_),
+                                r.krug(np_, r.bin["krug-bench"], op, *sizes), sweep_rows)}
+        if r.have_mpi:
+            res["mpi"] = r.parsed("mpi_bench.%s.np%d" % (op, np_), r.mpi(np_, op, *sizes),
+                                  sweep_rows)
+        if r.have_torch:
+            res["gloo"] = r.parsed("torch_gloo_bench.%s.np%d" % (op, np_),
+                                   r.gloo(np_, op, *sizes), sweep_rows)
+        # The tools print 3 decimals; recompute from the time so small sizes keep their value.
+        for rows in res.values():
+            for row in [r for r in rows or [] if r["time_us"] > 0]:
+                row["algbw"] = row["bytes"] / row["time_us"] / 1e3
+                row["busbw"] = row["algbw"] * pybench.BUS_FACTOR[op](np_)
+        result[op] = res
+    return result
+
+
+SMALL_MEASURES = [
+    ("op_4k", "one 4 KiB allreduce", ["--tensors", "1", "--tensor-bytes", "4K"]),
+    ("step_100x1k", "step of 100 x 1 KiB", ["--tensors", "100", "--tensor-bytes", "1K"]),
+    ("step_resnet50", "step of ResNet-50's 161 gradients (97.5 MiB)",
+     ["--shapes", os.path.join(HERE, "resnet50_gradients.txt")]),
+]
+
+
+def run_small_ops(r, args, np_):
+    """{measure: {tool: row}}; tools: krug C++, krug Python, MPI, Gloo."""
+    t = ["--target-seconds", str(args.step_seconds)]
+    out = {}
+    for key, _, spec in SMALL_MEASURES:
+        if args.smoke and key == "step_resnet50":
+            continue
+        res = {"krug_cpp": r.parsed("krug-step.%s.np%d" % (key, np_),
+                                    r.krug(np_, r.bin["krug-step"], *spec, *t), step_row)}
+        if not args.no_python_ops and r.have_krug_torch:
+            res["krug_py"] = r.parsed(
+                "krug_small_ops.%s.np%d" % (key, np_),
+                r.krug(np_, PYTHON, os.path.join(HERE, "krug_small_ops.py"), *spec, *t),
+                step_row)
+        if r.have_mpi:
+            res["mpi"] = r.parsed("mpi_bench.step.%s.np%d" % (key, np_),
+                                  r.mpi(np_, "step", *spec, *t), step_row)
+        if not args.no_python_ops and r.have_torch:
+            res["gloo"] = r.parsed("torch_gloo_bench.step.%s.np%d" % (key, np_),
+                                   r.gloo(np_, "step", *spec, *t), step_row)
+        out[key] = res
+    return out
+
+
+def run_machine_limits(r, args):
+    sizes = ["--min-bytes", "1M", "--max-bytes", "4M", "--repeats", "3"] if args.smoke else []
+    return r.parsed("machine_limits", [r.bin["machine_limits"]] + sizes, lambda text: [
+        {"bytes": int(f[0]), "memcpy": float(f[1]), "reduce": float(f[2]), "bound": float(f[3])}
+        for f in parse_rows(text, 4)]) or []
+
+
+_TOTAL = re.compile(r"Total img/sec on (\d+) rank\(s\): ([\d.]+)")
+
+
+def run_training(r, args):
+    iters = ["--num-warmup-batches", "3", "--num-batches-per-iter", "5",
+             "--num-iters", str(args.train_iters)]
+    example = os.path.join(ROOT, "examples", "torch_synthetic_benchmark.py")
+    ddp = os.path.join(HERE, "peers", "ddp_synthetic.py")
+
+    def total(text):
+        m = _TOTAL.search(text)
+        return float(m.group(2)) if m else None
+
+    res = {"plain": r.parsed("train.plain", [PYTHON, ddp, "--plain"] + TRAIN_MODEL + iters,
+                             total)}
+    for np_ in (1, 2):
+        if r.have_krug_torch:
+            res["krug_np%d" % np_] = r.parsed(
+                "train.krug.np%d" % np_, r.krug(np_, PYTHON, example, *TRAIN_MODEL, *iters),
+                total)
+        res["ddp_np%d" % np_] = r.parsed(
+            "train.ddp.np%d" % np_, [PYTHON, ddp, "--np", str(np_)] + TRAIN_MODEL + iters, total)
+    return res
+
+
+# ---- reporting ---------------------------------------------------------------------------------
+
+def table(headers, rows):
+    """An aligned Markdown table: readable in a terminal and in docs/benchmarks.md."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    line = lambda row: "| " + " | ".join(c.rjust(w) for c, w in zip(row, widths)) + " |"
+    return "\n".join([line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] +
+                     [line(row) for row in cells])
+
+
+def fmt(v, spec="%.2f", missing="—"):
+    return missing if v is None else spec % v
+
+
+def fmt_us(v):
+    return fmt(v, "%.2f" if v is not None and v < 10 else "%.1f")
+
+
+def size_label(b):
+    return pybench.human_bytes(b).replace(" ", "\u00a0") if b >= 1024 else "%d B" % b
+
+
+def sweep_table(op, np_, res):
+    tools = [t for t in TOOLS if res.get(t)]  # None: the tool failed (see Errors)
+    by_size = {}
+    for t in tools:
+        for row in res[t]:
+            by_size.setdefault(row["bytes"], {})[t] = row
+    headers = ["size"]
+    for t in tools:
+        headers += ["%s µs" % TOOL_TITLE[t], "%s busbw" % TOOL_TITLE[t]]
+    headers += ["krug/%s" % TOOL_TITLE[t] for t in tools if t != "krug"]
+    rows = []
+    for b in sorted(by_size):
+        cols = [size_label(b)]
+        for t in tools:
+            row = by_size[b].get(t)
+            cols += [fmt_us(row and row["time_us"]), fmt(row and row["busbw"], "%.3f")]
+        k = by_size[b].get("krug")
+        for t in tools:
+            if t == "krug":
+                continue
+            p = by_size[b].get(t)
+            # krug busbw / peer busbw = peer time / krug time (same bytes): > 1 means krug wins.
+            cols.append(fmt(p["time_us"] / k["time_us"] if p and k and k["time_us"] else None,
+                            "%.3g"))
+        rows.append(cols)
+    return ("### %s, %d ranks (time per op in µs; busbw in GB/s; ratio = krug busbw / peer "
+            "busbw, above 1 krug is faster)\n\n" % (op, np_)) + table(headers, rows)
+
+
+def small_ops_table(np_, res):
+    tools = [("krug_cpp", "krug C++"), ("krug_py", "krug Python"), ("mpi", "Open MPI"),
+             ("gloo", "torch Gloo")]
+    headers = ["measure (time per op or step, µs)"] + [t for _, t in tools]
+    rows = []
+    for key, label, _ in SMALL_MEASURES:
+        if key in res:
+            rows.append([label] + [fmt_us(res[key].get(t) and res[key][t]["time_us"])
+                                   for t, _ in tools])
+    return ("### Small messages, %d ranks (C++: krug-step, mpi_bench; Python: krug_small_ops.py, "
+            "torch_gloo_bench.py; a step submits every tensor asynchronously and waits for all, "
+            "MPI makes one blocking call per tensor)\n\n" % np_) + table(headers, rows)
+
+
+def at_size(rows, nbytes, key="busbw"):
+    for row in rows or []:
+        if row["bytes"] == nbytes:
+            return row[key]
+    return None
+
+
+def limits_table(limits, sweeps):
+    rows = [[size_label(l["bytes"]), "%.2f" % l["memcpy"], "%.2f" % l["reduce"],
+             "%.2f" % l["bound"]] for l in limits]
+    text = ("### Machine limits (single thread, best of 5; bound = 2/(1/reduce + 1/memcpy), the "
+            "most allreduce busbw one core per rank allows; GB/s)\n\n" +
+            table(["size", "memcpy", "reduce a=b+c", "bound"], rows))
+    frac = []
+    for np_, res in sorted(sweeps.items()):
+        krug_rows = res.get("allreduce", {}).get("krug")
+        for l in limits:
+            bw = at_size(krug_rows, l["bytes"])
+            if bw is not None:
+                frac.append(["%d" % np_, size_label(l["bytes"]), "%.3f" % bw,
+                             "%.2f" % (bw / l["bound"]), "%.2f" % (bw / l["memcpy"])])
+    if frac:
+        text += ("\n\nFraction of the machine's limit that krug's allreduce reaches:\n\n" +
+                 table(["ranks", "size", "krug busbw", "of bound", "of memcpy"], frac))
+    return text
+
+
+def training_table(res):
+    plain = res.get("plain")
+
+    def eff(v, n):
+        return fmt(v / (n * plain) if v and plain else None)
+
+    rows = [["one plain process (no distribution)", "1", fmt(plain, "%.1f"), "1.00", ""]]
+    for np_ in (1, 2):
+        k, d = res.get("krug_np%d" % np_), res.get("ddp_np%d" % np_)
+        rows.append(["krug (examples/torch_synthetic_benchmark.py)", str(np_), fmt(k, "%.1f"),
+                     eff(k, np_), fmt(k / d if k and d else None)])
+        rows.append(["PyTorch DDP, gloo (bench/peers/ddp_synthetic.py)", str(np_),
+                     fmt(d, "%.1f"), eff(d, np_), ""])
+    return ("### Training throughput: ResNet-18, synthetic 64x64, batch 16 per rank, 1 thread "
+            "per rank (efficiency = images/s / (ranks x plain process))\n\n" +
+            table(["run", "ranks", "images/s (all ranks)", "scaling efficiency", "krug/DDP"],
+                  rows))
+
+
+def targets(results):
+    """[(description, measured text, PASS/FAIL/SKIP)] for issue 6, item 5 (2 ranks)."""
+    out = []
+    sw = results["sweeps"].get(2, {}).get("allreduce", {})
+    small = results["small_ops"].get(2, {})
+    train = results.get("training") or {}
+
+    def add(desc, value, ok, spec):
+        if value is None:
+            out.append((desc, "not measured", "SKIP"))
+        else:
+            out.append((desc, spec % value, "PASS" if ok else "FAIL"))
+
+    for mib in (64, 256):
+        k = at_size(sw.get("krug"), mib << 20)
+        m = at_size(sw.get("mpi"), mib << 20)
+        add("allreduce busbw %d MiB >= 3.3 GB/s" % mib, k, k is not None and k >= 3.3, "%.2f GB/s")
+        ratio = k / m if k is not None and m else None
+        add("allreduce busbw %d MiB >= 2x Open MPI" % mib, ratio,
+            ratio is not None and ratio >= 2.0, "%.2fx")
+    k = at_size(sw.get("krug"), 16 << 20)
+    add("allreduce busbw 16 MiB >= 6.0 GB/s", k, k is not None and k >= 6.0, "%.2f GB/s")
+
+    def step_time(key, tool):
+        row = small.get(key, {}).get(tool)
+        return row and row["time_us"]
+
+    for key, tool, limit, desc in (
+            ("op_4k", "krug_cpp", 15, "4 KiB allreduce per op, C++ API <= 15 us"),
+            ("op_4k", "krug_py", 40, "4 KiB allreduce per op, Python API <= 40 us"),
+            ("step_100x1k", "krug_cpp", 150, "step of 100 x 1 KiB, C++ API <= 150 us"),
+            ("step_100x1k", "krug_py", 500, "step of 100 x 1 KiB, Python API <= 500 us")):
+        v = step_time(key, tool)
+        add(desc, v, v is not None and v <= limit, "%.1f us")
+    k, d, plain = train.get("krug_np2"), train.get("ddp_np2"), train.get("plain")
+    ratio = k / d if k and d else None
+    add("ResNet-18 2 ranks: images/s >= 1.3x DDP", ratio, ratio is not None and ratio >= 1.3,
+        "%.2fx")
+    e = k / (2 * plain) if k and plain else None
+    add("ResNet-18 2 ranks: scaling efficiency >= 0.90", e, e is not None and e >= 0.90, "%.2f")
+    return out
+
+
+def machine_info(r):
+    def cmd(c):
+        try:
+            return subprocess.run(c, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                if l.startswith("model name")), platform.processor())
+    mem = next((int(l.split()[1]) // (1 << 20) for l in open("/proc/meminfo")
+                if l.startswith("MemTotal")), 0)
+    osname = next((l.split("=", 1)[1].strip().strip('"') for l in open("/etc/os-release")
+                   if l.startswith("PRETTY_NAME")), "") if os.path.exists("/etc/os-release") else ""
+    # The commit of the sources krug was built from (the build's CMakeCache names them).
+    build = os.path.dirname(os.path.realpath(r.krugrun))
+    source = ROOT
+    cache = os.path.join(build, "CMakeCache.txt")
+    if os.path.exists(cache):
+        source = next((l.split("=", 1)[1].strip() for l in open(cache)
+                       if l.startswith("CMAKE_HOME_DIRECTORY")), ROOT)
+    commit = "%s (built in %s)" % (cmd(["git", "-C", source, "describe", "--always", "--dirty"]),
+                                   build)
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem,
+        "os": osname, "kernel": platform.release(), "krug_commit": commit,
+        "openmpi": cmd([r.mpirun, "--version"]).splitlines()[0] if r.mpirun else None,
+        "torch": cmd([PYTHON, "-c", "import torch; print(torch.__version__)"]) or None,
+        "gloo": cmd(["dpkg-query", "-W", "-f=${Version}", "libgloo-dev"]) or None,
+        "python": cmd([PYTHON, "-c", "import platform; print(platform.python_version())"]),
+        "load_average": os.getloadavg(),
+    }
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: python3-matplotlib is not installed (apt-get install python3-matplotlib)",
+              file=sys.stderr)
+        return False
+    sweeps = results["sweeps"]
+    cases = [(np_, op) for np_ in sorted(sweeps) for op in sweeps[np_]]
+    fig, axes = plt.subplots(len(cases), 1, figsize=(8, 3.2 * len(cases)), squeeze=False)
+    # The bound of the largest buffers: those do not fit any cache, as large messages do not.
+    limits = sorted(results["machine_limits"], key=lambda l: l["bytes"])
+    bound = limits[-1]["bound"] if limits else None
+    for ax, (np_, op) in zip(axes[:, 0], cases):
+        sizes = set()
+        for tool in TOOLS:
+            rows = [r for r in sweeps[np_][op].get(tool) or [] if r["busbw"] > 0]
+            if rows:
+                sizes.update(r["bytes"] for r in rows)
+                ax.plot([r["bytes"] for r in rows], [r["busbw"] for r in rows], marker=".",
+                        label=TOOL_TITLE[tool])
+        if bound and op == "allreduce":
+            ax.axhline(bound, color="grey", linestyle="--", label="machine bound")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ticks = [b for b in sorted(sizes) if (b.bit_length() - 1) % 4 == 0]
+        ax.set_xticks(ticks, [pybench.human_bytes(b).replace(" ", "").replace("iB", "")
+                              for b in ticks])
+        ax.set_title("%s, %d ranks" % (op, np_))
+        ax.set_xlabel("size")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle("Bus bandwidth against size (%s)" % results["machine"]["date"], fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def report(results, args, command):
+    m = results["machine"]
+    parts = [
+        "Command: `%s`" % command,
+        "Machine: %s, %s cores, %s GiB, %s, kernel %s; load average at start %.2f %.2f %.2f"
+        % (m["cpu"], m["cores"], m["memory_gib"], m["os"], m["kernel"], *m["load_average"]),
+        "Date: %s. Versions: krug %s, %s, torch %s (Python %s), libgloo %s."
+        % (m["date"], m["krug_commit"], m["openmpi"] or "no Open MPI", m["torch"],
+           m["python"], m["gloo"]),
+        limits_table(results["machine_limits"], results["sweeps"]),
+    ]
+    if m["load_average"][0] > 0.5 * (m["cores"] or 1):
+        # A peer that busy-polls (Open MPI with one rank per core) loses whole scheduler ticks
+        # to other work on the cores; such figures say little about a quiet machine.
+        parts.insert(3, "**Warning: the machine was busy when the run started (load average "
+                        "%.2f on %s cores): figures are not representative of a quiet machine; "
+                        "busy-polling peers suffer most.**" % (m["load_average"][0], m["cores"]))
+    for np_ in sorted(results["sweeps"]):
+        for op, res in results["sweeps"][np_].items():
+            parts.append(sweep_table(op, np_, res))
+        if results["small_ops"].get(np_):
+            parts.append(small_ops_table(np_, results["small_ops"][np_]))
+    if results.get("training"):
+        parts.append(training_table(results["training"]))
+    lines = ["%s  %s: %s" % (status, desc, value) for desc, value, status in results["targets"]]
+    parts.append("### Targets (issue 6, 2 ranks, float32)\n\n```\n%s\n```" % "\n".join(lines))
+    if results["errors"]:
+        parts.append("### Errors\n\n" + "\n".join("- " + e for e in results["errors"]))
+    return "\n\n".join(parts) + "\n"
+
+
+def update_docs(text, plot_path):
+    doc = os.path.join(ROOT, "docs", "benchmarks.md")
+    with open(doc) as f:
+        content = f.read()
+    section = DOCS_BEGIN + "\n\n" + text
+    if plot_path:
+        shutil.copyfile(plot_path, os.path.join(ROOT, "docs", "bench-suite-busbw.png"))
+        section += "\n![Bus bandwidth against size](bench-suite-busbw.png)\n"
+    section += "\n" + DOCS_END
+    if DOCS_BEGIN in content and DOCS_END in content:
+        head, rest = content.split(DOCS_BEGIN, 1)
+        content = head + section + rest.split(DOCS_END, 1)[1]
+    else:
+        content = content.rstrip("\n") + "\n\n## Suite results\n\n" + section + "\n"
+    with open(doc, "w") as f:
+        f.write(content)
+    print("updated %s" % doc, file=sys.stderr)
+
+
+def main():
+    args = parse_args()
+    command = " ".join(["scripts/bench-suite"] + sys.argv[1:])
+    r = Runner(args)
+    for path in (r.krugrun, r.bin["krug-bench"], r.bin["krug-step"], r.bin["machine_limits"]):
+        if not os.access(path, os.X_OK):
+            sys.exit("bench-suite: %s is missing: build it (ninja -C %s krugrun krug-bench "
+                     "krug-step machine_limits)" % (path, args.build_dir))
+    if not r.have_mpi:
+        print("bench-suite: Open MPI peer skipped: %s" % (
+            "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)" if not r.mpirun else
+            "%s not built (apt-get install libopenmpi-dev, then reconfigure the build)"
+            % r.bin["mpi_bench"]), file=sys.stderr)
+    if not r.have_torch:
+        print("bench-suite: torch Gloo peer and training skipped: %s cannot import torch "
+              "(apt-get install python3-torch)" % PYTHON, file=sys.stderr)
+        args.no_train = True
+    results = {"machine": machine_info(r), "command": command, "sweeps": {}, "small_ops": {}}
+    results["machine_limits"] = run_machine_limits(r, args)
+    for np_ in args.nps:
+        results["sweeps"][np_] = run_sweeps(r, args, np_)
+        results["small_ops"][np_] = run_small_ops(r, args, np_)
+    results["training"] = None if args.no_train else run_training(r, args)
+    results["targets"] = targets(results)
+    results["errors"] = r.errors
+    text = report(results, args, command)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "summary.md"), "w") as f:
+        f.write(text)
+    plot_path = os.path.join(args.out, "busbw.png")
+    if not plot(results, plot_path):
+        plot_path = None
+    print(text)
+    print("results: %s (results.json, summary.md%s, raw/)" % (
+        args.out, ", busbw.png" if plot_path else ""))
+    if args.update_docs:
+        update_docs(text, plot_path)
+    if r.errors:
+        print("bench-suite: %d run(s) failed:\n  %s" % (len(r.errors), "\n  ".join(r.errors)),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
