@@ -20,6 +20,13 @@ struct Config {
   double cycle_time_ms = 1.0;                          // KRUG_CYCLE_TIME (ms)
   int64_t cache_capacity = 1024;                       // KRUG_CACHE_CAPACITY (0 disables)
   double timeout_seconds = 30.0;  // KRUG_TIMEOUT_SECONDS: any blocking step, dead-peer detection
+  // Autotuner
+  bool autotune = false;                 // KRUG_AUTOTUNE
+  std::string autotune_log;              // KRUG_AUTOTUNE_LOG
+  int64_t autotune_warmup_samples = 3;   // KRUG_AUTOTUNE_WARMUP_SAMPLES
+  int64_t autotune_steps_per_sample = 10;  // KRUG_AUTOTUNE_STEPS_PER_SAMPLE
+  int64_t autotune_max_samples = 20;     // KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES
+  double autotune_gp_noise = 0.8;        // KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
   // Observability
   std::string timeline_path;           // KRUG_TIMELINE
   bool timeline_mark_cycles = true;    // KRUG_TIMELINE_MARK_CYCLES

@@ -32,6 +32,29 @@ std::vector<Knob> make_table() {
        .field = &Config::timeout_seconds, .bounds = kPositive,
        .doc = "Deadline of every blocking step (rendezvous, connect, collective); a peer silent "
               "for this long is reported dead."},
+      // Autotuner (observe/autotuner.h)
+      {.name = "KRUG_AUTOTUNE", .alias = "HOROVOD_AUTOTUNE", .unit = "bool",
+       .field = &Config::autotune,
+       .doc = "Tune the fusion threshold and the cycle time online (Bayesian optimization of the "
+              "bytes per second of real steps), then keep the best. See docs/autotune.md."},
+      {.name = "KRUG_AUTOTUNE_LOG", .alias = "HOROVOD_AUTOTUNE_LOG", .unit = "path",
+       .field = &Config::autotune_log, .default_text = "unset (no log)",
+       .doc = "CSV file (written by rank 0) with every autotuning sample and the settled choice."},
+      {.name = "KRUG_AUTOTUNE_WARMUP_SAMPLES", .alias = "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+       .unit = "count", .field = &Config::autotune_warmup_samples, .bounds = kNonNegative,
+       .doc = "Samples discarded before tuning starts."},
+      {.name = "KRUG_AUTOTUNE_STEPS_PER_SAMPLE", .alias = "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+       .unit = "count", .field = &Config::autotune_steps_per_sample, .bounds = kAtLeastOne,
+       .doc = "Cycles that executed collectives per sample."},
+      {.name = "KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+       .alias = "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", .unit = "count",
+       .field = &Config::autotune_max_samples, .bounds = kAtLeastOne,
+       .doc = "Scored samples after which the best parameters are fixed."},
+      {.name = "KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+       .alias = "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", .unit = "number",
+       .field = &Config::autotune_gp_noise, .bounds = kPositive,
+       .doc = "Noise variance the Gaussian process assumes, relative to the spread of the "
+              "scores: larger trusts single samples less."},
       // Observability
       {.name = "KRUG_TIMELINE", .alias = "HOROVOD_TIMELINE", .unit = "path",
        .field = &Config::timeline_path, .default_text = "unset (off)",

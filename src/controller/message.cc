@@ -181,6 +181,8 @@ std::vector<uint8_t> encode(const ResponseList& list) {
   w.u8(list.shutdown ? 1 : 0);
   w.str(list.shutdown_reason);
   w.u8(list.fatal ? 1 : 0);
+  w.i64(list.tuned_fusion_threshold);
+  w.f64(list.tuned_cycle_time_ms);
   return w.take();
 }
 
@@ -193,6 +195,8 @@ ResponseList decode_response_list(const std::vector<uint8_t>& bytes) {
   list.shutdown = r.u8() != 0;
   list.shutdown_reason = r.str();
   list.fatal = r.u8() != 0;
+  list.tuned_fusion_threshold = r.i64();
+  list.tuned_cycle_time_ms = r.f64();
   return list;
 }
 

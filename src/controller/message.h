@@ -91,6 +91,10 @@ struct ResponseList {
   bool shutdown = false;
   std::string shutdown_reason;  // who shut down, or the fatal error that stopped the job
   bool fatal = false;           // true when shutdown is due to an error
+  // The autotuner's choice, sent by the coordinator when it changes (0: unchanged): every rank
+  // applies the same parameters from the cycle that carries them.
+  int64_t tuned_fusion_threshold = 0;
+  double tuned_cycle_time_ms = 0;
 };
 
 // The op response for one request: its parameters, name and shape.

@@ -9,8 +9,6 @@
 #include "collectives/adasum.h"
 
 namespace krug::controller {
-namespace {
-
 int64_t response_bytes(const Response& r) {
   int64_t bytes = 0;
   for (const auto& shape : r.shapes) {
@@ -20,6 +18,8 @@ int64_t response_bytes(const Response& r) {
   }
   return bytes;
 }
+
+namespace {
 
 bool same_fusion_key(const Response& a, const Response& b) {
   return a.type == ResponseType::kOp && b.type == ResponseType::kOp &&

@@ -30,6 +30,9 @@ struct Stall {
 };
 std::string describe(const std::vector<Stall>& stalls);
 
+// Bytes of payload a response moves (every tensor's elements times the dtype's size).
+int64_t response_bytes(const Response& r);
+
 class Negotiator {
  public:
   // `cache` is the coordinator rank's own cache; compute() assigns ids in it.
@@ -43,6 +46,8 @@ class Negotiator {
   std::vector<Response> compute();
 
   bool has_pending() const { return !table_.empty(); }
+  // The autotuner's knob: applies to responses computed from now on.
+  void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   std::vector<Stall> stalls(Clock::time_point now, double older_than_seconds) const;
 
   // Members (global ranks, ascending) of a live process set; throws for unknown ids.

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <fstream>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include "controller/response_cache.h"
 #include "engine/control_plane.h"
 #include "net/socket.h"
+#include "observe/autotuner.h"
 #include "observe/timeline.h"
 #include "reduce/reduce.h"
 
@@ -83,6 +86,12 @@ class Engine::Impl {
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
   std::vector<int32_t> process_set_ranks(int32_t id) const;
   std::string allreduce_algorithm(int32_t id) const;
+  std::pair<int64_t, double> tuned_parameters() const {
+    std::lock_guard lock(mu_);
+    return tuned_;
+  }
+  void apply_tuning(int64_t fusion_threshold, double cycle_time_ms);
+  void start_autotuner();
   const Config& config() const { return config_; }
 
  private:
@@ -141,6 +150,9 @@ class Engine::Impl {
   controller::ResponseCache cache_;
   std::unique_ptr<controller::Negotiator> negotiator_;  // coordinator only
   std::unique_ptr<observe::Timeline> timeline_;         // rank 0 only, when configured
+  std::unique_ptr<observe::Autotuner> autotuner_;       // rank 0 only, with KRUG_AUTOTUNE
+  std::ofstream autotune_log_;
+  std::optional<observe::TunedParameters> tuning_to_send_;  // rides on the next response list
   // KRUG_HIERARCHICAL_ALLREDUCE as the coordinator has it (nullopt: auto), so that every rank
   // builds the same communicators even if their environments disagree.
   std::optional<bool> hierarchical_allreduce_;
@@ -153,6 +165,7 @@ class Engine::Impl {
   std::map<int32_t, std::vector<int32_t>> set_ranks_;  // mirror of sets_ for user threads
   std::map<int32_t, std::string> set_allreduce_;       // how each set this rank is in allreduces
   bool shutdown_requested_ = false;
+  std::pair<int64_t, double> tuned_;  // (fusion threshold, cycle time) in force, for readers
   std::string failure_;  // once set, every pending and future operation fails with it
 
   // Background thread only.
@@ -211,6 +224,8 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
         config_.size, config_.fusion_threshold_bytes, cache_);
   if (config_.rank == 0 && !config_.timeline_path.empty())
     timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
+  tuned_ = {config_.fusion_threshold_bytes, config_.cycle_time_ms};
+  if (control_->is_coordinator() && config_.autotune) start_autotuner();
   thread_ = std::thread([this] { run(); });
 }
 
@@ -256,6 +271,39 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_gloo(int32_t id,
       scope.empty() ? fmt::format("gloo/{}/", id) : fmt::format("gloo/{}/{}/", id, scope), store_);
   return std::make_unique<collectives::GlooCommunicator>(
       rank, size, std::move(prefixed), device_, seconds_to_ms(config_.timeout_seconds));
+}
+
+void Engine::Impl::start_autotuner() {
+  observe::AutotuneOptions options;
+  options.warmup_samples = static_cast<int>(config_.autotune_warmup_samples);
+  options.steps_per_sample = static_cast<int>(config_.autotune_steps_per_sample);
+  options.max_samples = static_cast<int>(config_.autotune_max_samples);
+  options.noise = config_.autotune_gp_noise;
+  if (!config_.autotune_log.empty()) {
+    autotune_log_.open(config_.autotune_log, std::ios::out | std::ios::trunc);
+    if (!autotune_log_)
+      throw Error(fmt::format("KRUG_AUTOTUNE_LOG: cannot write {}: {}", config_.autotune_log,
+                              std::strerror(errno)));
+  }
+  // Start inside the ranges: a fusion threshold of 0 (fusion off) starts from the smallest.
+  const observe::TunedParameters start{
+      std::clamp(config_.fusion_threshold_bytes, options.min_fusion_bytes, options.max_fusion_bytes),
+      std::clamp(config_.cycle_time_ms, options.min_cycle_ms, options.max_cycle_ms)};
+  autotuner_ = std::make_unique<observe::Autotuner>(start, options, [this](const std::string& line) {
+    if (autotune_log_.is_open()) autotune_log_ << line << std::endl;
+    if (line.rfind("settled,", 0) == 0)
+      log::at(log::Level::kInfo, config_.rank, "autotune: {}", line);
+  });
+  apply_tuning(start.fusion_threshold_bytes, start.cycle_time_ms);
+  tuning_to_send_ = start;
+}
+
+void Engine::Impl::apply_tuning(int64_t fusion_threshold, double cycle_time_ms) {
+  config_.fusion_threshold_bytes = fusion_threshold;
+  config_.cycle_time_ms = cycle_time_ms;
+  if (negotiator_) negotiator_->set_fusion_threshold(fusion_threshold);
+  std::lock_guard lock(mu_);
+  tuned_ = {fusion_threshold, cycle_time_ms};
 }
 
 std::unique_ptr<collectives::shm::ShmCommunicator> Engine::Impl::make_shm(
@@ -556,6 +604,11 @@ void Engine::Impl::coordinate(Clock::time_point now) {
   inspect_stalls(now);
   if (stopped_) return;
   if (list.responses.empty() && !list.shutdown) return;
+  if (tuning_to_send_) {
+    list.tuned_fusion_threshold = tuning_to_send_->fusion_threshold_bytes;
+    list.tuned_cycle_time_ms = tuning_to_send_->cycle_time_ms;
+    tuning_to_send_.reset();
+  }
   for (int r : control_->broadcast(list))
     log::at(log::Level::kWarning, 0, "could not send responses to rank {}", r);
   process(std::move(list));
@@ -636,6 +689,9 @@ void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
 }
 
 void Engine::Impl::process(ResponseList list) {
+  if (!control_->is_coordinator() && list.tuned_cycle_time_ms > 0)
+    apply_tuning(list.tuned_fusion_threshold, list.tuned_cycle_time_ms);
+  int64_t moved = 0;  // payload bytes executed in this cycle, for the autotuner
   // Expand cached responses first so the timeline can show every name's QUEUE phase: the time
   // between the decision and the start of its collective, behind earlier responses.
   for (auto& r : list.responses) {
@@ -662,6 +718,7 @@ void Engine::Impl::process(ResponseList list) {
     }
     try {
       execute(r);
+      moved += controller::response_bytes(r);
     } catch (const std::exception& e) {
       std::string message = root_cause(
           fmt::format("{} of [{}] (process set {}) failed on rank {} ({}): {}",
@@ -673,6 +730,11 @@ void Engine::Impl::process(ResponseList list) {
     }
     if (stopped_) return;
   }
+  if (autotuner_ && moved > 0)
+    if (auto tuned = autotuner_->observe(moved, Clock::now())) {
+      apply_tuning(tuned->fusion_threshold_bytes, tuned->cycle_time_ms);
+      tuning_to_send_ = *tuned;
+    }
   if (list.shutdown) {
     std::string reason = list.fatal ? list.shutdown_reason
                                     : fmt::format("krug was shut down: {}", list.shutdown_reason);
@@ -992,5 +1054,6 @@ std::vector<int32_t> Engine::process_set_ranks(int32_t id) const {
   return impl_->process_set_ranks(id);
 }
 std::string Engine::allreduce_algorithm(int32_t id) const { return impl_->allreduce_algorithm(id); }
+std::pair<int64_t, double> Engine::tuned_parameters() const { return impl_->tuned_parameters(); }
 
 }  // namespace krug::engine

@@ -64,6 +64,9 @@ class Engine {
   // How this rank allreduces on process set `id`: "flat", "hierarchical [0 1] [2 3]" (the set's
   // members grouped by host), or "" when it is not a member. Throws for unknown ids.
   std::string allreduce_algorithm(int32_t id) const;
+  // The fusion threshold (bytes) and cycle time (ms) this rank applies now: the configured ones,
+  // or the autotuner's latest choice (KRUG_AUTOTUNE), the same on every rank.
+  std::pair<int64_t, double> tuned_parameters() const;
 
  private:
   class Impl;

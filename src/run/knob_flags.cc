@@ -30,6 +30,16 @@ constexpr std::array kFlags{
              "KRUG_STALL_SHUTDOWN_TIME_SECONDS"},
     KnobFlag{"cache_capacity", "KRUG_CACHE_CAPACITY", Kind::kInteger, 0, true,
              "KRUG_CACHE_CAPACITY (0 disables)"},
+    KnobFlag{"autotune_log_file", "KRUG_AUTOTUNE_LOG", Kind::kText, 0, true,
+             "KRUG_AUTOTUNE_LOG: CSV of every autotuning sample (rank 0 writes it)"},
+    KnobFlag{"autotune_warmup_samples", "KRUG_AUTOTUNE_WARMUP_SAMPLES", Kind::kInteger, 0, true,
+             "KRUG_AUTOTUNE_WARMUP_SAMPLES"},
+    KnobFlag{"autotune_steps_per_sample", "KRUG_AUTOTUNE_STEPS_PER_SAMPLE", Kind::kInteger, 1,
+             true, "KRUG_AUTOTUNE_STEPS_PER_SAMPLE"},
+    KnobFlag{"autotune_bayes_opt_max_samples", "KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+             Kind::kInteger, 1, true, "KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"},
+    KnobFlag{"autotune_gaussian_process_noise", "KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+             Kind::kNumber, 0, false, "KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"},
 };
 
 void check_bound(const KnobFlag& flag, std::string_view text, double v) {

@@ -110,6 +110,9 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
   app.add_flag_callback(
       "--no-hierarchical-allreduce", [&o] { o.knob_env["KRUG_HIERARCHICAL_ALLREDUCE"] = "0"; },
       "KRUG_HIERARCHICAL_ALLREDUCE=0");
+  app.add_flag_callback(
+      "--autotune", [&o] { o.knob_env["KRUG_AUTOTUNE"] = "1"; },
+      "KRUG_AUTOTUNE=1: tune the fusion threshold and cycle time online (docs/autotune.md)");
   // Stop at the first positional: the rest, options included, belongs to the rank command.
   app.prefix_command();
 }

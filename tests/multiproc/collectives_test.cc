@@ -333,6 +333,26 @@ TEST(HierarchicalChoice, AutoUsesItAndTheLauncherFlagTurnsItOff) {
   EXPECT_FALSE(contains(err, "process set 0: hierarchical allreduce")) << err;
 }
 
+// ---- Autotune through the launcher: krugrun --autotune and its flags reach the engine, and
+// rank 0 writes every sample and the settled choice.
+
+TEST(Autotune, KrugrunFlagsTuneAndLogEverySample) {
+  const fs::path log = fs::temp_directory_path() / (unique_marker() + "-autotune.csv");
+  expect_passes(3, "ops", {},
+                {"--autotune", "--autotune-log-file", log.string(), "--autotune-warmup-samples",
+                 "1", "--autotune-steps-per-sample", "2", "--autotune-bayes-opt-max-samples",
+                 "4"});
+  std::ifstream in(log);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  fs::remove(log);
+  ASSERT_GE(lines.size(), 7u) << "header, 1 warmup, 4 samples, settled";
+  EXPECT_EQ(lines[0], "sample,fusion_threshold_bytes,cycle_time_ms,bytes_per_second,best_so_far");
+  EXPECT_EQ(lines[1].rfind("warmup,", 0), 0u) << lines[1];
+  for (int i = 2; i < 6; ++i) EXPECT_EQ(lines[i].rfind(std::to_string(i - 1) + ",", 0), 0u) << lines[i];
+  EXPECT_EQ(lines[6].rfind("settled,", 0), 0u) << lines[6];
+}
+
 // ---- Shared memory (one host): nothing is left in /dev/shm however the job ends.
 
 bool shm_under_test() { return !mpi_launch() && !g_force_gloo; }
