@@ -37,6 +37,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/bench_util.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -85,37 +87,6 @@ constexpr const char* kUsage =
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "krug-bench: %s\n\n%s", message.c_str(), kUsage);
   std::exit(2);
-}
-
-int64_t parse_int(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0)
-    usage_error(flag + ": '" + text + "' is not an integer");
-  return v;
-}
-
-// "4", "64K", "256M", "1G", "1MiB", "1MB": binary multiples, as nccl-tests read them.
-int64_t parse_size(const std::string& flag, const std::string& text) {
-  size_t digits = 0;
-  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
-  if (digits == 0) usage_error(flag + ": '" + text + "' is not a size (e.g. 4, 64K, 256M, 1G)");
-  std::string suffix = text.substr(digits);
-  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  int shift = -1;
-  if (suffix.empty() || suffix == "B")
-    shift = 0;
-  else if (suffix == "K" || suffix == "KB" || suffix == "KIB")
-    shift = 10;
-  else if (suffix == "M" || suffix == "MB" || suffix == "MIB")
-    shift = 20;
-  else if (suffix == "G" || suffix == "GB" || suffix == "GIB")
-    shift = 30;
-  if (shift < 0) usage_error(flag + ": '" + text + "': unknown suffix (use K, M or G)");
-  int64_t v = parse_int(flag, text.substr(0, digits));
-  if (v > (int64_t{1} << 40) >> shift) usage_error(flag + ": '" + text + "' is too large");
-  return v << shift;
 }
 
 krug::DataType parse_dtype(const std::string& text) {
@@ -180,23 +151,23 @@ Options parse_args(int argc, char** argv) {
       value = args[++i];
     }
     if (flag == "--min-bytes" || flag == "-b")
-      o.min_bytes = parse_size(flag, value);
+      o.min_bytes = bench::parse_size(flag, value);
     else if (flag == "--max-bytes" || flag == "-e")
-      o.max_bytes = parse_size(flag, value);
+      o.max_bytes = bench::parse_size(flag, value);
     else if (flag == "--factor" || flag == "-f")
-      o.factor = parse_int(flag, value);
+      o.factor = bench::parse_int(flag, value);
     else if (flag == "--iters" || flag == "-n")
-      o.iters = parse_int(flag, value);
+      o.iters = bench::parse_int(flag, value);
     else if (flag == "--warmup" || flag == "-w")
-      o.warmup = parse_int(flag, value);
+      o.warmup = bench::parse_int(flag, value);
     else if (flag == "--dtype" || flag == "-d")
       o.dtype = parse_dtype(value);
     else if (flag == "--op" || flag == "-o")
       o.op = parse_op(value);
     else if (flag == "--root" || flag == "-r")
-      o.root = static_cast<int>(parse_int(flag, value));
+      o.root = static_cast<int>(bench::parse_int(flag, value));
     else if (flag == "--check" || flag == "-c")
-      o.check = parse_int(flag, value) != 0;
+      o.check = bench::parse_int(flag, value) != 0;
     else if (flag == "--target-seconds") {
       char* end = nullptr;
       o.target_seconds = std::strtod(value.c_str(), &end);
@@ -602,28 +573,6 @@ double bus_factor(Collective c, int n) {
   return 1.0;
 }
 
-std::string now_string() {
-  std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S %Z", &tm);
-  return buf;
-}
-
-std::string human_bytes(int64_t b) {
-  char buf[32];
-  if (b >= (int64_t{1} << 30) && b % (int64_t{1} << 30) == 0)
-    std::snprintf(buf, sizeof buf, "%" PRId64 " GiB", b >> 30);
-  else if (b >= (int64_t{1} << 20) && b % (int64_t{1} << 20) == 0)
-    std::snprintf(buf, sizeof buf, "%" PRId64 " MiB", b >> 20);
-  else if (b >= 1024 && b % 1024 == 0)
-    std::snprintf(buf, sizeof buf, "%" PRId64 " KiB", b >> 10);
-  else
-    std::snprintf(buf, sizeof buf, "%" PRId64 " B", b);
-  return buf;
-}
-
 int run(const Options& o) {
   const int rank = krug::rank(), size = krug::size();
   if (o.collective == Collective::kBroadcast && o.root >= size)
@@ -638,11 +587,11 @@ int run(const Options& o) {
     std::printf("# krug-bench %s: %d ranks, dtype %s%s%s, %s, host %s\n", o.collective_name.c_str(),
                 size, std::string(krug::dtype_name(o.dtype)).c_str(), is_allreduce ? ", op " : "",
                 is_allreduce ? std::string(krug::reduce_op_name(o.op)).c_str() : "",
-                now_string().c_str(), host);
+                bench::now_string().c_str(), host);
     char target[32];
     std::snprintf(target, sizeof target, "%g", o.target_seconds);
     std::string line =
-        "# sizes " + human_bytes(o.min_bytes) + " .. " + human_bytes(o.max_bytes) + ", factor " +
+        "# sizes " + bench::human_bytes(o.min_bytes) + " .. " + bench::human_bytes(o.max_bytes) + ", factor " +
         std::to_string(o.factor) + ", iters " +
         (o.iters ? std::to_string(*o.iters)
                  : "auto (~" + std::string(target) + " s per size, " + std::to_string(o.min_iters) +
@@ -708,7 +657,12 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o = parse_args(argc, argv);
+  Options o;
+  try {
+    o = parse_args(argc, argv);
+  } catch (const bench::UsageError& e) {
+    usage_error(e.what());
+  }
   int rc = 0;
   try {
     krug::init();

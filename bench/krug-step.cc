@@ -40,9 +40,7 @@ bench::Timing step_timing() {
 }
 
 struct Options {
-  int64_t tensors = 100;
-  int64_t tensor_bytes = 1024;
-  std::string shapes;
+  bench::StepTensors step;
   bool sync = false;
   bench::Timing timing = step_timing();
 };
@@ -62,23 +60,11 @@ Options parse_args(int argc, char** argv) {
     }
     if (i + 1 >= args.size()) throw bench::UsageError(flag + " needs a value (see --help)");
     const std::string& value = args[++i];
-    if (flag == "--tensors")
-      o.tensors = bench::parse_int(flag, value);
-    else if (flag == "--tensor-bytes")
-      o.tensor_bytes = bench::parse_size(flag, value);
-    else if (flag == "--shapes")
-      o.shapes = value;
-    else if (flag == "--iters")
-      o.timing.iters = bench::parse_int(flag, value);
-    else if (flag == "--warmup")
-      o.timing.warmup = bench::parse_int(flag, value);
-    else if (flag == "--target-seconds")
-      o.timing.target_seconds = bench::parse_positive(flag, value);
-    else
+    if (!bench::parse_common_flag(flag, value, o.timing, &o.step))
       throw bench::UsageError("unknown option '" + flag + "'");
   }
-  if (o.tensors < 1) throw bench::UsageError("--tensors must be at least 1");
-  if (o.tensor_bytes < 4) throw bench::UsageError("--tensor-bytes must be at least 4");
+  if (o.step.tensors < 1) throw bench::UsageError("--tensors must be at least 1");
+  if (o.step.tensor_bytes < 4) throw bench::UsageError("--tensor-bytes must be at least 4");
   if (o.timing.iters && *o.timing.iters < 1) throw bench::UsageError("--iters must be >= 1");
   return o;
 }
@@ -139,15 +125,12 @@ class Step {
 };
 
 int run(const Options& o) {
-  auto tensors = o.shapes.empty() ? bench::uniform_tensors(o.tensors, o.tensor_bytes)
-                                  : bench::load_tensor_list(o.shapes);
+  auto tensors = o.step.list();
   const int64_t count = static_cast<int64_t>(tensors.size());
   const int64_t bytes = 4 * bench::total_elements(tensors);
   const bool print = krug::rank() == 0;
   if (print) {
-    std::string what = o.shapes.empty()
-                           ? std::to_string(count) + " x " + bench::human_bytes(o.tensor_bytes)
-                           : o.shapes + " (" + std::to_string(count) + " tensors)";
+    const std::string what = o.step.describe(count);
     bench::print_step_header("krug-step", what, krug::size(),
                              o.sync ? "synchronous allreduce one after the other"
                                     : "allreduce_async for every tensor, then wait for all");

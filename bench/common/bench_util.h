@@ -178,6 +178,44 @@ inline std::vector<TensorSpec> load_tensor_list(const std::string& path) {
   return v;
 }
 
+// The tensors of a step, as krug-step and mpi_bench's step mode take them: `tensors` of
+// `tensor_bytes` each, or the list in the file `shapes`.
+struct StepTensors {
+  int64_t tensors = 100;
+  int64_t tensor_bytes = 1024;
+  std::string shapes;
+
+  std::vector<TensorSpec> list() const {
+    return shapes.empty() ? uniform_tensors(tensors, tensor_bytes) : load_tensor_list(shapes);
+  }
+  // "100 x 1 KiB" or "bench/resnet50_gradients.txt (161 tensors)", for the table header.
+  std::string describe(int64_t count) const {
+    return shapes.empty() ? std::to_string(count) + " x " + human_bytes(tensor_bytes)
+                          : shapes + " (" + std::to_string(count) + " tensors)";
+  }
+};
+
+// Takes a flag every tool shares (--iters, --warmup, --target-seconds) or, given `step`, a step
+// flag (--tensors, --tensor-bytes, --shapes). Returns false for any other flag.
+inline bool parse_common_flag(const std::string& flag, const std::string& value, Timing& timing,
+                              StepTensors* step) {
+  if (flag == "--iters")
+    timing.iters = parse_int(flag, value);
+  else if (flag == "--warmup")
+    timing.warmup = parse_int(flag, value);
+  else if (flag == "--target-seconds")
+    timing.target_seconds = parse_positive(flag, value);
+  else if (step && flag == "--tensors")
+    step->tensors = parse_int(flag, value);
+  else if (step && flag == "--tensor-bytes")
+    step->tensor_bytes = parse_size(flag, value);
+  else if (step && flag == "--shapes")
+    step->shapes = value;
+  else
+    return false;
+  return true;
+}
+
 inline int64_t total_elements(const std::vector<TensorSpec>& tensors) {
   int64_t n = 0;
   for (const auto& t : tensors) n += t.elements;

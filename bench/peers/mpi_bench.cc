@@ -30,9 +30,7 @@ struct Options {
   int64_t min_bytes = 4;
   int64_t max_bytes = int64_t{256} << 20;
   int64_t factor = 2;
-  int64_t tensors = 100;
-  int64_t tensor_bytes = 1024;
-  std::string shapes;
+  bench::StepTensors step;
   bench::Timing timing;
 };
 
@@ -74,25 +72,13 @@ Options parse_args(int argc, char** argv) {
       o.max_bytes = bench::parse_size(flag, value);
     else if (flag == "--factor")
       o.factor = bench::parse_int(flag, value);
-    else if (flag == "--tensors")
-      o.tensors = bench::parse_int(flag, value);
-    else if (flag == "--tensor-bytes")
-      o.tensor_bytes = bench::parse_size(flag, value);
-    else if (flag == "--shapes")
-      o.shapes = value;
-    else if (flag == "--iters")
-      o.timing.iters = bench::parse_int(flag, value);
-    else if (flag == "--warmup")
-      o.timing.warmup = bench::parse_int(flag, value);
-    else if (flag == "--target-seconds")
-      o.timing.target_seconds = bench::parse_positive(flag, value);
-    else
+    else if (!bench::parse_common_flag(flag, value, o.timing, &o.step))
       throw bench::UsageError("unknown option '" + flag + "'");
   }
   if (o.min_bytes < 4 || o.max_bytes < o.min_bytes)
     throw bench::UsageError("need 4 <= --min-bytes <= --max-bytes");
   if (o.factor < 2) throw bench::UsageError("--factor must be at least 2");
-  if (o.tensors < 1 || o.tensor_bytes < 4)
+  if (o.step.tensors < 1 || o.step.tensor_bytes < 4)
     throw bench::UsageError("need --tensors >= 1 and --tensor-bytes >= 4");
   if (o.timing.iters && *o.timing.iters < 1) throw bench::UsageError("--iters must be >= 1");
   return o;
@@ -240,8 +226,7 @@ int run_sweep(const Options& o, int rank, int size) {
 // ---- the step --------------------------------------------------------------------------------
 
 int run_step(const Options& o, int rank, int size) {
-  auto tensors = o.shapes.empty() ? bench::uniform_tensors(o.tensors, o.tensor_bytes)
-                                  : bench::load_tensor_list(o.shapes);
+  auto tensors = o.step.list();
   std::vector<std::vector<float>> in, out;
   for (const auto& t : tensors) {
     in.emplace_back(static_cast<size_t>(t.elements), static_cast<float>(rank + 1));
@@ -254,9 +239,7 @@ int run_step(const Options& o, int rank, int size) {
   };
   const auto count = static_cast<int64_t>(tensors.size());
   if (rank == 0) {
-    std::string what = o.shapes.empty()
-                           ? std::to_string(count) + " x " + bench::human_bytes(o.tensor_bytes)
-                           : o.shapes + " (" + std::to_string(count) + " tensors)";
+    const std::string what = o.step.describe(count);
     bench::print_step_header("mpi_bench", what, size, "one blocking MPI_Allreduce per tensor");
   }
   auto timed = bench::time_operation(o.timing, once, slowest, barrier);
