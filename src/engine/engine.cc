@@ -21,6 +21,7 @@
 #include "collectives/hierarchical/hierarchical_communicator.h"
 #include "collectives/shm/shm_communicator.h"
 #include "collectives/mpi/mpi_backend.h"
+#include "common/huge_pages.h"
 #include "common/log.h"
 #include "controller/negotiator.h"
 #include "controller/response_cache.h"
@@ -65,9 +66,10 @@ void* output_memory(TensorArgs& args, OpResult& out, size_t bytes) {
   if (args.allocate_output) {
     void* p = args.allocate_output(out.shape);
     if (p == nullptr && bytes > 0) throw Error("the output allocator returned no memory");
+    advise_huge_pages(p, bytes);  // a framework's fresh tensor: not touched yet
     return p;
   }
-  out.data.resize(bytes);
+  resize_on_huge_pages(out.data, bytes);
   return out.data.data();
 }
 
