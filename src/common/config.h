@@ -19,6 +19,7 @@ struct Config {
   int64_t fusion_threshold_bytes = 128 * 1024 * 1024;  // KRUG_FUSION_THRESHOLD (bytes)
   double cycle_time_ms = 1.0;                          // KRUG_CYCLE_TIME (ms)
   int64_t cache_capacity = 1024;                       // KRUG_CACHE_CAPACITY (0 disables)
+  int64_t busy_poll_us = 50;  // KRUG_BUSY_POLL_MICROSECONDS
   double timeout_seconds = 30.0;  // KRUG_TIMEOUT_SECONDS: any blocking step, dead-peer detection
   // Autotuner
   bool autotune = false;                 // KRUG_AUTOTUNE

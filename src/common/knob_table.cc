@@ -28,6 +28,11 @@ std::vector<Knob> make_table() {
        .field = &Config::cache_capacity, .bounds = kNonNegative,
        .doc = "Entries in the response cache (the bit-vector fast path of negotiation). 0 "
               "disables the cache."},
+      {.name = "KRUG_BUSY_POLL_MICROSECONDS", .alias = "", .unit = "microseconds",
+       .field = &Config::busy_poll_us, .bounds = kNonNegative,
+       .doc = "While a rank has operations in flight, its background loop polls for the answer "
+              "this long before it sleeps (only when this host has a core per rank). 0 turns it "
+              "off."},
       {.name = "KRUG_TIMEOUT_SECONDS", .alias = "HOROVOD_GLOO_TIMEOUT_SECONDS", .unit = "seconds",
        .field = &Config::timeout_seconds, .bounds = kPositive,
        .doc = "Deadline of every blocking step (rendezvous, connect, collective); a peer silent "

@@ -158,6 +158,7 @@ class Engine::Impl {
   // KRUG_HIERARCHICAL_ALLREDUCE as the coordinator has it (nullopt: auto), so that every rank
   // builds the same communicators even if their environments disagree.
   std::optional<bool> hierarchical_allreduce_;
+  std::chrono::microseconds busy_poll_{0};  // KRUG_BUSY_POLL_MICROSECONDS, 0 when oversubscribed
   net::Fd wake_;
 
   // Shared with user threads.
@@ -194,6 +195,11 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
                             "KRUG_RANK and KRUG_SIZE",
                             config_.rank, config_.size));
   requested_operations_ = config_.cpu_operations;
+  // Busy polling only pays while every rank of this host has a core of its own; otherwise the
+  // polling rank takes the core from the one it waits for.
+  const int local_ranks = config_.local_size > 0 ? config_.local_size : config_.size;
+  if (static_cast<unsigned>(local_ranks) <= std::max(1u, std::thread::hardware_concurrency()))
+    busy_poll_ = std::chrono::microseconds(config_.busy_poll_us);
   if (config_.cpu_operations == "mpi") collectives::mpi::require_world(config_.rank, config_.size);
   if (config_.hostname.empty()) config_.hostname = net::hostname();
   const auto timeout = seconds_to_ms(config_.timeout_seconds);
@@ -508,7 +514,15 @@ void Engine::Impl::loop_once() {
   for (int fd : control_->fds())
     if (fd >= 0) fds.push_back({fd, POLLIN, 0});
   int timeout = poll_timeout_ms(Clock::now());
-  int n = ::poll(fds.data(), fds.size(), timeout);
+  int n = 0;
+  // Busy-poll briefly while this rank has operations in flight: the answer usually comes within
+  // tens of microseconds, and sleeping costs a wake-up as long again on a VM.
+  if (busy_poll_.count() > 0 && timeout != 0 && !table_.empty()) {
+    const auto until = Clock::now() + busy_poll_;
+    do n = ::poll(fds.data(), fds.size(), 0);
+    while (n == 0 && Clock::now() < until);
+  }
+  if (n == 0) n = ::poll(fds.data(), fds.size(), timeout);
   if (n < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
   if (n <= 0) return;
   if (fds[0].revents) {
