@@ -43,6 +43,21 @@ std::string disagreement(const std::map<int32_t, Request>& by_rank,
   return fmt::format("{}", fmt::join(parts, "; "));
 }
 
+// Whether two ranks' requests agree on everything validate() compares (allgather and alltoall
+// may differ in their first dimension and their splits).
+bool same_terms(const Request& a, const Request& b) {
+  const bool first_dim_free = a.op == OpType::kAllgather || a.op == OpType::kAlltoall;
+  const bool shapes_agree =
+      first_dim_free
+          ? a.shape.size() == b.shape.size() && !a.shape.empty() &&
+                std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1)
+          : a.shape == b.shape;
+  return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.root == b.root &&
+         a.prescale == b.prescale && a.postscale == b.postscale && shapes_agree &&
+         a.set_ranks == b.set_ranks && a.target_process_set == b.target_process_set &&
+         a.group == b.group && a.group_size == b.group_size;
+}
+
 }  // namespace
 
 std::string describe(const std::vector<Stall>& stalls) {
@@ -121,7 +136,13 @@ bool Negotiator::is_ready(const Pending& p) const {
 std::string Negotiator::validate(const std::string& key, const Pending& p) const {
   const Request& first = p.by_rank.begin()->second;
   const auto& set = members(first.process_set);
+  // The common case: every rank sent the same terms. Then no field can disagree, and the
+  // per-field descriptions (strings for every rank) need not be built at all.
+  const bool uniform = std::all_of(p.by_rank.begin(), p.by_rank.end(), [&](const auto& entry) {
+    return same_terms(first, entry.second);
+  });
   auto what = [&](const std::string& field, const std::function<std::string(const Request&)>& f) {
+    if (uniform) return std::string();
     std::string d = disagreement(p.by_rank, f);
     return d.empty() ? d
                      : fmt::format("Mismatched {} for {} '{}' (process set {}): {}", field,
