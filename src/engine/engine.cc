@@ -436,7 +436,8 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
   if (!failure_.empty()) return fail(failure_);
   if (shutdown_requested_)
     return fail(fmt::format("krug is shutting down on rank {}: no new operations", config_.rank));
-  std::set<std::string> keys;
+  std::vector<std::string> keys;  // table keys, built once per tensor
+  keys.reserve(tensors.size());
   for (auto& t : tensors) {
     Request& q = t.request;
     auto set = set_ranks_.find(q.process_set);
@@ -460,19 +461,26 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
       q.splits.assign(n, rows / n);
     }
     auto key = controller::table_key(q.process_set, q.name);
-    if (in_flight_keys_.count(key) || !keys.insert(key).second)
+    // A grouped request must not name a tensor twice either (groups are small: a linear scan).
+    if (in_flight_keys_.count(key) || std::find(keys.begin(), keys.end(), key) != keys.end())
       return fail(fmt::format(
           "{} '{}' (process set {}): an operation with this name is already in flight on rank "
           "{}; wait for it before reusing the name",
           controller::op_name(q.op), q.name, q.process_set, config_.rank));
+    keys.push_back(std::move(key));
   }
   const auto now = Clock::now();
-  for (auto& t : tensors) {
-    in_flight_keys_.insert(controller::table_key(t.request.process_set, t.request.name));
-    queue_.push_back(LocalEntry{std::move(t), handle, now});
+  // The background thread takes the whole queue at once, so it needs waking only when the
+  // queue was empty: otherwise an earlier enqueue's wake-up is still pending.
+  const bool wake = queue_.empty();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    in_flight_keys_.insert(std::move(keys[i]));
+    queue_.push_back(LocalEntry{std::move(tensors[i]), handle, now});
   }
-  uint64_t one = 1;
-  (void)!::write(wake_.get(), &one, sizeof(one));
+  if (wake) {
+    uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
+  }
   return handle;
 }
 
