@@ -140,16 +140,29 @@ WaitContext context_for(std::chrono::milliseconds timeout, std::chrono::nanoseco
   return WaitContext{std::chrono::steady_clock::now() + timeout, spin, std::move(check)};
 }
 
+// dst = sources(0) op sources(1) op ... op sources(size - 1), element-wise in rank order (the
+// association every backend uses). dst may be sources(0) or sources(1).
+template <typename Sources>
+void reduce_in_rank_order(DataType dtype, ReduceOp op, uint8_t* dst, int size, size_t count,
+                          Sources&& sources) {
+  reduce::reduce(dtype, op, dst, sources(0), sources(1), count);
+  for (int m = 2; m < size; ++m) reduce::reduce_into(dtype, op, dst, sources(m), count);
+}
+
 }  // namespace
+
+void ShmCommunicator::wait_member(Counter Control::*counter, uint32_t target, int member,
+                                  const char* op) {
+  if (member == rank_) return;
+  auto why = wait_for(control(member).*counter, target,
+                      context_for(options_.timeout, spin_,
+                                  [this, member] { return check_peer(member); }));
+  if (!why.empty()) fail(op, member, why);
+}
 
 void ShmCommunicator::begin_step(const char* op) {
   if (step_ < 2) return;
-  for (int m = 0; m < size_; ++m) {
-    if (m == rank_) continue;
-    auto why = wait_for(control(m).done, step_ - 1,
-                        context_for(options_.timeout, spin_, [this, m] { return check_peer(m); }));
-    if (!why.empty()) fail(op, m, why);
-  }
+  for (int m = 0; m < size_; ++m) wait_member(&Control::done, step_ - 1, m, op);
 }
 
 void ShmCommunicator::publish_filled() { publish(control(rank_).filled, step_ + 1); }
@@ -160,11 +173,7 @@ void ShmCommunicator::publish_done() {
 }
 
 void ShmCommunicator::wait_filled(int member, const char* op) {
-  if (member == rank_) return;
-  auto why = wait_for(control(member).filled, step_ + 1,
-                      context_for(options_.timeout, spin_,
-                                  [this, member] { return check_peer(member); }));
-  if (!why.empty()) fail(op, member, why);
+  wait_member(&Control::filled, step_ + 1, member, op);
 }
 
 void ShmCommunicator::wait_filled_all(const char* op) {
@@ -172,12 +181,7 @@ void ShmCommunicator::wait_filled_all(const char* op) {
 }
 
 void ShmCommunicator::wait_reduced_all(const char* op) {
-  for (int m = 0; m < size_; ++m) {
-    if (m == rank_) continue;
-    auto why = wait_for(control(m).reduced, step_ + 1,
-                        context_for(options_.timeout, spin_, [this, m] { return check_peer(m); }));
-    if (!why.empty()) fail(op, m, why);
-  }
+  for (int m = 0; m < size_; ++m) wait_member(&Control::reduced, step_ + 1, m, op);
 }
 
 void ShmCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
@@ -202,8 +206,7 @@ void ShmCommunicator::allreduce_small(uint8_t* data, size_t count, size_t elemen
     publish_filled();
     wait_filled_all("allreduce");
     // Rank order, whole piece: out = s0 op s1 op ... (out's own input is already in its slot).
-    reduce::reduce(dtype, op, out, slot(step_, 0), slot(step_, 1), n);
-    for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, out, slot(step_, m), n);
+    reduce_in_rank_order(dtype, op, out, size_, n, [&](int m) { return slot(step_, m); });
     publish_reduced();
     publish_done();
   }
@@ -229,10 +232,7 @@ void ShmCommunicator::allreduce_large(uint8_t* data, size_t count, size_t elemen
       return m == rank_ ? piece + at : slot(step_, m) + at;
     };
     uint8_t* result = slot(step_, rank_) + at;
-    if (len > 0) {
-      reduce::reduce(dtype, op, result, source(0), source(1), len);
-      for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, result, source(m), len);
-    }
+    if (len > 0) reduce_in_rank_order(dtype, op, result, size_, len, source);
     publish_reduced();
     wait_reduced_all("allreduce");
     for (int m = 0; m < size_; ++m) {
@@ -268,10 +268,8 @@ void ShmCommunicator::reducescatter(const void* in, void* out, const std::vector
       const size_t a = std::max(first, mine_first), b = std::min(first + n, mine_end);
       if (a < b) {
         const size_t at = (a - first) * element;
-        uint8_t* dst = output + (a - mine_first) * element;
-        reduce::reduce(dtype, op, dst, slot(step_, 0) + at, slot(step_, 1) + at, b - a);
-        for (int m = 2; m < size_; ++m)
-          reduce::reduce_into(dtype, op, dst, slot(step_, m) + at, b - a);
+        reduce_in_rank_order(dtype, op, output + (a - mine_first) * element, size_, b - a,
+                             [&](int m) { return slot(step_, m) + at; });
       }
       publish_reduced();
       publish_done();

@@ -83,6 +83,8 @@ class ShmCommunicator : public Communicator {
   void publish_filled();
   void publish_reduced();
   void publish_done();                    // also ends the step
+  // Waits until `member`'s `counter` reaches `target`; throws (after aborting) if it cannot.
+  void wait_member(Counter Control::*counter, uint32_t target, int member, const char* op);
   void wait_filled(int member, const char* op);
   void wait_filled_all(const char* op);
   void wait_reduced_all(const char* op);
