@@ -1,6 +1,8 @@
 // The public C++ API: a thin layer that owns the process's one Engine.
 #include "krug/krug.h"
 
+#include "krug/elastic.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "engine/engine.h"
 #include "net/address.h"
 #include "net/socket.h"
+#include "rendezvous/elastic_protocol.h"
 #include "rendezvous/server.h"
 
 namespace krug {
@@ -36,6 +39,7 @@ struct Runtime {
   MpiBootstrap mpi;  // declared before the engine: the rendezvous server outlives it
   std::shared_ptr<engine::Engine> engine;
   int generation = 0;
+  std::optional<ElasticSession> elastic;  // this init()'s round, in elastic mode
 };
 
 Runtime& runtime() {
@@ -44,6 +48,34 @@ Runtime& runtime() {
 }
 
 std::shared_ptr<engine::Engine> current() { return current_engine(); }
+
+// An elastic worker's place in the next round: announce this init() to the driver and wait
+// for its assignment (the driver forms a round once every live worker has asked).
+rendezvous::elastic::Assignment join_round(rendezvous::Store& store, const Config& config,
+                                           int64_t seq) {
+  namespace el = rendezvous::elastic;
+  if (config.elastic_worker_id.empty())
+    throw Error("krug::init(): KRUG_ELASTIC is set but KRUG_ELASTIC_WORKER_ID is not; elastic "
+                "workers are started by krugrun --host-discovery-script (or --min-np/--max-np)");
+  store.set(el::join_key(config.elastic_worker_id, seq), {});
+  rendezvous::Bytes value;
+  try {
+    value = store.get(el::assign_key(config.elastic_worker_id, seq),
+                      std::chrono::milliseconds(int64_t(config.elastic_timeout_seconds * 1000)));
+  } catch (const rendezvous::StoreTimeout&) {
+    throw Error(fmt::format(
+        "krug::init() on elastic worker {} ({}): krugrun formed no new round within {} s "
+        "(KRUG_ELASTIC_TIMEOUT, krugrun --elastic-timeout): too few hosts for --min-np, or "
+        "another worker did not come back; see krugrun's messages",
+        config.elastic_worker_id, config.hostname, config.elastic_timeout_seconds));
+  }
+  auto a = el::decode_assignment(std::string(value.begin(), value.end()));
+  if (a.removed)
+    throw elastic::WorkerRemoved(fmt::format("elastic worker {} ({}) was removed from the job: {}",
+                                             config.elastic_worker_id, config.hostname,
+                                             *a.removed));
+  return a;
+}
 
 Request make_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
                      int32_t process_set) {
@@ -71,6 +103,13 @@ Request reduce_request(const std::string& name, OpType op, DataType dtype, const
 }
 
 }  // namespace
+
+std::optional<ElasticSession> current_elastic_session() {
+  auto& rt = runtime();
+  std::lock_guard lock(rt.mu);
+  if (!rt.engine) throw Error("krug is not initialized: call init() first");
+  return rt.elastic;
+}
 
 std::shared_ptr<engine::Engine> current_engine() {
   auto& rt = runtime();
@@ -135,8 +174,23 @@ void init() {
         config.rendezvous_addr, static_cast<uint16_t>(config.rendezvous_port), config.secret,
         std::chrono::milliseconds(static_cast<int64_t>(config.timeout_seconds * 1000)));
   }
-  auto scoped = std::make_shared<rendezvous::PrefixStore>(
-      fmt::format("init{}/", rt.generation++), std::move(store));
+  const int64_t seq = rt.generation++;
+  std::string prefix = fmt::format("init{}/", seq);
+  rt.elastic.reset();
+  if (config.elastic) {
+    auto a = join_round(*store, config, seq);
+    config.rank = a.rank;
+    config.size = a.size;
+    config.local_rank = a.local_rank;
+    config.local_size = a.local_size;
+    config.cross_rank = a.cross_rank;
+    config.cross_size = a.cross_size;
+    config.hostname = a.hostname;
+    // Every worker of a round, old or new, meets in the round's own namespace.
+    prefix = rendezvous::elastic::round_prefix(a.round);
+    rt.elastic = ElasticSession{store, a};
+  }
+  auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
   rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped));
 }
 

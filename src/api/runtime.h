@@ -3,12 +3,23 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "engine/engine.h"
+#include "rendezvous/elastic_protocol.h"
+#include "rendezvous/store.h"
 
 namespace krug {
 
 // Throws krug::Error when krug is not initialized.
 std::shared_ptr<engine::Engine> current_engine();
+
+// An elastic worker's current round: the driver's store (unprefixed) and its assignment.
+struct ElasticSession {
+  std::shared_ptr<rendezvous::Store> store;
+  rendezvous::elastic::Assignment assignment;
+};
+// nullopt outside elastic mode; throws krug::Error when krug is not initialized.
+std::optional<ElasticSession> current_elastic_session();
 
 }  // namespace krug

@@ -50,6 +50,11 @@ struct Config {
   int rendezvous_port = 0;          // KRUG_RENDEZVOUS_PORT
   std::string secret;               // KRUG_SECRET
   std::string job_id;               // KRUG_JOB_ID
+  // Elastic (docs/elastic.md): set by krugrun's elastic driver; init() then takes the topology
+  // above from the driver's round assignment.
+  bool elastic = false;                  // KRUG_ELASTIC
+  std::string elastic_worker_id;         // KRUG_ELASTIC_WORKER_ID
+  double elastic_timeout_seconds = 600;  // KRUG_ELASTIC_TIMEOUT
   // Not a knob: the address this rank advertises to its peers (control and data planes),
   // picked by init() from KRUG_GLOO_IFACE or the route to the rendezvous server. Empty: the
   // engine falls back to 127.0.0.1 on one host and the host name otherwise.

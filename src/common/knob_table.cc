@@ -138,6 +138,18 @@ std::vector<Knob> make_table() {
        .field = &Config::job_id, .default_text = "unset",
        .doc = "Identifies the job's shared-memory segments (/dev/shm/krug-<id>-*), which krugrun "
               "removes when the job ends. Set by krugrun."},
+      // Elastic mode (docs/elastic.md), set by krugrun's elastic driver for each worker.
+      {.name = "KRUG_ELASTIC", .alias = "HOROVOD_ELASTIC", .unit = "bool",
+       .field = &Config::elastic,
+       .doc = "Elastic worker: init() asks krugrun's driver for this worker's rank in the next "
+              "rendezvous round instead of reading KRUG_RANK / KRUG_SIZE. Set by krugrun."},
+      {.name = "KRUG_ELASTIC_WORKER_ID", .alias = "", .unit = "string",
+       .field = &Config::elastic_worker_id, .default_text = "unset",
+       .doc = "This worker's name in the elastic driver's rendezvous. Set by krugrun."},
+      {.name = "KRUG_ELASTIC_TIMEOUT", .alias = "HOROVOD_ELASTIC_TIMEOUT", .unit = "seconds",
+       .field = &Config::elastic_timeout_seconds, .bounds = kPositive,
+       .doc = "How long an elastic worker's init() waits for the driver to form the next round "
+              "(krugrun --elastic-timeout)."},
   };
 }
 

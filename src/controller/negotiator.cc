@@ -72,7 +72,8 @@ std::string describe(const std::vector<Stall>& stalls) {
 }
 
 Negotiator::Negotiator(int world_size, int64_t fusion_threshold_bytes, ResponseCache& cache)
-    : world_size_(world_size), fusion_threshold_(fusion_threshold_bytes), cache_(cache) {
+    : world_size_(world_size), fusion_threshold_(fusion_threshold_bytes), cache_(cache),
+      readiness_(world_size) {
   std::vector<int32_t> all(world_size);
   for (int i = 0; i < world_size; ++i) all[i] = i;
   sets_[0] = std::move(all);
@@ -118,6 +119,7 @@ void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_p
     it->second.arrival = next_arrival_++;
   }
   it->second.by_rank[rank] = request;
+  it->second.arrived_at[rank] = now;
 }
 
 bool Negotiator::is_ready(const Pending& p) const {
@@ -366,6 +368,12 @@ std::vector<Response> Negotiator::compute() {
     if (std::string error = validate(key, p); !error.empty()) {
       error_on(out, p, std::move(error));
     } else {
+      if (first.process_set == 0 && static_cast<int>(p.arrived_at.size()) == world_size_) {
+        std::vector<Clock::time_point> arrivals;
+        arrivals.reserve(world_size_);
+        for (const auto& [rank, t] : p.arrived_at) arrivals.push_back(t);
+        readiness_.observe(first.name, arrivals);
+      }
       Response r = make_response(p);
       apply_membership_change(r);
       if (r.op == OpType::kRemoveProcessSet) {

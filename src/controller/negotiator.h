@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "controller/message.h"
+#include "controller/readiness_stats.h"
 #include "controller/response_cache.h"
 
 namespace krug::controller {
@@ -50,12 +51,16 @@ class Negotiator {
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   std::vector<Stall> stalls(Clock::time_point now, double older_than_seconds) const;
 
+  // When each rank submitted the global set's tensors that became ready (elastic stragglers).
+  const ReadinessStats& readiness() const { return readiness_; }
+
   // Members (global ranks, ascending) of a live process set; throws for unknown ids.
   const std::vector<int32_t>& members(int32_t process_set) const;
 
  private:
   struct Pending {
     std::map<int32_t, Request> by_rank;  // global rank -> its request
+    std::map<int32_t, Clock::time_point> arrived_at;  // global rank -> when its request came
     Clock::time_point first_seen;
     uint64_t arrival = 0;  // decides the order of responses
   };
@@ -80,6 +85,7 @@ class Negotiator {
   std::set<int32_t> joined_;
   int32_t last_joined_ = -1;
   uint64_t next_arrival_ = 0;
+  ReadinessStats readiness_;
 };
 
 }  // namespace krug::controller

@@ -30,6 +30,7 @@
 #include "observe/autotuner.h"
 #include "observe/timeline.h"
 #include "reduce/reduce.h"
+#include "rendezvous/elastic_protocol.h"
 
 namespace krug::engine {
 
@@ -139,6 +140,7 @@ class Engine::Impl {
                                                               int rank, int size);
   std::optional<bool> agree_on_hierarchical_allreduce();
   void wait_for_every_rank_to_connect();
+  void report_health(Clock::time_point now);
   void timeline_begin(const std::string& name, std::string_view phase);
   void timeline_end(const std::string& name, std::string_view phase);
 
@@ -159,6 +161,7 @@ class Engine::Impl {
   // builds the same communicators even if their environments disagree.
   std::optional<bool> hierarchical_allreduce_;
   std::chrono::microseconds busy_poll_{0};  // KRUG_BUSY_POLL_MICROSECONDS, 0 when oversubscribed
+  Clock::time_point next_health_report_{};  // elastic coordinator: readiness to the driver
   net::Fd wake_;
 
   // Shared with user threads.
@@ -627,6 +630,7 @@ void Engine::Impl::coordinate(Clock::time_point now) {
   }
   inspect_stalls(now);
   if (stopped_) return;
+  if (config_.elastic) report_health(now);
   if (list.responses.empty() && !list.shutdown) return;
   if (tuning_to_send_) {
     list.tuned_fusion_threshold = tuning_to_send_->fusion_threshold_bytes;
@@ -636,6 +640,23 @@ void Engine::Impl::coordinate(Clock::time_point now) {
   for (int r : control_->broadcast(list))
     log::at(log::Level::kWarning, 0, "could not send responses to rank {}", r);
   process(std::move(list));
+}
+
+// krugrun's elastic driver finds stragglers from these (docs/elastic.md). Once a second at most,
+// and only when cycles run: an idle job has nothing to report.
+void Engine::Impl::report_health(Clock::time_point now) {
+  if (now < next_health_report_) return;
+  next_health_report_ = now + std::chrono::seconds(1);
+  const auto& stats = negotiator_->readiness();
+  rendezvous::elastic::Health health{stats.tensors(), stats.steps(), stats.period_us(),
+                                     stats.lateness_us()};
+  const std::string text = rendezvous::elastic::encode(health);
+  try {
+    store_->set("health", rendezvous::Bytes(text.begin(), text.end()));
+  } catch (const Error& e) {
+    log::at(log::Level::kWarning, config_.rank, "could not report readiness to krugrun: {}",
+            e.what());
+  }
 }
 
 void Engine::Impl::inspect_stalls(Clock::time_point now) {

@@ -14,6 +14,7 @@
 #include "rendezvous/server.h"
 #include "run/remote_exec.h"
 #include "run/ssh.h"
+#include "run/elastic_driver.h"
 #include "run/hosts.h"
 #include "run/mpi_run.h"
 #include "run/options.h"
@@ -32,28 +33,6 @@ std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
   return s;
-}
-
-std::pair<Fd, Fd> output_files(const std::string& dir, int rank) {
-  if (dir.empty()) return {};
-  std::filesystem::path rank_dir = std::filesystem::path(dir) / fmt::format("rank.{}", rank);
-  std::error_code ec;
-  std::filesystem::create_directories(rank_dir, ec);
-  if (ec) throw Error("krugrun: cannot create '" + rank_dir.string() + "': " + ec.message());
-  return {open_for_writing((rank_dir / "stdout").string()),
-          open_for_writing((rank_dir / "stderr").string())};
-}
-
-SshOptions ssh_options(const LaunchOptions& o) {
-  SshOptions ssh;
-  ssh.port = o.ssh_port;
-  ssh.identity_file = o.ssh_identity_file;
-  ssh.config_file = o.ssh_config_file;
-  ssh.connect_timeout_s = o.start_timeout_s;
-  std::error_code ec;
-  ssh.krugrun_path = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  ssh.working_dir = std::filesystem::current_path(ec).string();
-  return ssh;
 }
 
 // Remote hosts, each once, in the order given.
@@ -161,7 +140,8 @@ int launch_step(const LaunchOptions& options) {
                                                       my_addresses, multi_host ? remote.front() : "");
     RankLaunch launch{slot, options.command, to_envp(rank_environment(base, options, slot, rank_job)),
                       forward_names};
-    auto [out_file, err_file] = output_files(options.output_dir, slot.rank);
+    auto [out_file, err_file] =
+        output_files(options.output_dir, fmt::format("rank.{}", slot.rank));
     StartedRank started = starters[i]->start(launch);
     // srun ranks are local children whatever their host; their status is the rank's.
     const bool via_srun = !options.slurm_job_id.empty();
@@ -193,6 +173,7 @@ int launch_step(const LaunchOptions& options) {
 // one exited 0; the first failing step ends the job with its exit code.
 int launch(LaunchOptions options) {
   if (options.check_hosts_only) return check_hosts_command(options);
+  if (options.elastic.enabled()) return run_elastic(options);
   if (options.steps.empty()) return launch_step(options);
   const auto steps = std::move(options.steps);
   for (size_t i = 0; i < steps.size(); ++i) {

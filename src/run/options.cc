@@ -113,6 +113,40 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
   app.add_flag_callback(
       "--autotune", [&o] { o.knob_env["KRUG_AUTOTUNE"] = "1"; },
       "KRUG_AUTOTUNE=1: tune the fusion threshold and cycle time online (docs/autotune.md)");
+  // Elastic mode (docs/elastic.md)
+  ElasticOptions& e = o.elastic;
+  app.add_option("--host-discovery-script", e.discovery_script,
+                 "Elastic mode: command printing the usable hosts, one host:slots per line; "
+                 "run every --discovery-interval seconds");
+  app.add_option("--min-np", e.min_np, "Elastic: fewest ranks to train with (default -np)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-np", e.max_np, "Elastic: most ranks to start (default: every slot)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--slots-per-host", e.slots_per_host,
+                 "Elastic: slots of a discovered host listed without :N (default 1)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--reset-limit", e.reset_limit,
+                 "Elastic: stop the job after this many resets (default: no limit)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--blacklist-cooldown-range", e.cooldown_range,
+                 "Elastic: a failed host may return after a cooldown drawn from [A, B] seconds "
+                 "(doubled per repeated failure); default: never")
+      ->expected(2)
+      ->type_name("A B");
+  app.add_option("--elastic-timeout", e.elastic_timeout_s,
+                 "Elastic: seconds to wait for --min-np slots or for workers to re-form the job "
+                 "(default 600)")
+      ->check(number_at_least(0, false));
+  app.add_option("--straggler-factor", e.straggler_factor,
+                 "Elastic: remove a host whose rank is this many times slower than the others "
+                 "over --straggler-window steps (e.g. 1.5; default 0 = off)")
+      ->check(number_at_least(0, true));
+  app.add_option("--straggler-window", e.straggler_window,
+                 "Elastic: steps a rank must be slow for before it is removed (default 20)")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--discovery-interval", e.discovery_interval_s,
+                 "Elastic: seconds between runs of the discovery script (default 1)")
+      ->check(number_at_least(0, false));
   // Stop at the first positional: the rest, options included, belongs to the rank command.
   app.prefix_command();
 }
@@ -186,6 +220,35 @@ void take_command(std::vector<std::string> rest, LaunchOptions& o) {
   o.command = std::move(rest);
 }
 
+// Elastic jobs take their hosts from the discovery script, not -H / --hostfile / Slurm.
+void check_elastic(const CLI::App& app, LaunchOptions& o) {
+  ElasticOptions& e = o.elastic;
+  if (!e.enabled())
+    throw Error("krugrun: --min-np / --max-np start an elastic job, which needs "
+                "--host-discovery-script (a command printing host:slots lines)");
+  if (!o.hosts.empty())
+    throw Error("krugrun: an elastic job takes its hosts from --host-discovery-script; drop -H / "
+                "--hostfile");
+  if (o.mpi) throw Error("krugrun: --mpi cannot start an elastic job (mpirun's ranks are fixed)");
+  if (!o.steps.empty() && o.steps.size() > 1)
+    throw Error("krugrun: an elastic job runs one command, not several run: steps");
+  if (!o.steps.empty()) o.command = o.steps.front();
+  if (app.count("--np") == 0 && o.np == 0) o.np = e.min_np;
+  if (o.np < 1)
+    throw Error("krugrun: give -np (the ranks to start with) or --min-np for an elastic job");
+  if (e.min_np == 0) e.min_np = o.np;
+  if (e.max_np != 0 && e.max_np < e.min_np)
+    throw Error(fmt::format("krugrun: --max-np {} is below --min-np {}", e.max_np, e.min_np));
+  if (e.max_np != 0 && o.np > e.max_np)
+    throw Error(fmt::format("krugrun: -np {} is above --max-np {}", o.np, e.max_np));
+  if (e.cooldown_range &&
+      (e.cooldown_range->first < 0 || e.cooldown_range->second < e.cooldown_range->first))
+    throw Error("krugrun: --blacklist-cooldown-range A B needs 0 <= A <= B seconds");
+  if (e.straggler_factor != 0 && e.straggler_factor <= 1)
+    throw Error("krugrun: --straggler-factor must be above 1 (how many times slower than the "
+                "others a rank may be), or 0 to turn straggler removal off");
+}
+
 }  // namespace
 
 bool is_env_name(std::string_view name) {
@@ -230,6 +293,10 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     if (o.check_hosts_only) {
       if (o.hosts.empty())
         throw Error("krugrun: --check-hosts needs -H, --hostfile or workers in --config");
+      return o;
+    }
+    if (o.elastic.enabled() || app.count("--min-np") || app.count("--max-np")) {
+      check_elastic(app, o);
       return o;
     }
     // -np, or the job spec's np: (or the slots of its workers).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -12,6 +13,21 @@
 #include "run/hosts.h"
 
 namespace krug::run {
+
+// Elastic mode (run/elastic_driver.h, docs/elastic.md): on with --host-discovery-script.
+struct ElasticOptions {
+  std::string discovery_script;    // --host-discovery-script
+  int min_np = 0;                  // --min-np (default: -np)
+  int max_np = 0;                  // --max-np (0: every discovered slot)
+  int slots_per_host = 1;          // --slots-per-host: slots of a host listed without :N
+  int reset_limit = -1;            // --reset-limit (-1: none)
+  std::optional<std::pair<double, double>> cooldown_range;  // --blacklist-cooldown-range A B
+  double elastic_timeout_s = 600;  // --elastic-timeout
+  double straggler_factor = 0;     // --straggler-factor (0: off)
+  int straggler_window = 20;       // --straggler-window (steps)
+  double discovery_interval_s = 1; // --discovery-interval
+  bool enabled() const { return !discovery_script.empty(); }
+};
 
 struct LaunchOptions {
   int np = 0;
@@ -37,6 +53,7 @@ struct LaunchOptions {
   // starts once every rank finished the previous one). Empty without --config, and when a
   // command on the command line replaces the file's steps: then `command` is the only step.
   std::vector<std::vector<std::string>> steps;
+  ElasticOptions elastic;
 };
 
 // Parses argv (argv[0] is the program) and checks that -H covers -np. Without -H inside a Slurm

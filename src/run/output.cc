@@ -1,4 +1,8 @@
 #include "run/output.h"
+#include "krug/types.h"
+
+#include <filesystem>
+#include <system_error>
 
 #include <unistd.h>
 
@@ -66,6 +70,15 @@ void StreamPump::on_readable() {
     copy_.reset();
   }
   if (!pending_.empty()) write_all(terminal_fd_, pending_);
+}
+
+std::pair<Fd, Fd> output_files(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return {};
+  std::filesystem::path sub = std::filesystem::path(dir) / name;
+  std::error_code ec;
+  std::filesystem::create_directories(sub, ec);
+  if (ec) throw Error("krugrun: cannot create '" + sub.string() + "': " + ec.message());
+  return {open_for_writing((sub / "stdout").string()), open_for_writing((sub / "stderr").string())};
 }
 
 }  // namespace krug::run

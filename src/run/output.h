@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "run/fd.h"
 
@@ -44,6 +45,10 @@ class LineBuffer {
 };
 
 std::string output_prefix(int rank, bool is_stderr);  // "[3]<stderr>:"
+
+// --output-filename DIR: DIR/<name>/stdout and DIR/<name>/stderr opened for writing (none when
+// `dir` is empty). Throws krug::Error naming the directory when it cannot be created.
+std::pair<Fd, Fd> output_files(const std::string& dir, const std::string& name);
 
 // One stream of one rank: reads its pipe, writes prefixed lines to krugrun's stdout or stderr
 // and, with --output-filename, the raw bytes to a file.

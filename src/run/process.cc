@@ -21,6 +21,17 @@ RankProcess::~RankProcess() {
   }
 }
 
+int RankProcess::wait() {
+  if (!reaped()) {
+    int st = 0;
+    pid_t r;
+    do r = ::waitpid(pid_, &st, 0);
+    while (r < 0 && errno == EINTR);
+    status_ = r == pid_ ? st : 0;
+  }
+  return *status_;
+}
+
 bool RankProcess::try_reap() {
   if (pid_ <= 0 || reaped()) return false;
   int st = 0;

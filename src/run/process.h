@@ -25,6 +25,8 @@ class RankProcess {
   std::optional<int> status() const { return status_; }
   // Reaps without blocking; returns true when the process has just been reaped.
   bool try_reap();
+  // Blocks until the process has exited and returns its waitpid status.
+  int wait();
   // Signals the whole process group, so children of a shell wrapper get it too. Also used after
   // the leader was reaped, to stop descendants it left behind (ESRCH is fine).
   void signal_group(int sig) const;

@@ -54,6 +54,25 @@ EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const 
   return env;
 }
 
+EnvMap elastic_worker_environment(const EnvMap& base, const LaunchOptions& options,
+                                  const std::string& host, const std::string& worker_id,
+                                  const JobInfo& job) {
+  RankSlot slot;
+  slot.host = host;
+  EnvMap env = rank_environment(base, options, slot, job);
+  for (const char* name : {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"}) {
+    env.erase(fmt::format("KRUG_{}", name));
+    env.erase(fmt::format("HOROVOD_{}", name));
+  }
+  env["KRUG_ELASTIC"] = "1";
+  env["HOROVOD_ELASTIC"] = "1";
+  env["KRUG_ELASTIC_WORKER_ID"] = worker_id;
+  // Longer than the driver's own wait, so that when a round cannot form the driver's message
+  // (which names the cause) comes first and it stops the workers.
+  env["KRUG_ELASTIC_TIMEOUT"] = fmt::format("{}", options.elastic.elastic_timeout_s + 60);
+  return env;
+}
+
 std::string build_python_dir() {
   std::error_code ec;
   std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);

@@ -32,6 +32,13 @@ EnvMap current_environment();
 EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const RankSlot& slot,
                         const JobInfo& job);
 
+// An elastic worker's environment: rank_environment's without the topology (the driver assigns
+// ranks at each init(), see rendezvous/elastic_protocol.h), plus KRUG_ELASTIC=1, the worker's
+// id and host, and how long its init() waits for the driver.
+EnvMap elastic_worker_environment(const EnvMap& base, const LaunchOptions& options,
+                                  const std::string& host, const std::string& worker_id,
+                                  const JobInfo& job);
+
 // `<directory of this executable>/python` when it exists (krugrun in a build tree), else "".
 std::string build_python_dir();
 

@@ -1,4 +1,7 @@
 #include "run/ssh.h"
+#include "run/options.h"
+
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -157,6 +160,18 @@ std::vector<HostCheck> check_hosts(const std::vector<std::string>& hosts, const 
     results.push_back(std::move(r));
   }
   return results;  // unreaped probes are killed and reaped by their RankProcess destructors
+}
+
+SshOptions ssh_options(const LaunchOptions& o) {
+  SshOptions ssh;
+  ssh.port = o.ssh_port;
+  ssh.identity_file = o.ssh_identity_file;
+  ssh.config_file = o.ssh_config_file;
+  ssh.connect_timeout_s = o.start_timeout_s;
+  std::error_code ec;
+  ssh.krugrun_path = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  ssh.working_dir = std::filesystem::current_path(ec).string();
+  return ssh;
 }
 
 }  // namespace krug::run

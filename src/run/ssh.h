@@ -24,6 +24,10 @@ struct SshOptions {
   std::string working_dir;        // the remote rank's working directory (krugrun's own)
 };
 
+struct LaunchOptions;
+// krugrun's --ssh-* and --start-timeout flags, this krugrun's path and working directory.
+SshOptions ssh_options(const LaunchOptions& options);
+
 // Single-quotes `s` for a POSIX shell unless it is made of safe characters only.
 std::string shell_quote(std::string_view s);
 

@@ -18,4 +18,10 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt"]
+class WorkerRemoved(RuntimeError):
+    """Raised by ``init()`` in elastic mode when krugrun's driver took this worker out of the
+    job (its host left the discovery output, was blacklisted, or was too slow).
+    ``krug.torch.elastic.run`` catches it and exits the process with status 0."""
+
+
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved"]

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "frameworks/torch/adapter.h"
+#include "krug/elastic.h"
 #include "krug/krug.h"
 #include "krug/types.h"
 
@@ -42,6 +43,9 @@ PYBIND11_MODULE(_torch_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const ta::UnsupportedTensor& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const krug::elastic::WorkerRemoved& e) {
+      py::object cls = py::module_::import("krug.common.exceptions").attr("WorkerRemoved");
+      PyErr_SetString(cls.ptr(), e.what());
     } catch (const krug::Error& e) {
       py::object cls = py::module_::import("krug.common.exceptions").attr("HorovodInternalError");
       PyErr_SetString(cls.ptr(), e.what());
@@ -58,6 +62,20 @@ PYBIND11_MODULE(_torch_core, m) {
   m.def("cross_rank", &krug::cross_rank);
   m.def("cross_size", &krug::cross_size);
   m.def("cpu_operations", &krug::cpu_operations);
+  // Elastic mode (krug.torch.elastic builds Horovod's API on these).
+  m.def("elastic_enabled", &krug::elastic::enabled);
+  m.def("elastic_round", [] {
+    auto r = krug::elastic::round_info();
+    return py::make_tuple(r.round, r.has_new_workers);
+  });
+  m.def("elastic_host_update", [] {
+    krug::elastic::HostUpdate u;
+    {
+      py::gil_scoped_release release;  // a round trip to krugrun
+      u = krug::elastic::host_update();
+    }
+    return py::make_tuple(u.changed, u.only_removed);
+  });
   m.def("mpi_built", &krug::mpi_built);
   m.def("mpi_threads_supported", &krug::mpi_threads_supported);
   m.def("adasum_available", &ta::adasum_available);

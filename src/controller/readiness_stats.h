@@ -1,0 +1,45 @@
+// Which rank the others wait for: the coordinator's record of when each rank submitted each
+// tensor of the global process set. krugrun's elastic driver reads it to find stragglers
+// (docs/elastic.md): a rank whose tensors keep arriving long after the others' is slowing
+// every step down. Pure; unit-tested.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace krug::controller {
+
+class ReadinessStats {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit ReadinessStats(int world_size) : lateness_us_(world_size, 0) {}
+
+  // One tensor of the global set became ready; arrivals[r] = when rank r's request came in.
+  void observe(const std::string& name, const std::vector<Clock::time_point>& arrivals);
+
+  // Totals since construction (see rendezvous::elastic::Health).
+  int64_t tensors() const { return tensors_; }
+  int64_t steps() const { return steps_; }
+  int64_t period_us() const { return period_us_; }
+  const std::vector<int64_t>& lateness_us() const { return lateness_us_; }
+
+  // Names tracked for the step period; names beyond it (one per step, say) are not.
+  static constexpr size_t kMaxNames = 4096;
+
+ private:
+  struct Seen {
+    Clock::time_point last_ready;
+    int64_t intervals = 0;
+    int64_t period_us = 0;
+  };
+  std::unordered_map<std::string, Seen> seen_;
+  int64_t tensors_ = 0;
+  int64_t steps_ = 0;
+  int64_t period_us_ = 0;
+  std::vector<int64_t> lateness_us_;
+};
+
+}  // namespace krug::controller

@@ -1,0 +1,121 @@
+#include "run/discovery.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <set>
+
+#include "krug/types.h"
+#include "run/process.h"
+#include "run/rank_env.h"
+#include "run/starter.h"
+
+namespace krug::run {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+std::vector<HostSlots> parse_discovery_output(std::string_view text, const std::string& script,
+                                              int default_slots) {
+  std::vector<HostSlots> hosts;
+  std::set<std::string> seen;
+  int line_no = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = trim(text.substr(pos, end - pos));
+    pos = end + 1;
+    ++line_no;
+    if (line.empty() || line.front() == '#') continue;
+    auto bad = [&](std::string_view why) {
+      return Error(fmt::format("krugrun: host discovery script '{}', output line {}: '{}': {}; "
+                               "each line must be host:slots (or host for --slots-per-host)",
+                               script, line_no, line, why));
+    };
+    HostSlots h;
+    const size_t colon = line.rfind(':');
+    if (colon == std::string_view::npos) {
+      h.host = std::string(line);
+      h.slots = default_slots;
+    } else {
+      h.host = std::string(trim(line.substr(0, colon)));
+      std::string_view n = trim(line.substr(colon + 1));
+      auto [p, ec] = std::from_chars(n.data(), n.data() + n.size(), h.slots);
+      if (ec != std::errc() || p != n.data() + n.size() || h.slots < 1)
+        throw bad("the slot count must be a whole number >= 1");
+    }
+    if (h.host.empty()) throw bad("empty host name");
+    if (h.host.find_first_of(" \t") != std::string::npos) throw bad("spaces in the host name");
+    if (!seen.insert(h.host).second) throw bad("host listed twice");
+    hosts.push_back(std::move(h));
+  }
+  return hosts;
+}
+
+std::string run_discovery_script(const std::string& script, std::chrono::milliseconds timeout) {
+  // krugrun's own environment: nothing of the job (no secret) is added.
+  StartedRank child = spawn_process({"/bin/sh", "-c", script}, to_envp(current_environment()),
+                                    false, "host discovery script '" + script + "'");
+  std::string out, err;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool timed_out = false;
+  Fd* pipes[2] = {&child.stdout_pipe, &child.stderr_pipe};
+  std::string* sinks[2] = {&out, &err};
+  while (child.stdout_pipe || child.stderr_pipe) {
+    pollfd fds[2];
+    int n = 0, which[2];
+    for (int i = 0; i < 2; ++i)
+      if (*pipes[i]) {
+        fds[n] = {pipes[i]->get(), POLLIN, 0};
+        which[n++] = i;
+      }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    int r = ::poll(fds, n, static_cast<int>(left));
+    if (r < 0 && errno != EINTR)
+      throw Error(fmt::format("krugrun: poll on the discovery script failed: {}", std::strerror(errno)));
+    for (int i = 0; i < n; ++i) {
+      if (!fds[i].revents) continue;
+      char buf[4096];
+      ssize_t got = ::read(fds[i].fd, buf, sizeof(buf));
+      if (got > 0)
+        sinks[which[i]]->append(buf, static_cast<size_t>(got));
+      else if (got == 0 || (errno != EINTR && errno != EAGAIN))
+        pipes[which[i]]->reset();
+    }
+  }
+  if (timed_out) {
+    child.process.signal_group(SIGKILL);
+    throw Error(fmt::format("krugrun: host discovery script '{}' ran longer than {} s and was "
+                            "killed", script, timeout.count() / 1000.0));
+  }
+  // Both pipes closed: the script has exited (or closed them); wait for its status.
+  const int status = child.process.wait();
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string first = err.substr(0, err.find('\n', std::min<size_t>(err.size(), 200)));
+    throw Error(fmt::format("krugrun: host discovery script '{}' {}{}", script,
+                            describe_wait_status(status),
+                            first.empty() ? "" : ": " + first));
+  }
+  return out;
+}
+
+}  // namespace krug::run
