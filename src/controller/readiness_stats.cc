@@ -12,10 +12,15 @@ void ReadinessStats::observe(const std::string& name,
   // The lower median: with two ranks the earlier one is "the others", so the late one shows.
   const auto median = sorted[(sorted.size() - 1) / 2];
   const auto ready = sorted.back();
-  for (size_t r = 0; r < arrivals.size(); ++r)
-    if (arrivals[r] > median)
-      lateness_us_[r] +=
-          std::chrono::duration_cast<std::chrono::microseconds>(arrivals[r] - median).count();
+  // Rank r held the others up from the median arrival to its own. Tensors of one step often
+  // wait on r at once (a whole backward pass shifted by r's delay), so overlapping waits count
+  // once: lateness is the length of the union of these intervals, i.e. wall time spent waiting.
+  for (size_t r = 0; r < arrivals.size(); ++r) {
+    if (arrivals[r] <= median || arrivals[r] <= counted_until_[r]) continue;
+    const auto from = std::max(median, counted_until_[r]);
+    lateness_us_[r] += std::chrono::duration_cast<std::chrono::microseconds>(arrivals[r] - from).count();
+    counted_until_[r] = arrivals[r];
+  }
   ++tensors_;
   auto it = seen_.find(name);
   if (it == seen_.end()) {

@@ -15,9 +15,12 @@ namespace krug::controller {
 class ReadinessStats {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit ReadinessStats(int world_size) : lateness_us_(world_size, 0) {}
+  explicit ReadinessStats(int world_size)
+      : lateness_us_(world_size, 0), counted_until_(world_size) {}
 
   // One tensor of the global set became ready; arrivals[r] = when rank r's request came in.
+  // Rank r's lateness grows by the wall time the others waited for it (from the median
+  // arrival to r's), overlapping waits counted once.
   void observe(const std::string& name, const std::vector<Clock::time_point>& arrivals);
 
   // Totals since construction (see rendezvous::elastic::Health).
@@ -40,6 +43,7 @@ class ReadinessStats {
   int64_t steps_ = 0;
   int64_t period_us_ = 0;
   std::vector<int64_t> lateness_us_;
+  std::vector<Clock::time_point> counted_until_;  // end of each rank's last counted wait
 };
 
 }  // namespace krug::controller

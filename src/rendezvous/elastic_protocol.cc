@@ -48,8 +48,9 @@ std::string join_key(std::string_view worker, int64_t seq) {
 std::string assign_key(std::string_view worker, int64_t seq) {
   return fmt::format("elastic/assign/{}/{}", worker, seq);
 }
-std::string round_prefix(int64_t round) { return fmt::format("round{}/", round); }
-std::string health_key(int64_t round) { return round_prefix(round) + "health"; }
+std::string round_prefix(int64_t round) { return fmt::format("round{}", round); }
+// PrefixStore puts the '/' between its prefix and the key.
+std::string health_key(int64_t round) { return round_prefix(round) + "/health"; }
 
 std::string encode(const Assignment& a) {
   if (a.removed) return "removed=" + *a.removed;

@@ -19,7 +19,7 @@ std::string join_key(std::string_view worker, int64_t seq);
 std::string assign_key(std::string_view worker, int64_t seq);
 inline constexpr const char* kHostsKey = "elastic/hosts";
 std::string health_key(int64_t round);
-// Every key of a round's engine lives under this prefix (a fresh namespace per round).
+// Every key of a round's engine lives under this PrefixStore prefix (a fresh namespace per round).
 std::string round_prefix(int64_t round);
 
 // A worker's place in a round. `removed` set: the driver took the worker out of the job (its
@@ -49,7 +49,8 @@ HostsVersion decode_hosts_version(std::string_view text);
 // Readiness statistics of one round, cumulative since it began, published by its coordinator
 // (controller/readiness_stats.h): `tensors` observed; `steps` = intervals between consecutive
 // readiness of the most frequent tensor and `period_us` their total length (the step time);
-// `lateness_us[r]` = summed over the tensors, how long after the median rank rank r submitted.
+// `lateness_us[r]` = wall time the others spent waiting for rank r (from the median rank's
+// submission of a tensor to r's; overlapping waits counted once).
 struct Health {
   int64_t tensors = 0;
   int64_t steps = 0;

@@ -394,6 +394,9 @@ class Driver {
     }
     std::vector<Worker*> members;
     for (Worker* w : waiting) {
+      // Once a worker finished training, the job is done: one that asks for another round
+      // (its peers left) has nothing more to do.
+      if (any_finished_ && !w->removing) w->removing = "the job finished: another worker completed training";
       if (w->removing) {
         el::Assignment removed;
         removed.removed = *w->removing;
@@ -455,6 +458,8 @@ class Driver {
       health_base_ = h;
       return;
     }
+    if (o_.verbose)
+      fmt::print(stderr, "krugrun: elastic: round {} readiness: {}\n", round_, el::encode(h));
     if (h.steps - health_base_->steps < e_.straggler_window) return;
     const auto slow = find_straggler(*health_base_, h, e_.straggler_factor, e_.straggler_window);
     health_base_ = h;  // windows do not overlap
@@ -464,8 +469,8 @@ class Driver {
       if (c->rank == slow->rank && !c->process.reaped() && !c->removing) w = c.get();
     if (w == nullptr) return;
     remove_host(w->host,
-                fmt::format("{} is {:.1f}x slower than the others over the last {} steps (its "
-                            "tensors arrive {:.3f} s after the median rank's, steps take {:.3f} s; "
+                fmt::format("{} is {:.1f}x slower than the others over the last {} steps (they "
+                            "wait {:.3f} s per step for it, steps take {:.3f} s; "
                             "--straggler-factor {})",
                             who(*w), slow->slowdown, slow->steps, slow->lateness_s, slow->period_s,
                             e_.straggler_factor),

@@ -71,14 +71,13 @@ std::optional<Straggler> find_straggler(const rendezvous::elastic::Health& from,
                                         const rendezvous::elastic::Health& to, double factor,
                                         int64_t window_steps) {
   const int64_t steps = to.steps - from.steps;
-  const int64_t tensors = to.tensors - from.tensors;
-  if (factor <= 1 || steps < std::max<int64_t>(window_steps, 1) || tensors <= 0 ||
+  if (factor <= 1 || steps < std::max<int64_t>(window_steps, 1) ||
       to.lateness_us.size() < 2 || from.lateness_us.size() != to.lateness_us.size())
     return std::nullopt;
   const double period_s = (to.period_us - from.period_us) / 1e6 / steps;
   Straggler worst;
   for (size_t r = 0; r < to.lateness_us.size(); ++r) {
-    const double late = (to.lateness_us[r] - from.lateness_us[r]) / 1e6 / tensors;
+    const double late = (to.lateness_us[r] - from.lateness_us[r]) / 1e6 / steps;
     if (late > worst.lateness_s) {
       worst.rank = static_cast<int>(r);
       worst.lateness_s = late;

@@ -50,8 +50,8 @@ class HostBlacklist {
 };
 
 // A rank the others keep waiting for: over the steps between two health reports of a round,
-// its tensors arrived `lateness_s` after the median rank's on average, in steps of `period_s`,
-// so it is `slowdown` = period / (period - lateness) times slower than the others.
+// the others waited `lateness_s` per step for it, in steps of `period_s`, so without it a step
+// would take period - lateness: it is `slowdown` = period / (period - lateness) times slower.
 struct Straggler {
   int rank = 0;
   double slowdown = 0;

@@ -67,7 +67,7 @@ std::string knob_type_name(KnobFlag::Kind kind) {
 }
 
 void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::string>& xs,
-               std::string& hosts) {
+               std::string& hosts, std::vector<double>& cooldown) {
   app.add_option("--config", o.config_file,
                  "Job spec file (YAML): settings and the steps to run; flags override it");
   // Hosts and ssh
@@ -128,7 +128,7 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
   app.add_option("--reset-limit", e.reset_limit,
                  "Elastic: stop the job after this many resets (default: no limit)")
       ->check(CLI::Range(0, 1 << 30));
-  app.add_option("--blacklist-cooldown-range", e.cooldown_range,
+  app.add_option("--blacklist-cooldown-range", cooldown,
                  "Elastic: a failed host may return after a cooldown drawn from [A, B] seconds "
                  "(doubled per repeated failure); default: never")
       ->expected(2)
@@ -267,7 +267,8 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
   KnobText k;
   std::vector<std::string> xs;
   std::string hosts;
-  add_flags(app, o, k, xs, hosts);
+  std::vector<double> cooldown;
+  add_flags(app, o, k, xs, hosts, cooldown);
   std::vector<std::string> args = normalize_args(app, argc, argv);
   try {
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
@@ -295,6 +296,7 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
         throw Error("krugrun: --check-hosts needs -H, --hostfile or workers in --config");
       return o;
     }
+    if (cooldown.size() == 2) o.elastic.cooldown_range = std::make_pair(cooldown[0], cooldown[1]);
     if (o.elastic.enabled() || app.count("--min-np") || app.count("--max-np")) {
       check_elastic(app, o);
       return o;
