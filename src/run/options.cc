@@ -132,6 +132,7 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
                  "Elastic: a failed host may return after a cooldown drawn from [A, B] seconds "
                  "(doubled per repeated failure); default: never")
       ->expected(2)
+      ->allow_extra_args(false)
       ->type_name("A B");
   app.add_option("--elastic-timeout", e.elastic_timeout_s,
                  "Elastic: seconds to wait for --min-np slots or for workers to re-form the job "

@@ -10,6 +10,7 @@
 #include "rendezvous/elastic_protocol.h"
 #include "run/discovery.h"
 #include "run/elastic_plan.h"
+#include "run/options.h"
 
 namespace krug {
 namespace {
@@ -238,3 +239,53 @@ TEST(Discovery, RunsTheScriptAndReportsFailures) {
 
 }  // namespace
 }  // namespace krug
+
+namespace krug::run {
+namespace {
+
+std::variant<LaunchOptions, int> parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "krugrun");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(ElasticOptions, FlagsAndDefaults) {
+  auto r = parse({"-np", "4", "--min-np", "2", "--max-np", "6", "--host-discovery-script",
+                  "./disc.sh", "--blacklist-cooldown-range", "5", "10", "--reset-limit", "3",
+                  "--straggler-factor", "1.5", "--straggler-window", "30", "--elastic-timeout",
+                  "60", "python3", "train.py"});
+  ASSERT_TRUE(std::holds_alternative<LaunchOptions>(r));
+  const auto& o = std::get<LaunchOptions>(r);
+  EXPECT_TRUE(o.elastic.enabled());
+  EXPECT_EQ(o.np, 4);
+  EXPECT_EQ(o.elastic.min_np, 2);
+  EXPECT_EQ(o.elastic.max_np, 6);
+  ASSERT_TRUE(o.elastic.cooldown_range);
+  EXPECT_EQ(o.elastic.cooldown_range->first, 5);
+  EXPECT_EQ(o.elastic.cooldown_range->second, 10);
+  EXPECT_EQ(o.elastic.reset_limit, 3);
+  EXPECT_EQ(o.elastic.straggler_factor, 1.5);
+  EXPECT_EQ(o.elastic.straggler_window, 30);
+  EXPECT_EQ(o.elastic.elastic_timeout_s, 60);
+  EXPECT_EQ(o.command, (std::vector<std::string>{"python3", "train.py"}));
+  // --min-np defaults to -np, -np to --min-np.
+  auto d = parse({"-np", "3", "--host-discovery-script", "./disc.sh", "prog"});
+  EXPECT_EQ(std::get<LaunchOptions>(d).elastic.min_np, 3);
+  auto m = parse({"--min-np", "2", "--host-discovery-script", "./disc.sh", "prog"});
+  EXPECT_EQ(std::get<LaunchOptions>(m).np, 2);
+}
+
+TEST(ElasticOptions, ContradictionsAreUsageErrors) {
+  EXPECT_EQ(std::get<int>(parse({"-np", "2", "--min-np", "2", "prog"})), 2);  // no script
+  EXPECT_EQ(std::get<int>(parse({"-np", "2", "-H", "a:2", "--host-discovery-script", "d", "prog"})), 2);
+  EXPECT_EQ(std::get<int>(parse({"--min-np", "4", "--max-np", "2", "--host-discovery-script", "d",
+                                 "prog"})), 2);
+  EXPECT_EQ(std::get<int>(parse({"-np", "2", "--host-discovery-script", "d",
+                                 "--blacklist-cooldown-range", "9", "3", "prog"})), 2);
+  EXPECT_EQ(std::get<int>(parse({"-np", "2", "--host-discovery-script", "d",
+                                 "--straggler-factor", "0.5", "prog"})), 2);
+}
+
+}  // namespace
+}  // namespace krug::run
