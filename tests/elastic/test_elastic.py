@@ -1,0 +1,116 @@
+"""Fault injection for elastic training (issue: workers come and go, committed state is never
+lost): krugrun's driver with the elastic digits example on four "hosts" of this machine
+(127.0.0.1..4). Run by ctest as elastic.*; each test starts real jobs."""
+import json
+import os
+import random
+import re
+import signal
+import time
+
+import pytest
+
+from elastic_job import ElasticJob
+
+HOSTS = ["127.0.0.%d:1" % i for i in range(1, 5)]
+EPOCHS = int(os.environ.get("KRUG_ELASTIC_TEST_EPOCHS", "8"))
+EXAMPLE_ARGS = ["--epochs", str(EPOCHS), "--min-accuracy", "0.9"]
+TRIALS = int(os.environ.get("KRUG_ELASTIC_TEST_TRIALS", "10"))
+SEED = int(os.environ.get("KRUG_ELASTIC_TEST_SEED", "20261124"))
+
+
+def result(job):
+    with open(job.result_file) as f:
+        return json.load(f)
+
+
+def test_killed_worker_costs_no_committed_work(tmp_path):
+    base = ElasticJob(tmp_path / "undisturbed", HOSTS, ["--min-np", "2"], EXAMPLE_ARGS)
+    assert base.finish() == 0, base.text()[-4000:]
+    base_accuracy = base.final_accuracy()
+    base_steps = result(base)["steps"]
+    rng = random.Random(SEED)
+    recoveries = []
+    for trial in range(TRIALS):
+        job = ElasticJob(tmp_path / ("trial%d" % trial), HOSTS,
+                         ["--min-np", "2", "--blacklist-cooldown-range", "1", "2"], EXAMPLE_ARGS)
+        kill_step = rng.randint(3, int(base_steps * 0.6))
+        index, _, _ = job.wait_for(r"step %d committed" % kill_step)
+        workers = job.worker_pids()
+        victim = rng.choice(sorted(workers))
+        host, pid = workers[victim]
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        job.wait_for(r"%s .*killed by signal 9" % victim, after=index)
+        job.wait_for(r"rolling back to commit \d+", after=index)
+        round_line, _, _ = job.wait_for(r"krugrun: elastic: round \d+: ", after=index)
+        _, resumed_at, _ = job.wait_for(r"step \d+ committed", after=round_line)
+        recoveries.append(resumed_at - killed_at)
+        code = job.finish()
+        assert code == 0, "trial %d (killed %s at step %d):\n%s" % (
+            trial, victim, kill_step, job.text()[-6000:])
+        accuracy = job.final_accuracy()
+        # Constant global batch + ElasticSampler: the disturbed run trains on the same global
+        # batches in the same order, so only float association (rank count) separates them.
+        assert abs(accuracy - base_accuracy) <= 0.01, (trial, accuracy, base_accuracy)
+        assert result(job)["steps"] == base_steps, (trial, result(job), base_steps)
+    print("recovery from SIGKILL to the next committed step (s): %s; median %.2f" % (
+        ", ".join("%.2f" % r for r in recoveries), sorted(recoveries)[len(recoveries) // 2]))
+    out = os.environ.get("KRUG_ELASTIC_RECOVERY_FILE")
+    if out:
+        with open(out, "w") as f:
+            json.dump({"recovery_seconds": recoveries, "base_accuracy": base_accuracy}, f)
+
+
+def test_host_removed_and_added_again(tmp_path):
+    hosts = HOSTS[:3]
+    job = ElasticJob(tmp_path, hosts, ["--min-np", "2"], EXAMPLE_ARGS)
+    index, _, _ = job.wait_for(r"step 10 committed")
+    job.set_hosts(hosts[:2])
+    index, _, _ = job.wait_for(r"host 127\.0\.0\.3 left the discovery script's output", after=index)
+    index, _, _ = job.wait_for(r"round \d+: 2 worker\(s\)", after=index)
+    index, _, _ = job.wait_for(r"step \d+ committed", after=index)
+    job.set_hosts(hosts)
+    index, _, _ = job.wait_for(r"worker w3 on host 127\.0\.0\.3: pid \d+ started", after=index)
+    index, _, _ = job.wait_for(r"round \d+: 3 worker\(s\): .*w3 rank 2 \(new\)", after=index)
+    job.wait_for(r"step \d+ committed", after=index)
+    assert job.finish() == 0, job.text()[-6000:]
+    assert job.final_accuracy() >= 0.9
+    assert "was removed from the job" in job.text()  # w2 was told, and exited 0
+
+
+def steps_per_second(job, start, end):
+    """Committed steps per second between output lines start and end."""
+    times = [t for t, line in job.lines[start:end] if re.search(r"step \d+ committed", line)]
+    assert len(times) >= 5, job.text()[-4000:]
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def test_straggler_is_evicted_and_throughput_recovers(tmp_path):
+    job = ElasticJob(tmp_path, HOSTS[:3],
+                     ["--min-np", "2", "--straggler-factor", "2", "--straggler-window", "10"],
+                     EXAMPLE_ARGS, env={"KRUG_EXAMPLE_SLEEP_HOST": "127.0.0.3",
+                                        "KRUG_EXAMPLE_SLEEP_SECONDS": "0.15"})
+    first, _, _ = job.wait_for(r"step 1 committed")
+    evicted, _, _ = job.wait_for(r"worker w2 \(rank 2\) on host 127\.0\.0\.3 is [0-9.]+x slower",
+                                 after=first)
+    resumed, _, _ = job.wait_for(r"round 1: 2 worker\(s\)", after=evicted)
+    assert job.finish() == 0, job.text()[-6000:]
+    before = steps_per_second(job, first, evicted)
+    after = steps_per_second(job, resumed, len(job.lines))
+    # The straggler slept 150 ms per step; without it a step takes a few tens of ms.
+    assert after > 2 * before, (before, after)
+
+
+def test_reset_limit_stops_the_job(tmp_path):
+    job = ElasticJob(tmp_path, HOSTS[:3], ["--min-np", "2", "--reset-limit", "0"], EXAMPLE_ARGS)
+    index, _, _ = job.wait_for(r"step 3 committed")
+    os.kill(job.worker_pids()["w1"][1], signal.SIGKILL)
+    job.wait_for(r"reset limit reached \(1 resets, --reset-limit 0\)", after=index)
+    assert job.finish() == 1
+
+
+def test_too_few_slots_for_min_np_times_out(tmp_path):
+    job = ElasticJob(tmp_path, HOSTS[:1], ["--min-np", "2", "--elastic-timeout", "3"], EXAMPLE_ARGS)
+    job.wait_for(r"only 1 worker\(s\) available after 3 s, fewer than --min-np 2")
+    assert job.finish(60) == 1
