@@ -20,7 +20,10 @@ class ElasticJob:
     """krugrun --host-discovery-script over a file of host:slots lines (hosts 127.0.0.x are
     this machine under different names, so each is a separate "host" to krug)."""
 
-    def __init__(self, tmp_path, hosts, krugrun_args=(), example_args=(), env=None):
+    def __init__(self, tmp_path, hosts, krugrun_args=(), example_args=(), env=None,
+                 command=None):
+        """Runs `command` (default: the elastic digits example with `example_args`)."""
+        os.makedirs(str(tmp_path), exist_ok=True)
         self.hosts_file = os.path.join(str(tmp_path), "hosts")
         self.set_hosts(hosts)
         script = os.path.join(str(tmp_path), "discover.sh")
@@ -28,10 +31,11 @@ class ElasticJob:
             f.write("#!/bin/sh\ncat %s\n" % self.hosts_file)
         os.chmod(script, 0o755)
         self.result_file = os.path.join(str(tmp_path), "result.json")
+        if command is None:
+            command = [PYTHON, EXAMPLE, "--log-every", "1", "--result-file", self.result_file,
+                       *example_args]
         cmd = [os.environ.get("KRUGRUN", os.path.join(REPO, "build", "krugrun")),
-               "--host-discovery-script", script, *krugrun_args,
-               PYTHON, EXAMPLE, "--log-every", "1", "--result-file", self.result_file,
-               *example_args]
+               "--host-discovery-script", script, *krugrun_args, *command]
         full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         full_env.update(env or {})
         self.lines = []  # (monotonic time, line)

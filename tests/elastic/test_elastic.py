@@ -114,3 +114,21 @@ def test_too_few_slots_for_min_np_times_out(tmp_path):
     job = ElasticJob(tmp_path, HOSTS[:1], ["--min-np", "2", "--elastic-timeout", "3"], EXAMPLE_ARGS)
     job.wait_for(r"only 1 worker\(s\) available after 3 s, fewer than --min-np 2")
     assert job.finish(60) == 1
+
+
+def test_cpp_worker_killed_and_host_added(tmp_path):
+    """The framework-free C++ API: a killed worker, then its host back after the cooldown; the
+    final value proves no step was lost or applied twice (elastic_cpp_worker.cc checks it)."""
+    worker = os.environ.get("KRUG_ELASTIC_CPP_WORKER",
+                            os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests",
+                                         "elastic", "elastic_cpp_worker"))
+    job = ElasticJob(tmp_path, HOSTS[:3], ["--min-np", "2", "--blacklist-cooldown-range", "1", "1"],
+                     command=[worker, "150", "20"])
+    index, _, _ = job.wait_for(r"step 20 committed")
+    os.kill(job.worker_pids()["w1"][1], signal.SIGKILL)
+    index, _, _ = job.wait_for(r"rolling back to commit \d+", after=index)
+    index, _, _ = job.wait_for(r"round 1: 2 worker\(s\)", after=index)
+    index, _, _ = job.wait_for(r"worker w3 on host 127\.0\.0\.2: pid \d+ started", after=index)
+    job.wait_for(r"round 2: 3 worker\(s\): .*w3 rank 2 \(new\)", after=index)
+    assert job.finish() == 0, job.text()[-6000:]
+    assert "final value: 11325.0 (3 ranks)" in job.text(), job.text()[-3000:]
