@@ -10,7 +10,8 @@
 //   struct MyState : krug::elastic::State { ... save / restore / sync ... };
 //   krug::init();
 //   MyState state;
-//   krug::elastic::run(state, [&] { while (state.step < steps) { train_step(); state.commit(); } });
+//   krug::elastic::run(state, [&] { while (state.step < steps) { train_step(); state.commit(); }
+//   });
 #pragma once
 
 #include <cstdint>

@@ -15,9 +15,13 @@ namespace {
 
 namespace el = rendezvous::elastic;
 
-void say(const std::string& line) { std::fprintf(stderr, "krug.elastic: %s\n", line.c_str()); }
+void say(const std::string& line) {
+  std::fprintf(stderr, "krug.elastic: %s\n", line.c_str());
+}
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+std::string first_line(const std::string& s) {
+  return s.substr(0, s.find('\n'));
+}
 
 }  // namespace
 

@@ -18,7 +18,8 @@ void ReadinessStats::observe(const std::string& name,
   for (size_t r = 0; r < arrivals.size(); ++r) {
     if (arrivals[r] <= median || arrivals[r] <= counted_until_[r]) continue;
     const auto from = std::max(median, counted_until_[r]);
-    lateness_us_[r] += std::chrono::duration_cast<std::chrono::microseconds>(arrivals[r] - from).count();
+    lateness_us_[r] +=
+        std::chrono::duration_cast<std::chrono::microseconds>(arrivals[r] - from).count();
     counted_until_[r] = arrivals[r];
   }
   ++tensors_;
@@ -28,7 +29,8 @@ void ReadinessStats::observe(const std::string& name,
     return;
   }
   Seen& s = it->second;
-  s.period_us += std::chrono::duration_cast<std::chrono::microseconds>(ready - s.last_ready).count();
+  s.period_us +=
+      std::chrono::duration_cast<std::chrono::microseconds>(ready - s.last_ready).count();
   s.last_ready = ready;
   ++s.intervals;
   // The step period is that of the most frequently ready tensor: one name per step, every step.

@@ -23,7 +23,8 @@ std::map<std::string, std::string> fields(std::string_view text, std::string_vie
     if (item.empty()) continue;
     size_t eq = item.find('=');
     if (eq == std::string_view::npos)
-      throw Error(fmt::format("elastic: malformed {} '{}': '{}' is not name=value", what, text, item));
+      throw Error(
+          fmt::format("elastic: malformed {} '{}': '{}' is not name=value", what, text, item));
     out[std::string(item.substr(0, eq))] = std::string(item.substr(eq + 1));
   }
   return out;
@@ -34,7 +35,8 @@ int64_t number(const std::map<std::string, std::string>& f, const std::string& n
   auto it = f.find(name);
   int64_t v = 0;
   if (it == f.end() ||
-      std::from_chars(it->second.data(), it->second.data() + it->second.size(), v).ec != std::errc() ||
+      std::from_chars(it->second.data(), it->second.data() + it->second.size(), v).ec !=
+          std::errc() ||
       std::to_string(v) != it->second)
     throw Error(fmt::format("elastic: malformed {} '{}': no integer '{}'", what, text, name));
   return v;
@@ -48,9 +50,13 @@ std::string join_key(std::string_view worker, int64_t seq) {
 std::string assign_key(std::string_view worker, int64_t seq) {
   return fmt::format("elastic/assign/{}/{}", worker, seq);
 }
-std::string round_prefix(int64_t round) { return fmt::format("round{}", round); }
+std::string round_prefix(int64_t round) {
+  return fmt::format("round{}", round);
+}
 // PrefixStore puts the '/' between its prefix and the key.
-std::string health_key(int64_t round) { return round_prefix(round) + "/health"; }
+std::string health_key(int64_t round) {
+  return round_prefix(round) + "/health";
+}
 
 std::string encode(const Assignment& a) {
   if (a.removed) return "removed=" + *a.removed;

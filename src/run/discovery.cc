@@ -21,8 +21,10 @@ namespace krug::run {
 namespace {
 
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -42,9 +44,10 @@ std::vector<HostSlots> parse_discovery_output(std::string_view text, const std::
     ++line_no;
     if (line.empty() || line.front() == '#') continue;
     auto bad = [&](std::string_view why) {
-      return Error(fmt::format("krugrun: host discovery script '{}', output line {}: '{}': {}; "
-                               "each line must be host:slots (or host for --slots-per-host)",
-                               script, line_no, line, why));
+      return Error(
+          fmt::format("krugrun: host discovery script '{}', output line {}: '{}': {}; "
+                      "each line must be host:slots (or host for --slots-per-host)",
+                      script, line_no, line, why));
     };
     HostSlots h;
     const size_t colon = line.rfind(':');
@@ -84,14 +87,16 @@ std::string run_discovery_script(const std::string& script, std::chrono::millise
         which[n++] = i;
       }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now()).count();
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
     if (left <= 0) {
       timed_out = true;
       break;
     }
     int r = ::poll(fds, n, static_cast<int>(left));
     if (r < 0 && errno != EINTR)
-      throw Error(fmt::format("krugrun: poll on the discovery script failed: {}", std::strerror(errno)));
+      throw Error(
+          fmt::format("krugrun: poll on the discovery script failed: {}", std::strerror(errno)));
     for (int i = 0; i < n; ++i) {
       if (!fds[i].revents) continue;
       char buf[4096];
@@ -104,16 +109,17 @@ std::string run_discovery_script(const std::string& script, std::chrono::millise
   }
   if (timed_out) {
     child.process.signal_group(SIGKILL);
-    throw Error(fmt::format("krugrun: host discovery script '{}' ran longer than {} s and was "
-                            "killed", script, timeout.count() / 1000.0));
+    throw Error(
+        fmt::format("krugrun: host discovery script '{}' ran longer than {} s and was "
+                    "killed",
+                    script, timeout.count() / 1000.0));
   }
   // Both pipes closed: the script has exited (or closed them); wait for its status.
   const int status = child.process.wait();
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string first = err.substr(0, err.find('\n', std::min<size_t>(err.size(), 200)));
     throw Error(fmt::format("krugrun: host discovery script '{}' {}{}", script,
-                            describe_wait_status(status),
-                            first.empty() ? "" : ": " + first));
+                            describe_wait_status(status), first.empty() ? "" : ": " + first));
   }
   return out;
 }

@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kTick = std::chrono::milliseconds(100);  // store checks: the driver is no data path
 constexpr auto kDiscoveryTimeout = std::chrono::seconds(30);
-constexpr auto kGrace = std::chrono::seconds(5);        // SIGTERM -> SIGKILL
+constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
 constexpr auto kHealthEvery = std::chrono::seconds(1);
 
 struct Worker {
@@ -57,18 +57,24 @@ struct Worker {
 class Driver {
  public:
   explicit Driver(const LaunchOptions& o)
-      : o_(o), e_(o.elastic), ssh_(ssh_options(o)), this_host_(local_hostname()),
-        my_addresses_(net::local_addresses()), blacklist_(o.elastic.cooldown_range),
+      : o_(o),
+        e_(o.elastic),
+        ssh_(ssh_options(o)),
+        this_host_(local_hostname()),
+        my_addresses_(net::local_addresses()),
+        blacklist_(o.elastic.cooldown_range),
         signal_fd_(open_signal_fd()),
         job_{"127.0.0.1", 0, rendezvous::make_job_secret(), make_job_id(), build_python_dir()},
         // Hosts may be added later from anywhere: listen on every interface; the secret keeps
         // strangers out.
         server_("0.0.0.0", 0, job_.secret,
-                [](const std::string& m) { std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str()); }),
+                [](const std::string& m) {
+                  std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
+                }),
         base_env_(current_environment()) {
     job_.rendezvous_port = server_.port();
-    store_ = std::make_unique<rendezvous::RendezvousClient>(
-        "127.0.0.1", job_.rendezvous_port, job_.secret, std::chrono::seconds(10));
+    store_ = std::make_unique<rendezvous::RendezvousClient>("127.0.0.1", job_.rendezvous_port,
+                                                            job_.secret, std::chrono::seconds(10));
     publish_hosts_version();
   }
 
@@ -106,7 +112,8 @@ class Driver {
         // Nothing started yet: the discovery script has listed no usable slot so far.
         if (now - started_at_ > std::chrono::duration<double>(e_.elastic_timeout_s))
           stop(1, fmt::format("no usable host after {} s (--elastic-timeout); check the host "
-                              "discovery script's output", e_.elastic_timeout_s));
+                              "discovery script's output",
+                              e_.elastic_timeout_s));
       }
     }
   }
@@ -164,7 +171,8 @@ class Driver {
         killed_ = true;
       } else {
         stop(128 + sig, fmt::format("received {}, stopping all workers (send it again to kill "
-                                    "them now)", signal_name(sig)));
+                                    "them now)",
+                                    signal_name(sig)));
       }
     }
   }
@@ -200,7 +208,8 @@ class Driver {
     const int status = *w.process.status();
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     w.keepalive.reset();
-    const std::string how = w.remote ? describe_remote_status(status) : describe_wait_status(status);
+    const std::string how =
+        w.remote ? describe_remote_status(status) : describe_wait_status(status);
     if (stopping_) return;
     if (w.removing) {
       if (o_.verbose) fmt::print(stderr, "krugrun: elastic: {} {} (removed)\n", who(w), how);
@@ -216,8 +225,9 @@ class Driver {
     last_failure_code_ = exit_code_of(status);
     remove_host(w.host, fmt::format("{} {}", who(w), how), /*failed=*/true);
     if (w.rank && live() > 0)
-      fmt::print(stderr, "krugrun: elastic: the other workers roll back to their last commit and "
-                         "re-form the job\n");
+      fmt::print(stderr,
+                 "krugrun: elastic: the other workers roll back to their last commit and "
+                 "re-form the job\n");
   }
 
   // ---- hosts ----
@@ -237,8 +247,10 @@ class Driver {
     }
     last_discovery_error_.clear();
     if (first && found.empty())
-      fmt::print(stderr, "krugrun: elastic: the discovery script lists no host yet; waiting up to "
-                         "{} s (--elastic-timeout)\n", e_.elastic_timeout_s);
+      fmt::print(stderr,
+                 "krugrun: elastic: the discovery script lists no host yet; waiting up to "
+                 "{} s (--elastic-timeout)\n",
+                 e_.elastic_timeout_s);
     hosts_ = std::move(found);
     // Workers on hosts that left the list (or beyond a host's new slot count) leave the job.
     for (auto& w : workers_) {
@@ -255,8 +267,9 @@ class Driver {
   // Blacklists `host` and takes its workers out of the job.
   void remove_host(const std::string& host, const std::string& why, bool failed) {
     const auto cooldown = blacklist_.add(host, Clock::now());
-    fmt::print(stderr, "krugrun: elastic: {}; host {} is blacklisted {}\n", why, host,
-               cooldown ? fmt::format("for {:.1f} s", *cooldown) : std::string("for the rest of the job"));
+    fmt::print(
+        stderr, "krugrun: elastic: {}; host {} is blacklisted {}\n", why, host,
+        cooldown ? fmt::format("for {:.1f} s", *cooldown) : std::string("for the rest of the job"));
     for (auto& w : workers_)
       if (w->host == host && !w->process.reaped() && !w->removing)
         mark_removing(*w, fmt::format("host {} is blacklisted ({})", host,
@@ -264,7 +277,8 @@ class Driver {
   }
 
   void mark_removing(Worker& w, std::string why) {
-    if (o_.verbose || w.rank) fmt::print(stderr, "krugrun: elastic: removing {}: {}\n", who(w), why);
+    if (o_.verbose || w.rank)
+      fmt::print(stderr, "krugrun: elastic: removing {}: {}\n", who(w), why);
     w.removing = std::move(why);
     if (w.rank) bump_hosts_version(/*addition=*/false);
   }
@@ -319,7 +333,8 @@ class Driver {
     for (const HostSlots& h : hosts_)
       if (!is_local_host(h.host, this_host_, my_addresses_)) remote = h.host;
     if (remote.empty()) return "127.0.0.1";
-    return net::source_address_toward(is_local_host(host, this_host_, my_addresses_) ? remote : host);
+    return net::source_address_toward(is_local_host(host, this_host_, my_addresses_) ? remote
+                                                                                     : host);
   }
 
   void start_worker(const std::string& host, int slot) {
@@ -339,14 +354,14 @@ class Driver {
     const std::string prefix = o_.prefix ? fmt::format("[{}]", id) : "";
     fmt::print(stderr, "krugrun: elastic: worker {} on host {}: pid {} started\n", id, host,
                started.process.pid());
-    workers_.push_back(std::make_unique<Worker>(Worker{
-        id, host, slot, std::move(started.process),
-        StreamPump(std::move(started.stdout_pipe), STDOUT_FILENO,
-                   prefix.empty() ? "" : prefix + "<stdout>:", std::move(out_file)),
-        StreamPump(std::move(started.stderr_pipe), STDERR_FILENO,
-                   prefix.empty() ? "" : prefix + "<stderr>:", std::move(err_file)),
-        std::move(started.stdin_keepalive), remote, 0, false, std::nullopt, std::nullopt, false,
-        false}));
+    workers_.push_back(std::make_unique<Worker>(
+        Worker{id, host, slot, std::move(started.process),
+               StreamPump(std::move(started.stdout_pipe), STDOUT_FILENO,
+                          prefix.empty() ? "" : prefix + "<stdout>:", std::move(out_file)),
+               StreamPump(std::move(started.stderr_pipe), STDERR_FILENO,
+                          prefix.empty() ? "" : prefix + "<stderr>:", std::move(err_file)),
+               std::move(started.stdin_keepalive), remote, 0, false, std::nullopt, std::nullopt,
+               false, false}));
   }
 
   // ---- rounds ----
@@ -357,7 +372,8 @@ class Driver {
       try {
         w->joined = store_->check({el::join_key(w->id, w->seq)});
       } catch (const Error& err) {
-        throw Error(fmt::format("krugrun: elastic: lost its own rendezvous server: {}", err.what()));
+        throw Error(
+            fmt::format("krugrun: elastic: lost its own rendezvous server: {}", err.what()));
       }
     }
   }
@@ -388,7 +404,8 @@ class Driver {
         std::string names;
         for (Worker* w : absent) names += (names.empty() ? "" : ", ") + who(*w);
         stop(1, fmt::format("{} did not come back to re-form the job within {} s "
-                            "(--elastic-timeout); stopping", names, e_.elastic_timeout_s));
+                            "(--elastic-timeout); stopping",
+                            names, e_.elastic_timeout_s));
       }
       return;
     }
@@ -396,7 +413,8 @@ class Driver {
     for (Worker* w : waiting) {
       // Once a worker finished training, the job is done: one that asks for another round
       // (its peers left) has nothing more to do.
-      if (any_finished_ && !w->removing) w->removing = "the job finished: another worker completed training";
+      if (any_finished_ && !w->removing)
+        w->removing = "the job finished: another worker completed training";
       if (w->removing) {
         el::Assignment removed;
         removed.removed = *w->removing;
@@ -408,13 +426,16 @@ class Driver {
     }
     if (static_cast<int>(members.size()) < e_.min_np) {
       if (!warned_min_np_) {
-        fmt::print(stderr, "krugrun: elastic: {} worker(s) ready, --min-np is {}: waiting up to "
-                           "{} s for more slots\n", members.size(), e_.min_np, e_.elastic_timeout_s);
+        fmt::print(stderr,
+                   "krugrun: elastic: {} worker(s) ready, --min-np is {}: waiting up to "
+                   "{} s for more slots\n",
+                   members.size(), e_.min_np, e_.elastic_timeout_s);
         warned_min_np_ = true;
       }
       if (waited > e_.elastic_timeout_s)
         stop(1, fmt::format("only {} worker(s) available after {} s, fewer than --min-np {}; "
-                            "stopping", members.size(), e_.elastic_timeout_s, e_.min_np));
+                            "stopping",
+                            members.size(), e_.elastic_timeout_s, e_.min_np));
       return;
     }
     if (round_ >= 0 && ++resets_ > e_.reset_limit && e_.reset_limit >= 0) {
@@ -431,14 +452,16 @@ class Driver {
     std::string layout;
     for (Worker* w : members) {
       const el::Assignment& a = assignments.at(w->id);
-      layout += fmt::format("{}{} {}", layout.empty() ? "" : ", ", w->id, w->rank ?
-                            fmt::format("rank {}->{}", *w->rank, a.rank) : fmt::format("rank {} (new)", a.rank));
+      layout += fmt::format("{}{} {}", layout.empty() ? "" : ", ", w->id,
+                            w->rank ? fmt::format("rank {}->{}", *w->rank, a.rank)
+                                    : fmt::format("rank {} (new)", a.rank));
       w->rank = a.rank;
       tell(*w, a);
     }
     for (auto& w : workers_)
       if (w->told_removed) w->rank.reset();
-    fmt::print(stderr, "krugrun: elastic: round {}: {} worker(s): {}\n", round_, members.size(), layout);
+    fmt::print(stderr, "krugrun: elastic: round {}: {} worker(s): {}\n", round_, members.size(),
+               layout);
     waiting_since_.reset();
     warned_min_np_ = false;
     health_base_.reset();

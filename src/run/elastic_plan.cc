@@ -13,7 +13,8 @@ std::map<std::string, rendezvous::elastic::Assignment> plan_round(
     return static_cast<size_t>(it - host_order.begin());
   };
   std::stable_sort(members.begin(), members.end(), [&](const RoundMember& a, const RoundMember& b) {
-    if (a.previous_rank.has_value() != b.previous_rank.has_value()) return a.previous_rank.has_value();
+    if (a.previous_rank.has_value() != b.previous_rank.has_value())
+      return a.previous_rank.has_value();
     if (a.previous_rank) return *a.previous_rank < *b.previous_rank;
     if (host_index(a.host) != host_index(b.host)) return host_index(a.host) < host_index(b.host);
     return a.slot < b.slot;
@@ -56,8 +57,8 @@ std::optional<double> HostBlacklist::add(const std::string& host, Clock::time_po
   std::uniform_real_distribution<double> draw(range_->first, range_->second);
   const double seconds =
       std::min(draw(rng_) * std::pow(2.0, std::min(earlier, 3)), range_->second * 8);
-  until_[host] = now + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(seconds));
+  until_[host] =
+      now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   return seconds;
 }
 
@@ -71,8 +72,8 @@ std::optional<Straggler> find_straggler(const rendezvous::elastic::Health& from,
                                         const rendezvous::elastic::Health& to, double factor,
                                         int64_t window_steps) {
   const int64_t steps = to.steps - from.steps;
-  if (factor <= 1 || steps < std::max<int64_t>(window_steps, 1) ||
-      to.lateness_us.size() < 2 || from.lateness_us.size() != to.lateness_us.size())
+  if (factor <= 1 || steps < std::max<int64_t>(window_steps, 1) || to.lateness_us.size() < 2 ||
+      from.lateness_us.size() != to.lateness_us.size())
     return std::nullopt;
   const double period_s = (to.period_us - from.period_us) / 1e6 / steps;
   Straggler worst;
@@ -86,7 +87,8 @@ std::optional<Straggler> find_straggler(const rendezvous::elastic::Health& from,
   if (period_s <= 0 || worst.lateness_s <= 0) return std::nullopt;
   worst.period_s = period_s;
   worst.steps = steps;
-  worst.slowdown = worst.lateness_s >= period_s ? INFINITY : period_s / (period_s - worst.lateness_s);
+  worst.slowdown =
+      worst.lateness_s >= period_s ? INFINITY : period_s / (period_s - worst.lateness_s);
   if (worst.slowdown < factor) return std::nullopt;
   return worst;
 }

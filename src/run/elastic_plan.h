@@ -17,7 +17,7 @@
 namespace krug::run {
 
 struct RoundMember {
-  std::string worker;                // worker id (w0, w1, ...)
+  std::string worker;  // worker id (w0, w1, ...)
   std::string host;
   int slot = 0;                      // index among this host's workers
   std::optional<int> previous_rank;  // rank in the previous round; none for a new worker

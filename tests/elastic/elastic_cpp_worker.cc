@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < avg.size(); ++i) state.model[i] += avg[i];
       ++state.step;
       state.commit();
-      if (krug::rank() == 0) std::printf("step %lld committed\n", static_cast<long long>(state.step));
+      if (krug::rank() == 0)
+        std::printf("step %lld committed\n", static_cast<long long>(state.step));
       std::fflush(stdout);
     }
   });
@@ -80,7 +81,8 @@ int main(int argc, char** argv) {
   const double expected = static_cast<double>(steps) * (steps + 1) / 2;
   for (double v : state.model)
     if (v != expected) {
-      std::fprintf(stderr, "rank %d: model element %.1f, expected %.1f\n", krug::rank(), v, expected);
+      std::fprintf(stderr, "rank %d: model element %.1f, expected %.1f\n", krug::rank(), v,
+                   expected);
       return 1;
     }
   if (krug::rank() == 0) std::printf("final value: %.1f (%d ranks)\n", expected, krug::size());

@@ -87,8 +87,10 @@ TEST(ElasticProtocol, KeysAreDistinctPerWorkerAndSequence) {
 }
 
 TEST(ElasticPlan, SurvivorsKeepTheirOrderAndNewWorkersFollow) {
-  std::vector<run::RoundMember> members{
-      {"w5", "b", 0, std::nullopt}, {"w2", "a", 1, 3}, {"w0", "a", 0, 1}, {"w6", "a", 2, std::nullopt}};
+  std::vector<run::RoundMember> members{{"w5", "b", 0, std::nullopt},
+                                        {"w2", "a", 1, 3},
+                                        {"w0", "a", 0, 1},
+                                        {"w6", "a", 2, std::nullopt}};
   const auto plan = run::plan_round(members, {"a", "b"}, 4, 9);
   ASSERT_EQ(plan.size(), 4u);
   EXPECT_EQ(plan.at("w0").rank, 0);  // lowest surviving rank becomes rank 0
@@ -199,8 +201,8 @@ TEST(ReadinessStats, TwoRanksBlameTheLaterOne) {
 }
 
 TEST(Discovery, ParsesHostsSlotsCommentsAndDefaults) {
-  const auto hosts = run::parse_discovery_output("# comment\nnode1:4\n\n  node2  \n10.0.0.3:2\r\n",
-                                                 "disc.sh", 3);
+  const auto hosts =
+      run::parse_discovery_output("# comment\nnode1:4\n\n  node2  \n10.0.0.3:2\r\n", "disc.sh", 3);
   ASSERT_EQ(hosts.size(), 3u);
   EXPECT_EQ(hosts[0].host, "node1");
   EXPECT_EQ(hosts[0].slots, 4);
@@ -251,10 +253,27 @@ std::variant<LaunchOptions, int> parse(std::vector<std::string> args) {
 }
 
 TEST(ElasticOptions, FlagsAndDefaults) {
-  auto r = parse({"-np", "4", "--min-np", "2", "--max-np", "6", "--host-discovery-script",
-                  "./disc.sh", "--blacklist-cooldown-range", "5", "10", "--reset-limit", "3",
-                  "--straggler-factor", "1.5", "--straggler-window", "30", "--elastic-timeout",
-                  "60", "python3", "train.py"});
+  auto r = parse({"-np",
+                  "4",
+                  "--min-np",
+                  "2",
+                  "--max-np",
+                  "6",
+                  "--host-discovery-script",
+                  "./disc.sh",
+                  "--blacklist-cooldown-range",
+                  "5",
+                  "10",
+                  "--reset-limit",
+                  "3",
+                  "--straggler-factor",
+                  "1.5",
+                  "--straggler-window",
+                  "30",
+                  "--elastic-timeout",
+                  "60",
+                  "python3",
+                  "train.py"});
   ASSERT_TRUE(std::holds_alternative<LaunchOptions>(r));
   const auto& o = std::get<LaunchOptions>(r);
   EXPECT_TRUE(o.elastic.enabled());
@@ -278,13 +297,17 @@ TEST(ElasticOptions, FlagsAndDefaults) {
 
 TEST(ElasticOptions, ContradictionsAreUsageErrors) {
   EXPECT_EQ(std::get<int>(parse({"-np", "2", "--min-np", "2", "prog"})), 2);  // no script
-  EXPECT_EQ(std::get<int>(parse({"-np", "2", "-H", "a:2", "--host-discovery-script", "d", "prog"})), 2);
-  EXPECT_EQ(std::get<int>(parse({"--min-np", "4", "--max-np", "2", "--host-discovery-script", "d",
-                                 "prog"})), 2);
+  EXPECT_EQ(std::get<int>(parse({"-np", "2", "-H", "a:2", "--host-discovery-script", "d", "prog"})),
+            2);
+  EXPECT_EQ(std::get<int>(
+                parse({"--min-np", "4", "--max-np", "2", "--host-discovery-script", "d", "prog"})),
+            2);
   EXPECT_EQ(std::get<int>(parse({"-np", "2", "--host-discovery-script", "d",
-                                 "--blacklist-cooldown-range", "9", "3", "prog"})), 2);
-  EXPECT_EQ(std::get<int>(parse({"-np", "2", "--host-discovery-script", "d",
-                                 "--straggler-factor", "0.5", "prog"})), 2);
+                                 "--blacklist-cooldown-range", "9", "3", "prog"})),
+            2);
+  EXPECT_EQ(std::get<int>(parse(
+                {"-np", "2", "--host-discovery-script", "d", "--straggler-factor", "0.5", "prog"})),
+            2);
 }
 
 }  // namespace
