@@ -15,6 +15,9 @@ namespace {
 
 namespace el = rendezvous::elastic;
 
+// Rounds that break while they form, one after another, before run() gives up.
+constexpr int kInitAttempts = 5;
+
 void say(const std::string& line) {
   std::fprintf(stderr, "krug.elastic: %s\n", line.c_str());
 }
@@ -105,11 +108,20 @@ bool run(State& state, const std::function<void()>& train) {
     }
     const int old_rank = rank(), old_size = size();
     shutdown();
-    try {
-      init();
-    } catch (const WorkerRemoved& e) {
-      say(e.what());
-      return false;
+    // A round can break while it forms (a worker dies during init): join the next one. The
+    // driver's --elastic-timeout and --reset-limit bound how often.
+    for (int attempt = 1;; ++attempt) {
+      try {
+        init();
+        break;
+      } catch (const WorkerRemoved& e) {
+        say(e.what());
+        return false;
+      } catch (const Error& e) {
+        if (attempt >= kInitAttempts) throw;
+        say(fmt::format("worker (was rank {}): joining the new round failed: {}; trying the next "
+                        "round", old_rank, first_line(e.what())));
+      }
     }
     say(fmt::format("round {}: now rank {} of {} (was rank {} of {})", round_info().round, rank(),
                     size(), old_rank, old_size));
