@@ -400,7 +400,11 @@ class Driver {
     if (!waiting_since_) waiting_since_ = now;
     const double waited = std::chrono::duration<double>(now - *waiting_since_).count();
     if (!absent.empty()) {
-      if (waited > e_.elastic_timeout_s) {
+      // Only a broken round (one of its members is back asking) has a deadline: new workers
+      // may wait for the members' next commit however far apart commits are.
+      const bool broken = std::any_of(waiting.begin(), waiting.end(),
+                                      [](const Worker* w) { return w->rank.has_value(); });
+      if (broken && waited > e_.elastic_timeout_s) {
         std::string names;
         for (Worker* w : absent) names += (names.empty() ? "" : ", ") + who(*w);
         stop(1, fmt::format("{} did not come back to re-form the job within {} s "

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <system_error>
@@ -54,6 +55,10 @@ EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const 
   return env;
 }
 
+namespace {
+constexpr double kWorkerJoinTimeoutS = 7 * 24 * 3600;
+}  // namespace
+
 EnvMap elastic_worker_environment(const EnvMap& base, const LaunchOptions& options,
                                   const std::string& host, const std::string& worker_id,
                                   const JobInfo& job) {
@@ -67,9 +72,11 @@ EnvMap elastic_worker_environment(const EnvMap& base, const LaunchOptions& optio
   env["KRUG_ELASTIC"] = "1";
   env["HOROVOD_ELASTIC"] = "1";
   env["KRUG_ELASTIC_WORKER_ID"] = worker_id;
-  // Longer than the driver's own wait, so that when a round cannot form the driver's message
-  // (which names the cause) comes first and it stops the workers.
-  env["KRUG_ELASTIC_TIMEOUT"] = fmt::format("{}", options.elastic.elastic_timeout_s + 60);
+  // The driver bounds every wait it can judge (--elastic-timeout) and stops the workers itself,
+  // naming the cause; a new worker may wait for the others' next commit however far apart
+  // commits are. The worker's own bound is only a safety net should the driver vanish.
+  env["KRUG_ELASTIC_TIMEOUT"] =
+      fmt::format("{}", std::max(options.elastic.elastic_timeout_s + 60, kWorkerJoinTimeoutS));
   return env;
 }
 

@@ -223,6 +223,9 @@ TEST(ConfigTest, EveryHorovodAliasIsDeclared) {
       {"KRUG_RENDEZVOUS_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT"},
       {"KRUG_SECRET", ""},
       {"KRUG_JOB_ID", ""},
+      {"KRUG_ELASTIC", "HOROVOD_ELASTIC"},
+      {"KRUG_ELASTIC_WORKER_ID", ""},
+      {"KRUG_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"},
   };
   for (const auto& [name, alias] : expected) {
     ASSERT_TRUE(alias_of.count(name)) << name;
