@@ -38,6 +38,23 @@ TEST(ExpectedImprovement, GrowsWithMeanAndUncertainty) {
   EXPECT_GT(expected_improvement(1.0, 4.0, 2.0, 0.0), expected_improvement(1.0, 1.0, 2.0, 0.0));
 }
 
+TEST(ExpectedImprovement, IsNearZeroAtTheSampledMaximumAndPositiveWhereTheModelIsUnsure) {
+  GaussianProcess gp(1e-6);
+  const std::vector<Point> x{{0.0}, {0.2}, {0.5}, {0.55}, {0.6}};
+  std::vector<double> y;
+  for (const auto& p : x) y.push_back(std::sin(3 * p[0]));  // largest sampled at 0.5
+  gp.fit(x, y);
+  const double best = gp.predict({0.5}).mean;
+  EXPECT_NEAR(best, std::sin(1.5), 1e-3);
+  const auto at = [&](double v) {
+    const auto p = gp.predict({v});
+    return expected_improvement(p.mean, p.variance, best, 0.0);
+  };
+  EXPECT_LT(at(0.5), 1e-3);
+  EXPECT_GT(at(0.9), 10 * at(0.5));  // unsampled, where the model cannot rule out a higher value
+  EXPECT_LT(at(0.0), at(0.9));       // sampled and low
+}
+
 // A peaked function on the unit square, maximum 1 at (0.7, 0.3).
 double peak(const Point& p) {
   return std::exp(-(std::pow(p[0] - 0.7, 2) + std::pow(p[1] - 0.3, 2)) / 0.05);
@@ -87,6 +104,36 @@ TEST(BayesianOptimizer, IsDeterministicForASeed) {
     a.add_sample(pa, peak(pa));
     b.add_sample(pb, peak(pb));
   }
+}
+
+TEST(BayesianOptimizer, SearchesEachLevelOfADiscreteDimension) {
+  // The peak on both levels of a switch, 40% lower on one: whichever level is better, the
+  // optimizer must find the peak there.
+  int found = 0;
+  for (double good : {0.0, 1.0})
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+      auto objective = [&](const Point& p) { return peak(p) * (p[2] == good ? 1.0 : 0.6); };
+      BayesianOptimizer bo({0, 0, 2}, 1e-4, seed);
+      for (int i = 0; i < 20; ++i) {
+        const Point x = bo.next();
+        ASSERT_TRUE(x[2] == 0.0 || x[2] == 1.0) << x[2];
+        bo.add_sample(x, objective(x));
+      }
+      const Point best = bo.best();
+      found += best[2] == good && peak(best) > 0.8;
+    }
+  EXPECT_GE(found, 9);
+}
+
+TEST(BayesianOptimizer, RejectsBadSpacesAndPoints) {
+  EXPECT_THROW(BayesianOptimizer(0, 0.1, 1), krug::Error);
+  EXPECT_THROW(BayesianOptimizer(2, 0.0, 1), krug::Error);
+  EXPECT_THROW(BayesianOptimizer(std::vector<int>{0, 1}, 0.1, 1), krug::Error);
+  BayesianOptimizer bo(2, 0.1, 1);
+  EXPECT_THROW(bo.add_sample({0.5}, 1.0), krug::Error);
+  EXPECT_THROW(bo.add_sample({0.5, 1.5}, 1.0), krug::Error);
+  EXPECT_THROW(bo.add_sample({0.5, 0.5}, std::nan("")), krug::Error);
+  EXPECT_THROW(bo.best(), krug::Error);
 }
 
 // Throughput of a synthetic job: best at 32 MiB fusion and 2 ms cycles (log distance).
