@@ -71,8 +71,7 @@ class BayesianOptimizer {
   void add_sample(Point x, double y);
   // The next point to sample: space-filling first, then the maximum of expected improvement.
   Point next();
-  // The sampled point with the highest posterior mean (robust to one lucky noisy sample), and
-  // that mean.
+  // The sampled point with the highest posterior mean (robust to one lucky noisy sample).
   Point best() const;
   size_t samples() const { return x_.size(); }
 
