@@ -297,9 +297,17 @@ void Engine::Impl::start_autotuner() {
                               std::strerror(errno)));
   }
   // Start inside the ranges: a fusion threshold of 0 (fusion off) starts from the smallest.
+  // The log's hierarchical column records what the global set uses (the engine does not tune
+  // it: see observe/autotuner.h).
+  bool hierarchical = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = set_allreduce_.find(0);
+    hierarchical = it != set_allreduce_.end() && it->second.rfind("hierarchical", 0) == 0;
+  }
   const observe::TunedParameters start{
       std::clamp(config_.fusion_threshold_bytes, options.min_fusion_bytes, options.max_fusion_bytes),
-      std::clamp(config_.cycle_time_ms, options.min_cycle_ms, options.max_cycle_ms)};
+      std::clamp(config_.cycle_time_ms, options.min_cycle_ms, options.max_cycle_ms), hierarchical};
   autotuner_ = std::make_unique<observe::Autotuner>(start, options, [this](const std::string& line) {
     if (autotune_log_.is_open()) autotune_log_ << line << std::endl;
     if (line.rfind("settled,", 0) == 0)

@@ -8,8 +8,15 @@
 // sample is fed to a Bayesian optimizer (observe/bayesian_optimizer.h) that picks the next
 // parameters, until `max_samples` have been scored; the best parameters are then fixed.
 //
-// Hierarchical allreduce is not tuned: turning it on or off changes how float sums are
-// associated, and krug keeps that a function of the topology only (docs/architecture.md).
+// Hierarchical allreduce is tuned only with `tune_hierarchical` (off by default): turning it on
+// or off changes how float sums are associated, and krug keeps that a function of the topology
+// only (docs/architecture.md), so the engine leaves it fixed and the log just records it.
+//
+// Robustness against noisy machines (step times vary by tens of percent): a sample spans many
+// cycles and is scored as their total bytes over their total time (a ratio of sums, so the
+// cycles of a step, which are not alike, are weighed as the job weighs them); the Gaussian
+// process has a noise term; and the settled choice is the sampled point of highest posterior
+// mean, which a single lucky sample cannot win on its own.
 #pragma once
 
 #include <chrono>
@@ -17,6 +24,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "observe/bayesian_optimizer.h"
 
@@ -25,6 +33,7 @@ namespace krug::observe {
 struct TunedParameters {
   int64_t fusion_threshold_bytes;
   double cycle_time_ms;
+  bool hierarchical = false;  // hierarchical allreduce in force (tuned with tune_hierarchical)
   bool operator==(const TunedParameters&) const = default;
 };
 
@@ -37,8 +46,23 @@ struct AutotuneOptions {
   int steps_per_sample = 10;
   int max_samples = 20;
   double noise = 0.8;  // observation noise variance, relative to the spread of the scores
+  bool tune_hierarchical = false;
   uint64_t seed = 1;
 };
+
+// One measured sample, as the log shows it.
+struct AutotuneSample {
+  bool warmup;  // discarded, not given to the optimizer
+  int index;    // 1, 2, ... for scored samples; 1, 2, ... among warmups for warmups
+  TunedParameters parameters;
+  double bytes_per_second;
+  bool best_so_far;  // the highest score yet (never for a warmup)
+};
+
+// The log, CSV: a header, one line per sample, then one line for the settled choice.
+std::string autotune_log_header();
+std::string autotune_log_line(const AutotuneSample& sample);
+std::string autotune_settled_line(const TunedParameters& chosen, int samples);
 
 class Autotuner {
  public:
@@ -53,11 +77,14 @@ class Autotuner {
   const TunedParameters& current() const { return current_; }
   bool settled() const { return settled_; }
   int scored_samples() const { return scored_; }
+  // Every sample so far, warmups included (at most warmup_samples + max_samples).
+  const std::vector<AutotuneSample>& samples() const { return samples_; }
 
  private:
   Point to_unit(const TunedParameters& p) const;
   TunedParameters from_unit(const Point& x) const;
   void emit(const std::string& line) const;
+  void record(const AutotuneSample& sample);
 
   AutotuneOptions options_;
   Log log_;
@@ -67,6 +94,7 @@ class Autotuner {
   int warmups_left_;
   int scored_ = 0;
   double best_score_ = 0;
+  std::vector<AutotuneSample> samples_;
   // The sample in progress.
   int steps_ = 0;
   int64_t bytes_ = 0;

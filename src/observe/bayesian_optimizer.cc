@@ -1,5 +1,7 @@
 #include "observe/bayesian_optimizer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,13 +20,27 @@ double squared_distance(const Point& a, const Point& b) {
   return d;
 }
 
+std::vector<bool> categorical(const std::vector<int>& levels) {
+  std::vector<bool> c;
+  for (int l : levels) c.push_back(l > 0);
+  return c;
+}
+
 }  // namespace
 
 double GaussianProcess::kernel(const Point& a, const Point& b) const {
+  double distance = 0, factor = 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i < categorical_.size() && categorical_[i]) {
+      if (a[i] != b[i]) factor *= level_correlation_;
+    } else {
+      distance += (a[i] - b[i]) * (a[i] - b[i]);
+    }
+  }
   // Matern 5/2: smooth enough for throughput surfaces, less overconfident than the squared
   // exponential between samples.
-  const double r = std::sqrt(5.0 * squared_distance(a, b)) / length_scale_;
-  return (1.0 + r + r * r / 3.0) * std::exp(-r);
+  const double r = std::sqrt(5.0 * distance) / length_scale_;
+  return factor * (1.0 + r + r * r / 3.0) * std::exp(-r);
 }
 
 double GaussianProcess::factorize() {
@@ -67,14 +83,21 @@ void GaussianProcess::fit(const std::vector<Point>& x, const std::vector<double>
   if (!(y_scale_ > 0)) y_scale_ = 1.0;
   y_.resize(y.size());
   for (size_t i = 0; i < y.size(); ++i) y_[i] = (y[i] - y_mean_) / y_scale_;
+  const bool any_categorical =
+      std::find(categorical_.begin(), categorical_.end(), true) != categorical_.end();
+  const std::vector<double> correlations =
+      any_categorical ? std::vector<double>{0.1, 0.5, 0.8, 0.95} : std::vector<double>{1.0};
   double best_likelihood = -std::numeric_limits<double>::infinity();
-  double best_scale = length_scale_;
-  for (double scale : {0.08, 0.15, 0.25, 0.4, 0.7, 1.2}) {
-    length_scale_ = scale;
-    const double likelihood = factorize();
-    if (likelihood > best_likelihood) best_likelihood = likelihood, best_scale = scale;
-  }
+  double best_scale = length_scale_, best_correlation = 1.0;
+  for (double scale : {0.08, 0.15, 0.25, 0.4, 0.7, 1.2})
+    for (double correlation : correlations) {
+      length_scale_ = scale;
+      level_correlation_ = correlation;
+      if (const double likelihood = factorize(); likelihood > best_likelihood)
+        best_likelihood = likelihood, best_scale = scale, best_correlation = correlation;
+    }
   length_scale_ = best_scale;
+  level_correlation_ = best_correlation;
   factorize();
 }
 
@@ -108,23 +131,108 @@ double expected_improvement(double mean, double variance, double best, double xi
 }
 
 BayesianOptimizer::BayesianOptimizer(int dimensions, double noise, uint64_t seed, int initial)
-    : dimensions_(dimensions), initial_(std::max(1, initial)), gp_(noise), rng_(seed) {
-  if (dimensions < 1) throw Error("BayesianOptimizer needs at least one dimension");
+    : BayesianOptimizer(std::vector<int>(static_cast<size_t>(std::max(dimensions, 0)), 0), noise,
+                        seed, initial) {}
+
+BayesianOptimizer::BayesianOptimizer(std::vector<int> levels, double noise, uint64_t seed,
+                                     int initial)
+    : dimensions_(static_cast<int>(levels.size())),
+      levels_(std::move(levels)),
+      initial_(std::max(1, initial)),
+      gp_(noise, categorical(levels_)),
+      rng_(seed) {
+  if (dimensions_ < 1) throw Error("BayesianOptimizer needs at least one dimension");
   if (!(noise > 0)) throw Error("BayesianOptimizer: the noise variance must be positive");
+  size_t combinations = 1;
+  for (int l : levels_) {
+    if (l < 0 || l == 1)
+      throw Error(
+          fmt::format("BayesianOptimizer: a dimension has {} levels; use 0 for a "
+                      "continuous one or at least 2 for a discrete one",
+                      l));
+    combinations *= static_cast<size_t>(std::max(l, 1));
+    // Each combination gets its own search in next(): keep that a handful.
+    if (combinations > 64)
+      throw Error("BayesianOptimizer: more than 64 combinations of discrete levels");
+  }
 }
 
 Point BayesianOptimizer::random_point() {
   std::uniform_real_distribution<double> u(0.0, 1.0);
   Point p(dimensions_);
   for (double& v : p) v = u(rng_);
+  // One draw per coordinate whatever its kind, so a discrete level is as likely as any other.
+  for (int d = 0; d < dimensions_; ++d)
+    if (const int l = levels_[d]; l > 0)
+      p[d] = static_cast<double>(std::min(l - 1, static_cast<int>(p[d] * l))) / (l - 1);
   return p;
 }
 
-void BayesianOptimizer::add_sample(const Point& x, double y) {
+Point BayesianOptimizer::snapped(Point x) const {
+  for (int d = 0; d < dimensions_; ++d)
+    if (const int l = levels_[d]; l > 0) x[d] = std::round(x[d] * (l - 1)) / (l - 1);
+  return x;
+}
+
+std::vector<Point> BayesianOptimizer::discrete_combinations() const {
+  std::vector<Point> combinations{Point(dimensions_, 0.0)};
+  for (int d = 0; d < dimensions_; ++d) {
+    if (levels_[d] == 0) continue;
+    std::vector<Point> grown;
+    for (const auto& c : combinations)
+      for (int l = 0; l < levels_[d]; ++l) {
+        Point p = c;
+        p[d] = static_cast<double>(l) / (levels_[d] - 1);
+        grown.push_back(std::move(p));
+      }
+    combinations = std::move(grown);
+  }
+  return combinations;
+}
+
+void BayesianOptimizer::add_sample(Point x, double y) {
   if (static_cast<int>(x.size()) != dimensions_)
-    throw Error("BayesianOptimizer::add_sample: point of the wrong dimension");
-  x_.push_back(x);
+    throw Error(fmt::format("BayesianOptimizer::add_sample: a point of {} coordinates, expected {}",
+                            x.size(), dimensions_));
+  for (double v : x)
+    if (!(v >= 0.0 && v <= 1.0))
+      throw Error(fmt::format("BayesianOptimizer::add_sample: coordinate {} outside [0,1]", v));
+  if (!std::isfinite(y)) throw Error("BayesianOptimizer::add_sample: the score is not finite");
+  x_.push_back(snapped(std::move(x)));
   y_.push_back(y);
+}
+
+std::pair<Point, double> BayesianOptimizer::maximize_expected_improvement(const Point& fixed,
+                                                                          double best) {
+  const double xi = 0.01 * std::abs(best);
+  auto score = [&](const Point& p) {
+    const auto prediction = gp_.predict(p);
+    return expected_improvement(prediction.mean, prediction.variance, best, xi);
+  };
+  auto candidate = [&] {
+    Point p = random_point();
+    for (int d = 0; d < dimensions_; ++d)
+      if (levels_[d] > 0) p[d] = fixed[d];
+    return p;
+  };
+  Point chosen = candidate();
+  double top = score(chosen);
+  if (std::all_of(levels_.begin(), levels_.end(), [](int l) { return l > 0; }))
+    return {chosen, top};
+  // Dense random candidates find the right basin; the box is at most 3-D, so 1000 are plenty.
+  for (int c = 0; c < 1000; ++c) {
+    Point p = candidate();
+    if (double s = score(p); s > top) top = s, chosen = p;
+  }
+  // Local refinement of the continuous coordinates around the best candidate.
+  std::normal_distribution<double> step(0.0, 0.05);
+  for (int c = 0; c < 200; ++c) {
+    Point p = chosen;
+    for (int d = 0; d < dimensions_; ++d)
+      if (levels_[d] == 0) p[d] = std::clamp(p[d] + step(rng_), 0.0, 1.0);
+    if (double s = score(p); s > top) top = s, chosen = p;
+  }
+  return {chosen, top};
 }
 
 Point BayesianOptimizer::next() {
@@ -143,24 +251,12 @@ Point BayesianOptimizer::next() {
   gp_.fit(x_, y_);
   double best = -std::numeric_limits<double>::infinity();
   for (const auto& s : x_) best = std::max(best, gp_.predict(s).mean);
-  const double xi = 0.01 * std::abs(best);
-  auto score = [&](const Point& p) {
-    const auto prediction = gp_.predict(p);
-    return expected_improvement(prediction.mean, prediction.variance, best, xi);
-  };
-  Point chosen = random_point();
-  double top = score(chosen);
-  for (int c = 0; c < 1000; ++c) {
-    Point p = random_point();
-    if (double s = score(p); s > top) top = s, chosen = p;
-  }
-  // Local refinement around the best candidate.
-  std::normal_distribution<double> step(0.0, 0.05);
-  for (int c = 0; c < 200; ++c) {
-    Point p = chosen;
-    for (double& v : p) v = std::clamp(v + step(rng_), 0.0, 1.0);
-    if (double s = score(p); s > top) top = s, chosen = p;
-  }
+  // Expected improvement for each value of the discrete dimensions, keeping the largest: the
+  // continuous search cannot move between levels.
+  Point chosen;
+  double top = -1;
+  for (const auto& fixed : discrete_combinations())
+    if (auto [p, s] = maximize_expected_improvement(fixed, best); s > top) top = s, chosen = p;
   return chosen;
 }
 

@@ -347,7 +347,7 @@ TEST(Autotune, KrugrunFlagsTuneAndLogEverySample) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   fs::remove(log);
   ASSERT_GE(lines.size(), 7u) << "header, 1 warmup, 4 samples, settled";
-  EXPECT_EQ(lines[0], "sample,fusion_threshold_bytes,cycle_time_ms,bytes_per_second,best_so_far");
+  EXPECT_EQ(lines[0], "sample,fusion_threshold_bytes,cycle_time_ms,hierarchical,bytes_per_second,best_so_far");
   EXPECT_EQ(lines[1].rfind("warmup,", 0), 0u) << lines[1];
   for (int i = 2; i < 6; ++i) EXPECT_EQ(lines[i].rfind(std::to_string(i - 1) + ",", 0), 0u) << lines[i];
   EXPECT_EQ(lines[6].rfind("settled,", 0), 0u) << lines[6];

@@ -59,7 +59,7 @@ TEST(EngineAutotune, SettlesWithinTheBudgetAndEveryRankAppliesTheSameParameters)
   const auto lines = read_lines(log);
   std::filesystem::remove(log);
   ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines.front(), "sample,fusion_threshold_bytes,cycle_time_ms,bytes_per_second,best_so_far");
+  EXPECT_EQ(lines.front(), "sample,fusion_threshold_bytes,cycle_time_ms,hierarchical,bytes_per_second,best_so_far");
   int warmups = 0, samples = 0, settled = 0;
   for (const auto& l : lines) {
     warmups += l.rfind("warmup,", 0) == 0;
