@@ -209,6 +209,20 @@ TEST(ShmCommunicator, NothingIsLeftInDevShmOnceEveryMemberHasMappedTheSegment) {
   });
 }
 
+TEST(ShmCommunicator, ABadSlotSizeIsRejectedBeforeAnySegmentExists) {
+  const std::string job = unique_job("badslot");
+  Options o = small_slots(job);
+  o.slot_bytes = 1000;
+  rendezvous::InMemoryStore store;
+  try {
+    ShmCommunicator comm(0, 1, store, o);
+    FAIL() << "a slot of 1000 bytes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("slot size 1000"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(segments_named(job), 0);
+}
+
 TEST(ShmCommunicator, RemoveJobSegmentsRemovesOnlyThatJobsSegments) {
   const std::string job = unique_job("rm"), other = unique_job("keep");
   for (const std::string& name : {"/" + segment_prefix(job) + "a", "/" + segment_prefix(job) + "b",

@@ -37,6 +37,11 @@ struct ShmCommunicator::Control {
 };
 
 size_t ShmCommunicator::segment_bytes(int size, const Options& options) {
+  // Checked here, before the segment is created: nothing in /dev/shm for a bad option.
+  if (options.slot_bytes < 4096 || options.slot_bytes % 64 != 0)
+    throw Error(fmt::format("shared-memory data plane: slot size {} must be a multiple of 64 "
+                            "and at least 4096",
+                            options.slot_bytes));
   const size_t controls = round_up(sizeof(Control) * static_cast<size_t>(size), kPage);
   return kControlsOffset + controls + 2 * static_cast<size_t>(size) * options.slot_bytes;
 }
@@ -53,10 +58,6 @@ ShmCommunicator::ShmCommunicator(int rank, int size, rendezvous::Store& store,
                 : std::chrono::nanoseconds(0)),
       segment_(rank, size, segment_bytes(size, options), options.job_id, store, options.timeout) {
   static_assert(sizeof(Header) <= 4096);
-  if (options_.slot_bytes < 4096 || options_.slot_bytes % 64 != 0)
-    throw Error(fmt::format("shared-memory data plane: slot size {} must be a multiple of 64 "
-                            "and at least 4096",
-                            options_.slot_bytes));
   // The pages came zero-filled from ftruncate/fallocate: every counter starts at 0.
   control(rank_).pid.store(static_cast<int32_t>(::getpid()), std::memory_order_release);
   if (rank_ == 0) header().magic.store(kMagic, std::memory_order_release);
