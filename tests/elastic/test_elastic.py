@@ -13,7 +13,7 @@ import pytest
 from elastic_job import ElasticJob
 
 HOSTS = ["127.0.0.%d:1" % i for i in range(1, 5)]
-EPOCHS = int(os.environ.get("KRUG_ELASTIC_TEST_EPOCHS", "8"))
+EPOCHS = int(os.environ.get("KRUG_ELASTIC_TEST_EPOCHS", "10"))
 EXAMPLE_ARGS = ["--epochs", str(EPOCHS), "--min-accuracy", "0.9"]
 TRIALS = int(os.environ.get("KRUG_ELASTIC_TEST_TRIALS", "10"))
 SEED = int(os.environ.get("KRUG_ELASTIC_TEST_SEED", "20261124"))

@@ -7,7 +7,7 @@
 Start the script with ``krugrun -np N /usr/bin/python3 train.py``.
 """
 
-from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved
 from krug.torch.mpi_ops import (
     # lifecycle and topology
     init, shutdown, is_initialized,
@@ -34,3 +34,4 @@ from krug.torch.functions import (allgather_object, broadcast_object,
                                   broadcast_optimizer_state, broadcast_parameters)
 from krug.torch.optimizer import DistributedOptimizer
 from krug.torch.sync_batch_norm import SyncBatchNorm
+from krug.torch import elastic  # noqa: E402 -- hvd.elastic.run, hvd.elastic.TorchState, ...
