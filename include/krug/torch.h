@@ -31,11 +31,13 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "krug/elastic.h"
 #include "krug/krug.h"
 
 namespace krug::torch {
@@ -166,3 +168,39 @@ class DistributedOptimizer {
 };
 
 }  // namespace krug::torch
+
+// ---- Elastic training (docs/elastic.md, include/krug/elastic.h).
+namespace krug::torch::elastic {
+
+// The model's parameters and buffers, the optimizer's state and a map of counters, committed
+// together. save() copies them aside (in memory), restore() copies them back in place (the
+// optimizer and a DistributedOptimizer keep their references to the parameters), sync() makes
+// every rank's state rank 0's. Use with krug::elastic::run():
+//
+//   krug::torch::elastic::TorchState state(*model, sgd);
+//   state.values["epoch"] = 0;
+//   krug::elastic::run(state, [&] {
+//     for (; state.values["epoch"] < epochs; ++state.values["epoch"]) { ...; state.commit(); }
+//   });
+class TorchState : public krug::elastic::State {
+ public:
+  TorchState(::torch::nn::Module& model, ::torch::optim::Optimizer& optimizer);
+  // Counters that follow the state (epoch, step, ...): saved, restored and synced with it.
+  std::map<std::string, int64_t> values;
+
+  void save() override;
+  void restore() override;
+  void sync() override;
+
+ private:
+  std::vector<::torch::Tensor> model_tensors() const;
+
+  ::torch::nn::Module& model_;
+  ::torch::optim::Optimizer& optimizer_;
+  std::vector<::torch::Tensor> saved_tensors_;
+  std::string saved_optimizer_;  // torch::serialize archive bytes
+  std::map<std::string, int64_t> saved_values_;
+};
+
+}  // namespace krug::torch::elastic
+

@@ -132,3 +132,24 @@ def test_cpp_worker_killed_and_host_added(tmp_path):
     job.wait_for(r"round 2: 3 worker\(s\): .*w3 rank 2 \(new\)", after=index)
     assert job.finish() == 0, job.text()[-6000:]
     assert "final value: 11325.0 (3 ranks)" in job.text(), job.text()[-3000:]
+
+
+def test_torch_cpp_worker_killed_matches_undisturbed(tmp_path):
+    """The LibTorch API (krug::torch::elastic::TorchState): a run with a killed worker ends with
+    the undisturbed run's weights, up to float association."""
+    worker = os.environ.get("KRUG_ELASTIC_TORCH_WORKER",
+                            os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests",
+                                         "elastic", "elastic_torch_worker"))
+    final = r"final weight sum: (-?[0-9.]+) after 120 steps"
+    base = ElasticJob(tmp_path / "undisturbed", HOSTS[:3], ["--min-np", "2"],
+                      command=[worker, "120", "10"])
+    assert base.finish() == 0, base.text()[-4000:]
+    expected = float(base.wait_for(final)[2].group(1))
+    job = ElasticJob(tmp_path / "killed", HOSTS[:3], ["--min-np", "2"], command=[worker, "120", "10"])
+    index, _, _ = job.wait_for(r"step 30 committed")
+    os.kill(job.worker_pids()["w2"][1], signal.SIGKILL)
+    job.wait_for(r"rolling back to commit \d+", after=index)
+    job.wait_for(r"round 1: 2 worker\(s\)", after=index)
+    assert job.finish() == 0, job.text()[-6000:]
+    got = float(job.wait_for(final)[2].group(1))
+    assert abs(got - expected) <= 1e-4 * max(1.0, abs(expected)), (got, expected)

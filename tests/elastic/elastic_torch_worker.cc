@@ -1,0 +1,76 @@
+// An elastic LibTorch worker for tests/elastic/test_elastic.py: linear regression trained with
+// krug::torch::DistributedOptimizer (SGD with momentum) and committed in a
+// krug::torch::elastic::TorchState. Each step's global batch is generated from the step number
+// and split across the current ranks, so a run that is reset (fewer or more ranks) takes the
+// same steps as an undisturbed one, up to float association; rank 0 prints the final weights'
+// sum for the test to compare.
+//
+//   krugrun --host-discovery-script d.sh elastic_torch_worker STEPS [STEP_MILLISECONDS]
+#include <krug/elastic.h>
+#include <krug/krug.h>
+#include <krug/torch.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+namespace {
+
+constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3, 4 and 6 ranks
+constexpr int64_t kFeatures = 16;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: elastic_torch_worker STEPS [STEP_MILLISECONDS]\n");
+    return 2;
+  }
+  const int64_t steps = std::atoll(argv[1]);
+  const int step_ms = argc > 2 ? std::atoi(argv[2]) : 20;
+  torch::manual_seed(7);
+  try {
+    krug::init();
+  } catch (const krug::elastic::WorkerRemoved& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 0;
+  }
+  torch::set_num_threads(1);
+  auto model = torch::nn::Linear(kFeatures, 1);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  krug::torch::DistributedOptimizer optimizer(sgd, model->named_parameters());
+  krug::torch::elastic::TorchState state(*model, sgd);
+  state.values["step"] = 0;
+  const auto truth = torch::linspace(-1, 1, kFeatures).unsqueeze(1);
+
+  const bool trained = krug::elastic::run(state, [&] {
+    while (state.values["step"] < steps) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+      // The step's global batch, identical on every rank; this rank takes its slice.
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + state.values["step"]);
+      const auto x = torch::randn({kGlobalBatch, kFeatures}, gen);
+      const auto y = x.matmul(truth);
+      const int64_t per_rank = kGlobalBatch / krug::size();
+      const auto mine =
+          torch::indexing::Slice(krug::rank() * per_rank, (krug::rank() + 1) * per_rank);
+      optimizer.zero_grad();
+      torch::mse_loss(model->forward(x.index({mine})), y.index({mine})).backward();
+      optimizer.step();
+      ++state.values["step"];
+      state.commit();
+      if (krug::rank() == 0)
+        std::printf("step %lld committed\n", static_cast<long long>(state.values["step"]));
+      std::fflush(stdout);
+    }
+  });
+  if (!trained) return 0;
+  if (krug::rank() == 0) {
+    const double sum = model->weight.sum().item<double>() + model->bias.sum().item<double>();
+    std::printf("final weight sum: %.9f after %lld steps (%d ranks)\n", sum,
+                static_cast<long long>(state.values["step"]), krug::size());
+  }
+  krug::shutdown();
+  return 0;
+}
