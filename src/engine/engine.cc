@@ -161,8 +161,7 @@ class Engine::Impl {
   // builds the same communicators even if their environments disagree.
   std::optional<bool> hierarchical_allreduce_;
   std::chrono::microseconds busy_poll_{0};  // KRUG_BUSY_POLL_MICROSECONDS, 0 when oversubscribed
-  Clock::time_point next_health_report_{};
-  Clock::time_point linger_until_{};  // busy-poll for the next operation until then  // elastic coordinator: readiness to the driver
+  Clock::time_point next_health_report_{};  // elastic coordinator: readiness to the driver
   net::Fd wake_;
 
   // Shared with user threads.
@@ -438,7 +437,7 @@ std::vector<int32_t> Engine::Impl::process_set_ranks(int32_t id) const {
 }
 
 std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tensors) {
-  auto handle = std::make_shared<HandleState>(static_cast<int>(tensors.size()), busy_poll_);
+  auto handle = std::make_shared<HandleState>(static_cast<int>(tensors.size()));
   auto fail = [&](const std::string& message) {
     for (size_t i = 0; i < tensors.size(); ++i) handle->complete_part(message);
     return handle;
@@ -535,13 +534,12 @@ void Engine::Impl::loop_once() {
     if (fd >= 0) fds.push_back({fd, POLLIN, 0});
   int timeout = poll_timeout_ms(Clock::now());
   int n = 0;
-  // Busy-poll briefly while this rank has operations in flight, and just after its last one
-  // completed: the answer, or the next operation of a burst, usually comes within tens of
-  // microseconds, and sleeping costs a wake-up as long again on a VM.
-  const auto poll_start = Clock::now();
-  const bool had_work = !table_.empty();
-  if (busy_poll_.count() > 0 && timeout != 0 && (had_work || poll_start < linger_until_)) {
-    const auto until = had_work ? poll_start + busy_poll_ : linger_until_;
+  // Busy-poll briefly while this rank has operations in flight: the answer usually comes within
+  // tens of microseconds, and sleeping costs a wake-up as long again on a VM. (Measured and not
+  // done: spinning in Handle::wait and polling on after the last completion; with a user thread
+  // and this thread per rank on one core each they slowed the 4 KiB and 100 x 1 KiB steps.)
+  if (busy_poll_.count() > 0 && timeout != 0 && !table_.empty()) {
+    const auto until = Clock::now() + busy_poll_;
     do n = ::poll(fds.data(), fds.size(), 0);
     while (n == 0 && Clock::now() < until);
   }
@@ -553,7 +551,6 @@ void Engine::Impl::loop_once() {
     (void)!::read(wake_.get(), &drained, sizeof(drained));
   }
   on_readable(fds);
-  if (had_work && table_.empty()) linger_until_ = Clock::now() + busy_poll_;
 }
 
 int Engine::Impl::poll_timeout_ms(Clock::time_point now) const {

@@ -1,7 +1,6 @@
 // Completion state shared by a user's Handle and the engine.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -22,11 +21,8 @@ struct OpResult {
 
 class HandleState {
  public:
-  // A handle covering `parts` tensors (grouped ops) completes when every part has. wait()
-  // first polls for `spin` (yielding the core) before it sleeps: small operations complete
-  // within microseconds, and a sleeping waiter costs a wake-up as long again on a VM.
-  explicit HandleState(int parts = 1, std::chrono::microseconds spin = {})
-      : remaining_(parts), spin_(spin) {}
+  // A handle covering `parts` tensors (grouped ops) completes when every part has.
+  explicit HandleState(int parts = 1) : remaining_(parts) {}
 
   // Marks one part done; the first error wins. Returns true when the whole handle completed.
   bool complete_part(const std::string& error = {});
@@ -40,13 +36,9 @@ class HandleState {
   const OpResult& result() const { return result_; }
 
  private:
-  void spin_until_done(std::chrono::steady_clock::time_point deadline) const;
-
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   int remaining_;
-  std::atomic<bool> done_{false};  // remaining_ reached 0 (read without the lock while spinning)
-  std::chrono::microseconds spin_;
   std::string error_;
   OpResult result_;
 };
