@@ -11,7 +11,8 @@ class HorovodInternalError(RuntimeError):
 class HostsUpdatedInterrupt(RuntimeError):
     """The set of hosts changed (elastic mode): training should stop at a consistent
     point and re-initialize. ``skip_sync`` says whether the state may be used without
-    synchronizing it again (hosts were only added)."""
+    synchronizing it again: hosts were only removed, so every remaining rank already holds
+    the same committed state."""
 
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
@@ -19,9 +20,10 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 class WorkerRemoved(RuntimeError):
-    """Raised by ``init()`` in elastic mode when krugrun's driver took this worker out of the
-    job (its host left the discovery output, was blacklisted, or was too slow).
-    ``krug.torch.elastic.run`` catches it and exits the process with status 0."""
+    """The elastic driver removed this worker from the job: its host left the discovery
+    output, or it was evicted as a straggler. Raised by ``init()`` in elastic mode, where a
+    worker waits for its place in the next round; ``elastic.run`` then exits the process with
+    status 0 (the job goes on without it, so this is not a failure)."""
 
 
 __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved"]

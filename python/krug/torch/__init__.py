@@ -34,4 +34,6 @@ from krug.torch.functions import (allgather_object, broadcast_object,
                                   broadcast_optimizer_state, broadcast_parameters)
 from krug.torch.optimizer import DistributedOptimizer
 from krug.torch.sync_batch_norm import SyncBatchNorm
-from krug.torch import elastic  # noqa: E402 -- hvd.elastic.run, hvd.elastic.TorchState, ...
+
+# Last: it builds on the names above (hvd.elastic.run, hvd.elastic.TorchState, ...).
+from krug.torch import elastic  # noqa: E402

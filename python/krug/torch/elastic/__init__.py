@@ -1,46 +1,61 @@
-"""Elastic training with krug.torch, Horovod's ``horovod.torch.elastic`` API (docs/elastic.md).
+"""Elastic training with PyTorch (Horovod's ``horovod.torch.elastic``).
 
+    import krug.torch as hvd
+
+    hvd.init()
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=42)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
 
     @hvd.elastic.run
     def train(state):
-        ...  # state.commit() at consistent points
+        while state.epoch < epochs:
+            ...                 # train a step on sampler.get_indices(...)
+            state.commit()      # every rank, same step
+        ...
 
     train(state)
 
-Started by ``krugrun --host-discovery-script ...``; without it, ``run`` calls the function once
-after syncing the state from rank 0.
+Start it with ``krugrun --host-discovery-script ... python3 train.py``: when a worker fails
+the others roll back to the last commit; when hosts join or leave everyone stops at a
+commit; then krug re-forms with the new workers, rank 0's state is copied to every rank,
+and ``train(state)`` is called again. Under a fixed job (plain ``krugrun -np N``) the
+function just runs once and errors propagate.
 """
-from krug.common.elastic import State, run_fn
-from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved
-from krug.torch import _torch_core as _core
+
+from krug.common.elastic import run_fn
+from krug.common.exceptions import WorkerRemoved
+from krug.torch import mpi_ops
+from krug.torch.elastic import _core_bridge
 from krug.torch.elastic.sampler import ElasticSampler
-from krug.torch.elastic.state import TorchState
-from krug.torch.functions import broadcast_object
-from krug.torch.mpi_ops import init, rank, shutdown, size
-from krug.common.elastic import ObjectState as _ObjectState
+from krug.torch.elastic.state import ObjectState, TorchState
 
 
 def _reset():
-    shutdown()
-    init()
+    # init() blocks until the driver gives this worker a place in the next round.
+    mpi_ops.shutdown()
+    mpi_ops.init()
 
 
-def _round_info():
-    return _core.elastic_round()
+def _round():
+    return _core_bridge.elastic_round()
+
+
+def _topology():
+    return mpi_ops.rank(), mpi_ops.size()
+
+
+def _enabled():
+    return _core_bridge.elastic_enabled()
 
 
 def run(func):
-    """Decorator: ``func(state, ...)`` runs until it returns, surviving failures and host
-    changes as docs/elastic.md describes. A worker the driver removes exits with status 0."""
-    return run_fn(func, _reset, rank, size, _round_info)
+    """Decorator: runs ``func(state, ...)`` in the elastic recovery loop (see
+    :func:`krug.common.elastic.run_fn`). The state is synced from rank 0 first; on a failed
+    collective it is restored to the last commit, on changed hosts it is kept, and after
+    krug re-forms ``func`` is called again. A worker the driver removed exits with status 0.
+    """
+    return run_fn(func, _reset, elastic_round=_round, topology=_topology,
+                  elastic_enabled=_enabled)
 
 
-def ObjectState(**kwargs):  # noqa: N802 -- Horovod's name for a class
-    """Plain values, synced from rank 0 with broadcast_object: ``ObjectState(epoch=0)``."""
-    return _ObjectState(lambda obj, root: broadcast_object(obj, root, name="elastic.state"), rank,
-                        _core.elastic_host_update, **kwargs)
-
-
-__all__ = ["run", "State", "ObjectState", "TorchState", "ElasticSampler",
-           "HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved"]
+__all__ = ["run", "TorchState", "ObjectState", "ElasticSampler", "WorkerRemoved"]

@@ -1,114 +1,159 @@
-"""TorchState: a model, its optimizer, an ElasticSampler and plain values, committed together."""
+"""TorchState and ObjectState: elastic state bound to krug.torch's collectives."""
+
 import copy
 
-from krug.common.elastic import ObjectState
-from krug.torch import _torch_core as _core
+from krug.common import elastic as common
+from krug.torch import mpi_ops
+from krug.torch.elastic import _core_bridge
 from krug.torch.elastic.sampler import ElasticSampler
-from krug.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
-                                  broadcast_parameters)
-from krug.torch.mpi_ops import rank
+from krug.torch.functions import (allgather_object, broadcast_object,
+                                  broadcast_optimizer_state, broadcast_parameters)
 
 
+def _bcast_object(obj):
+    return broadcast_object(obj, root_rank=0, name="krug.elastic.state")
+
+
+# Looked up at call time, so tests can replace the bridge's functions.
 def _host_update():
-    return _core.elastic_host_update()
+    return _core_bridge.elastic_host_update()
+
+
+def _elastic_enabled():
+    return _core_bridge.elastic_enabled()
+
+
+_BINDINGS = dict(bcast_object=_bcast_object, get_rank=mpi_ops.rank,
+                 host_update=_host_update, elastic_enabled=_elastic_enabled)
+
+
+class ObjectState(common.ObjectState):
+    """Plain Python values as attributes, committed, restored and synced from rank 0:
+
+        state = hvd.elastic.ObjectState(epoch=0, best_loss=None)
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**_BINDINGS, **kwargs)
 
 
 class _ModelHandler:
     def __init__(self, model):
-        self.value = model
-        self.saved = copy.deepcopy(model.state_dict())
+        self.model = model
+        self.save()
 
     def save(self):
-        self.saved = copy.deepcopy(self.value.state_dict())
+        self.saved = copy.deepcopy(self.model.state_dict())
 
     def restore(self):
-        # load_state_dict copies into the existing tensors: optimizers keep their references.
-        self.value.load_state_dict(self.saved)
+        self.model.load_state_dict(self.saved)  # copies into the parameters
 
-    def sync(self):
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
+    def sync(self, local_commits):
+        broadcast_parameters(self.model.state_dict(), root_rank=0)
+
+    def on_reset(self):
+        pass
 
 
 class _OptimizerHandler:
     def __init__(self, optimizer):
-        self.value = optimizer
-        self.saved = copy.deepcopy(optimizer.state_dict())
+        self.optimizer = optimizer
+        self.save()
 
     def save(self):
-        self.saved = copy.deepcopy(self.value.state_dict())
+        self.saved = copy.deepcopy(self.optimizer.state_dict())
 
     def restore(self):
-        self.value.load_state_dict(copy.deepcopy(self.saved))
+        # A copy: some torch versions keep the loaded tensors, which the next step would
+        # update in place, changing the saved state.
+        self.optimizer.load_state_dict(copy.deepcopy(self.saved))
 
-    def sync(self):
-        broadcast_optimizer_state(self.value, root_rank=0)
+    def sync(self, local_commits):
+        broadcast_optimizer_state(self.optimizer, root_rank=0)
+
+    def on_reset(self):
+        pass
 
 
 class _SamplerHandler:
-    def __init__(self, sampler):
-        self.value = sampler
-        self.saved = copy.deepcopy(sampler.state_dict())
+    def __init__(self, name, sampler):
+        self.name = name
+        self.sampler = sampler
+        self.save()
 
     def save(self):
-        self.saved = copy.deepcopy(self.value.state_dict())
+        self.saved = copy.deepcopy(self.sampler.state_dict())
 
     def restore(self):
-        self.value.load_state_dict(copy.deepcopy(self.saved))
+        self.sampler.load_state_dict(copy.deepcopy(self.saved))
 
-    def sync(self):
-        # Every rank processed its own share: the epoch's processed set is their union.
-        states = allgather_object(self.value.state_dict(), name="elastic.sampler")
-        epoch = states[0]["epoch"]
-        processed = set()
-        for s in states:
-            if s["epoch"] == epoch:
-                processed.update(s["processed_indices"])
-        self.value.load_state_dict({"epoch": epoch, "processed_indices": sorted(processed)})
+    def sync(self, local_commits):
+        # The union of the ranks' processed indices (record_indices records on one rank
+        # only), taken over the ranks at rank 0's epoch and commit: a rank that got one
+        # commit further than rank 0 before a failure must not skip rank 0's next batch.
+        gathered = allgather_object((local_commits, self.sampler.state_dict()),
+                                    name="krug.elastic.sampler.%s" % self.name)
+        root_commits, root = gathered[0]
+        processed = set(root["processed_indices"])
+        for commits, theirs in gathered[1:]:
+            if commits == root_commits and theirs["epoch"] == root["epoch"]:
+                processed.update(theirs["processed_indices"])
+        self.sampler.load_state_dict({"epoch": root["epoch"],
+                                      "processed_indices": sorted(processed)})
+
+    def on_reset(self):
+        self.sampler.reset()  # the new rank and size; no collective (new workers sync first)
 
 
-class TorchState(ObjectState):
-    """Horovod's ``TorchState(model, optimizer, **kwargs)``: commit() saves the model's and the
-    optimizer's state dicts (deep copies, in memory), any ElasticSampler given as a keyword
-    (what it processed this epoch) and every other keyword value (``epoch=0, batch=0``, read
-    and written as attributes: ``state.epoch``); restore() returns to them; sync() broadcasts
-    them from rank 0 (the sampler's processed indices are merged across ranks)."""
+class TorchState(common.ObjectState):
+    """The state of an elastic PyTorch training function:
+
+        state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+
+    ``commit()`` saves copies of ``model.state_dict()`` and ``optimizer.state_dict()``,
+    restore loads them back, and sync broadcasts rank 0's parameters, buffers and optimizer
+    state. Keyword arguments become attributes (``state.epoch``): an
+    :class:`ElasticSampler` keeps its epoch and processed indices (merged over the ranks on
+    sync, and dealt to the new ranks after each reset); any other value is deep-copied on
+    commit and broadcast from rank 0 on sync, as in :class:`ObjectState`.
+
+    The model, optimizer and samplers are tracked as passed to the constructor: change them
+    in place rather than assigning new objects to the attributes.
+    """
 
     def __init__(self, model=None, optimizer=None, **kwargs):
-        handlers, values = {}, {}
-        for name, value in kwargs.items():
-            if isinstance(value, ElasticSampler):
-                handlers[name] = _SamplerHandler(value)
-            else:
-                values[name] = value
+        samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        values = {k: v for k, v in kwargs.items() if k not in samplers}
+        super().__init__(**_BINDINGS, **values)
+        self.model = model
+        self.optimizer = optimizer
+        self._handlers = []
         if model is not None:
-            handlers["model"] = _ModelHandler(model)
+            self._handlers.append(_ModelHandler(model))
         if optimizer is not None:
-            handlers["optimizer"] = _OptimizerHandler(optimizer)
-        self._handlers = handlers
-        super().__init__(lambda obj, root: broadcast_object(obj, root, name="elastic.state"),
-                         rank, _host_update, **values)
-        for name, handler in handlers.items():
-            setattr(self, name, handler.value)
+            self._handlers.append(_OptimizerHandler(optimizer))
+        for name, sampler in samplers.items():
+            setattr(self, name, sampler)
+            self._handlers.append(_SamplerHandler(name, sampler))
 
     def save(self):
-        for handler in self._handlers.values():
+        for handler in self._handlers:
             handler.save()
         super().save()
 
     def restore(self):
-        for handler in self._handlers.values():
+        for handler in self._handlers:
             handler.restore()
         super().restore()
 
     def sync(self):
-        for handler in self._handlers.values():
-            handler.sync()
-        super().sync()  # the plain values, then save()
+        local_commits = self.commits
+        for handler in self._handlers:
+            handler.sync(local_commits)
+        super().sync()  # the plain values and the commit counter
+        self.save()
 
     def on_reset(self):
-        # A new number of ranks: samplers deal the rest of the epoch anew (also when the
-        # survivors skipped the sync after hosts were only removed).
-        for handler in self._handlers.values():
-            if isinstance(handler, _SamplerHandler):
-                handler.value.reset()
+        for handler in self._handlers:
+            handler.on_reset()
         super().on_reset()
