@@ -90,7 +90,7 @@ def test_straggler_is_evicted_and_throughput_recovers(tmp_path):
     job = ElasticJob(tmp_path, HOSTS[:3],
                      ["--min-np", "2", "--straggler-factor", "2", "--straggler-window", "10"],
                      EXAMPLE_ARGS, env={"KRUG_EXAMPLE_SLEEP_HOST": "127.0.0.3",
-                                        "KRUG_EXAMPLE_SLEEP_SECONDS": "0.15"})
+                                        "KRUG_EXAMPLE_SLEEP_SECONDS": "0.3"})
     first, _, _ = job.wait_for(r"step 1 committed")
     evicted, _, _ = job.wait_for(r"worker w2 \(rank 2\) on host 127\.0\.0\.3 is [0-9.]+x slower",
                                  after=first)
@@ -98,7 +98,7 @@ def test_straggler_is_evicted_and_throughput_recovers(tmp_path):
     assert job.finish() == 0, job.text()[-6000:]
     before = steps_per_second(job, first, evicted)
     after = steps_per_second(job, resumed, len(job.lines))
-    # The straggler slept 150 ms per step; without it a step takes a few tens of ms.
+    # The straggler slept 300 ms per step; without it a step takes a few tens of ms.
     assert after > 2 * before, (before, after)
 
 
