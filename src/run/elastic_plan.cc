@@ -87,8 +87,8 @@ std::optional<Straggler> find_straggler(const rendezvous::elastic::Health& from,
   if (period_s <= 0 || worst.lateness_s <= 0) return std::nullopt;
   worst.period_s = period_s;
   worst.steps = steps;
-  worst.slowdown =
-      worst.lateness_s >= period_s ? INFINITY : period_s / (period_s - worst.lateness_s);
+  // Waits measured at a window's edges can exceed its steps' time: cap the factor (at 1000x).
+  worst.slowdown = period_s / std::max(period_s - worst.lateness_s, period_s / 1000);
   if (worst.slowdown < factor) return std::nullopt;
   return worst;
 }

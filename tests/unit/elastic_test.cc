@@ -163,6 +163,14 @@ TEST(Straggler, FoundWhenTheOthersWaitLongEnough) {
   EXPECT_EQ(s->steps, 20);
 }
 
+TEST(Straggler, WaitsLongerThanTheStepsAreCappedNotInfinite) {
+  const auto s = run::find_straggler(health(0, 0, {0, 0}), health(20, 2'000'000, {0, 2'500'000}),
+                                     2, 20);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->rank, 1);
+  EXPECT_DOUBLE_EQ(s->slowdown, 1000);
+}
+
 TEST(Straggler, NotBelowTheFactorNorBeforeTheWindow) {
   const auto from = health(0, 0, {0, 0});
   // 20 ms of 150 ms: 1.15x slower.
