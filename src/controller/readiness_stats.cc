@@ -4,6 +4,11 @@
 
 namespace krug::controller {
 
+int64_t ReadinessStats::elapsed_us(Clock::time_point now) const {
+  if (!first_) return 0;
+  return std::chrono::duration_cast<std::chrono::microseconds>(now - *first_).count();
+}
+
 void ReadinessStats::observe(const std::string& name,
                              const std::vector<Clock::time_point>& arrivals) {
   if (arrivals.size() != lateness_us_.size() || arrivals.empty()) return;
@@ -12,6 +17,7 @@ void ReadinessStats::observe(const std::string& name,
   // The lower median: with two ranks the earlier one is "the others", so the late one shows.
   const auto median = sorted[(sorted.size() - 1) / 2];
   const auto ready = sorted.back();
+  if (!first_) first_ = sorted.front();
   // Rank r held the others up from the median arrival to its own. Tensors of one step often
   // wait on r at once (a whole backward pass shifted by r's delay), so overlapping waits count
   // once: lateness is the length of the union of these intervals, i.e. wall time spent waiting.

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -23,6 +24,8 @@ class ReadinessStats {
   // arrival to r's), overlapping waits counted once.
   void observe(const std::string& name, const std::vector<Clock::time_point>& arrivals);
 
+  // Time from the first observed tensor to `now` (0 before any).
+  int64_t elapsed_us(Clock::time_point now) const;
   // Totals since construction (see rendezvous::elastic::Health).
   int64_t tensors() const { return tensors_; }
   int64_t steps() const { return steps_; }
@@ -39,6 +42,7 @@ class ReadinessStats {
     int64_t period_us = 0;
   };
   std::unordered_map<std::string, Seen> seen_;
+  std::optional<Clock::time_point> first_;
   int64_t tensors_ = 0;
   int64_t steps_ = 0;
   int64_t period_us_ = 0;

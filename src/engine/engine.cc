@@ -658,8 +658,8 @@ void Engine::Impl::report_health(Clock::time_point now) {
   if (now < next_health_report_) return;
   next_health_report_ = now + std::chrono::seconds(1);
   const auto& stats = negotiator_->readiness();
-  rendezvous::elastic::Health health{stats.tensors(), stats.steps(), stats.period_us(),
-                                     stats.lateness_us()};
+  rendezvous::elastic::Health health{stats.elapsed_us(now), stats.tensors(), stats.steps(),
+                                     stats.period_us(), stats.lateness_us()};
   const std::string text = rendezvous::elastic::encode(health);
   try {
     store_->set("health", rendezvous::Bytes(text.begin(), text.end()));

@@ -101,13 +101,14 @@ HostsVersion decode_hosts_version(std::string_view text) {
 }
 
 std::string encode(const Health& h) {
-  return fmt::format("tensors={} steps={} period_us={} lateness_us={}", h.tensors, h.steps,
-                     h.period_us, fmt::join(h.lateness_us, ","));
+  return fmt::format("elapsed_us={} tensors={} steps={} period_us={} lateness_us={}", h.elapsed_us,
+                     h.tensors, h.steps, h.period_us, fmt::join(h.lateness_us, ","));
 }
 
 Health decode_health(std::string_view text) {
   auto f = fields(text, "health report");
   Health h;
+  h.elapsed_us = number(f, "elapsed_us", text, "health report");
   h.tensors = number(f, "tensors", text, "health report");
   h.steps = number(f, "steps", text, "health report");
   h.period_us = number(f, "period_us", text, "health report");

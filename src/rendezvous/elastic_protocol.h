@@ -52,6 +52,7 @@ HostsVersion decode_hosts_version(std::string_view text);
 // `lateness_us[r]` = wall time the others spent waiting for rank r (from the median rank's
 // submission of a tensor to r's; overlapping waits counted once).
 struct Health {
+  int64_t elapsed_us = 0;  // since the first tensor was observed, when the report was made
   int64_t tensors = 0;
   int64_t steps = 0;
   int64_t period_us = 0;

@@ -72,23 +72,27 @@ std::optional<Straggler> find_straggler(const rendezvous::elastic::Health& from,
                                         const rendezvous::elastic::Health& to, double factor,
                                         int64_t window_steps) {
   const int64_t steps = to.steps - from.steps;
-  if (factor <= 1 || steps < std::max<int64_t>(window_steps, 1) || to.lateness_us.size() < 2 ||
-      from.lateness_us.size() != to.lateness_us.size())
+  const int64_t elapsed_us = to.elapsed_us - from.elapsed_us;
+  if (factor <= 1 || steps < std::max<int64_t>(window_steps, 1) || elapsed_us <= 0 ||
+      to.lateness_us.size() < 2 || from.lateness_us.size() != to.lateness_us.size())
     return std::nullopt;
-  const double period_s = (to.period_us - from.period_us) / 1e6 / steps;
   Straggler worst;
+  int64_t worst_us = 0;
   for (size_t r = 0; r < to.lateness_us.size(); ++r) {
-    const double late = (to.lateness_us[r] - from.lateness_us[r]) / 1e6 / steps;
-    if (late > worst.lateness_s) {
+    const int64_t late = to.lateness_us[r] - from.lateness_us[r];
+    if (late > worst_us) {
       worst.rank = static_cast<int>(r);
-      worst.lateness_s = late;
+      worst_us = late;
     }
   }
-  if (period_s <= 0 || worst.lateness_s <= 0) return std::nullopt;
-  worst.period_s = period_s;
+  if (worst_us <= 0) return std::nullopt;
   worst.steps = steps;
-  // Waits measured at a window's edges can exceed its steps' time: cap the factor (at 1000x).
-  worst.slowdown = period_s / std::max(period_s - worst.lateness_s, period_s / 1000);
+  worst.period_s = elapsed_us / 1e6 / steps;
+  worst.lateness_s = worst_us / 1e6 / steps;
+  // The share of the window's wall time the others spent waiting for this rank; without it the
+  // job would step 1 / (1 - share) times faster. Capped at 1000x.
+  const double share = std::min(static_cast<double>(worst_us) / elapsed_us, 0.999);
+  worst.slowdown = 1 / (1 - share);
   if (worst.slowdown < factor) return std::nullopt;
   return worst;
 }

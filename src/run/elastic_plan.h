@@ -50,8 +50,9 @@ class HostBlacklist {
 };
 
 // A rank the others keep waiting for: over the steps between two health reports of a round,
-// the others waited `lateness_s` per step for it, in steps of `period_s`, so without it a step
-// would take period - lateness: it is `slowdown` = period / (period - lateness) times slower.
+// the others waited `lateness_s` per step for it, in steps of `period_s` (the window's wall
+// time over its steps), so without it a step would take period - lateness: it is
+// `slowdown` = period / (period - lateness) times slower (capped at 1000).
 struct Straggler {
   int rank = 0;
   double slowdown = 0;
