@@ -31,11 +31,14 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "krug/elastic.h"
 #include "krug/krug.h"
 
 namespace krug::torch {
@@ -166,3 +169,52 @@ class DistributedOptimizer {
 };
 
 }  // namespace krug::torch
+
+namespace krug::torch::elastic {
+
+// The elastic training state of a LibTorch model and its optimizer (include/krug/elastic.h):
+//
+//   krug::init();
+//   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+//   krug::torch::DistributedOptimizer opt(sgd, model->named_parameters());
+//   krug::torch::elastic::TorchState state(*model, sgd);
+//   state.values["epoch"] = 0;
+//   krug::elastic::run(state, [&] {
+//     for (; state.values["epoch"] < epochs; ++state.values["epoch"]) {
+//       ... train one epoch, calling state.commit() at consistent points ...
+//     }
+//   });
+//
+// What it keeps: every parameter and buffer of the model (recursively), the optimizer's
+// per-parameter state (momentum buffers, Adam's moments and step counts, ...) and the options of
+// each parameter group (learning rate, ...), the user's `values`, and commits(). The model and
+// the optimizer are held by reference and must outlive the state; their parameters must stay the
+// same tensors (restore() and sync() write into them in place, so a DistributedOptimizer built
+// on them stays valid). CPU tensors only, like the rest of krug.
+class TorchState : public krug::elastic::State {
+ public:
+  // Saves at once, so restore() is valid from the start.
+  TorchState(::torch::nn::Module& model, ::torch::optim::Optimizer& optimizer);
+
+  // Counters of the user's loop (epoch, batch, ...), saved, restored and synced with the rest.
+  std::map<std::string, int64_t> values;
+
+  // Deep copies of the parameters, the buffers, the optimizer's state and options, `values` and
+  // the commit count. Rank-local.
+  void save() override;
+  // Copies the last save() back in place. Rank-local. Throws krug::Error when the model's
+  // parameters or buffers no longer match the saved ones (names, shapes, dtypes).
+  void restore() override;
+  // Collective: every rank's parameters, buffers, optimizer state and options and `values`
+  // become rank 0's (broadcast_parameters, then the rest serialized on rank 0 and broadcast as
+  // bytes), then save().
+  void sync() override;
+
+ private:
+  ::torch::nn::Module& model_;
+  ::torch::optim::Optimizer& optimizer_;
+  std::vector<std::pair<std::string, ::torch::Tensor>> saved_tensors_;  // parameters, buffers
+  std::string saved_rest_;  // the optimizer and `values`, serialized
+};
+
+}  // namespace krug::torch::elastic
