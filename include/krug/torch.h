@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "krug/elastic.h"
@@ -169,38 +170,51 @@ class DistributedOptimizer {
 
 }  // namespace krug::torch
 
-// ---- Elastic training (docs/elastic.md, include/krug/elastic.h).
 namespace krug::torch::elastic {
 
-// The model's parameters and buffers, the optimizer's state and a map of counters, committed
-// together. save() copies them aside (in memory), restore() copies them back in place (the
-// optimizer and a DistributedOptimizer keep their references to the parameters), sync() makes
-// every rank's state rank 0's. Use with krug::elastic::run():
+// The elastic training state of a LibTorch model and its optimizer (include/krug/elastic.h):
 //
+//   krug::init();
+//   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+//   krug::torch::DistributedOptimizer opt(sgd, model->named_parameters());
 //   krug::torch::elastic::TorchState state(*model, sgd);
 //   state.values["epoch"] = 0;
 //   krug::elastic::run(state, [&] {
-//     for (; state.values["epoch"] < epochs; ++state.values["epoch"]) { ...; state.commit(); }
+//     for (; state.values["epoch"] < epochs; ++state.values["epoch"]) {
+//       ... train one epoch, calling state.commit() at consistent points ...
+//     }
 //   });
+//
+// What it keeps: every parameter and buffer of the model (recursively), the optimizer's
+// per-parameter state (momentum buffers, Adam's moments and step counts, ...) and the options of
+// each parameter group (learning rate, ...), the user's `values`, and commits(). The model and
+// the optimizer are held by reference and must outlive the state; their parameters must stay the
+// same tensors (restore() and sync() write into them in place, so a DistributedOptimizer built
+// on them stays valid). CPU tensors only, like the rest of krug.
 class TorchState : public krug::elastic::State {
  public:
+  // Saves at once, so restore() is valid from the start.
   TorchState(::torch::nn::Module& model, ::torch::optim::Optimizer& optimizer);
-  // Counters that follow the state (epoch, step, ...): saved, restored and synced with it.
+
+  // Counters of the user's loop (epoch, batch, ...), saved, restored and synced with the rest.
   std::map<std::string, int64_t> values;
 
+  // Deep copies of the parameters, the buffers, the optimizer's state and options, `values` and
+  // the commit count. Rank-local.
   void save() override;
+  // Copies the last save() back in place. Rank-local. Throws krug::Error when the model's
+  // parameters or buffers no longer match the saved ones (names, shapes, dtypes).
   void restore() override;
+  // Collective: every rank's parameters, buffers, optimizer state and options and `values`
+  // become rank 0's (broadcast_parameters, then the rest serialized on rank 0 and broadcast as
+  // bytes), then save().
   void sync() override;
 
  private:
-  std::vector<::torch::Tensor> model_tensors() const;
-
   ::torch::nn::Module& model_;
   ::torch::optim::Optimizer& optimizer_;
-  std::vector<::torch::Tensor> saved_tensors_;
-  std::string saved_optimizer_;  // torch::serialize archive bytes
-  std::map<std::string, int64_t> saved_values_;
+  std::vector<std::pair<std::string, ::torch::Tensor>> saved_tensors_;  // parameters, buffers
+  std::string saved_rest_;  // the optimizer and `values`, serialized
 };
 
 }  // namespace krug::torch::elastic
-

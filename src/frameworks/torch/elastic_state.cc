@@ -1,4 +1,11 @@
-// krug::torch::elastic::TorchState (include/krug/torch.h).
+// krug::torch::elastic::TorchState (include/krug/torch.h): a LibTorch model and its optimizer
+// as elastic training state.
+//
+// Parameters and buffers are kept as tensors (copied into the same saved tensors on every
+// commit, no allocation in the steady state); the optimizer and `values` are kept serialized,
+// because an optimizer's per-parameter state has a type only the optimizer knows (SGD's momentum
+// buffer, Adam's moments and step), and its own save()/load() is the one generic way to deep-copy
+// it. The same bytes are what sync() broadcasts from rank 0.
 #include <fmt/format.h>
 
 #include <sstream>
@@ -8,90 +15,136 @@
 namespace krug::torch::elastic {
 namespace {
 
-std::string serialize(::torch::optim::Optimizer& optimizer) {
-  ::torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
+using at::Tensor;
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+namespace ser = ::torch::serialize;
 
-void deserialize(::torch::optim::Optimizer& optimizer, const std::string& bytes) {
-  ::torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in);
-  optimizer.load(archive);
-}
-
-std::string encode(const std::map<std::string, int64_t>& values) {
-  std::string out;
-  for (const auto& [k, v] : values) out += fmt::format("{}={}\n", k, v);
+// Every parameter and defined buffer, recursively, in the module's order. The prefixes keep a
+// parameter and a buffer of the same dotted name apart.
+NamedTensors model_tensors(::torch::nn::Module& model) {
+  NamedTensors out;
+  for (const auto& item : model.named_parameters(/*recurse=*/true))
+    out.emplace_back("param." + item.key(), item.value());
+  for (const auto& item : model.named_buffers(/*recurse=*/true))
+    if (item.value().defined()) out.emplace_back("buffer." + item.key(), item.value());
   return out;
 }
 
-std::map<std::string, int64_t> decode(const std::string& text) {
-  std::map<std::string, int64_t> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    const size_t eq = line.rfind('=');
-    if (eq != std::string::npos) out[line.substr(0, eq)] = std::stoll(line.substr(eq + 1));
+bool same_layout(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type();
+}
+
+std::string group_key(size_t i) {
+  return fmt::format("group.{}", i);
+}
+
+std::string serialize_rest(const ::torch::optim::Optimizer& optimizer,
+                           const std::map<std::string, int64_t>& values) {
+  ser::OutputArchive archive;
+  ser::OutputArchive optimizer_archive;
+  optimizer.save(optimizer_archive);
+  archive.write("optimizer", optimizer_archive);
+  // Optimizer::load() of LibTorch 1.13 reads the groups' options but does not apply them, so
+  // the learning rate and the rest are written (and applied) per group here.
+  const auto& groups = optimizer.param_groups();
+  archive.write("groups", c10::IValue(static_cast<int64_t>(groups.size())));
+  for (size_t i = 0; i < groups.size(); ++i) {
+    ser::OutputArchive options;
+    groups[i].options().serialize(options);
+    archive.write(group_key(i), options);
   }
-  return out;
+  c10::Dict<std::string, int64_t> dict;
+  for (const auto& [key, value] : values) dict.insert(key, value);
+  archive.write("values", c10::IValue(dict));
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return std::move(bytes).str();
 }
 
-// Rank 0's bytes on every rank: the length first, so the others can size their buffer.
-std::string broadcast_bytes(const std::string& name, std::string bytes) {
-  int64_t n = static_cast<int64_t>(bytes.size());
-  krug::broadcast(name + ".size", &n, DataType::kInt64, {1}, 0);
-  bytes.resize(static_cast<size_t>(n));
-  krug::broadcast(name, bytes.data(), DataType::kUInt8, {n}, 0);
-  return bytes;
+void load_rest(const std::string& bytes, ::torch::optim::Optimizer& optimizer,
+               std::map<std::string, int64_t>& values) {
+  ser::InputArchive archive;
+  archive.load_from(bytes.data(), bytes.size());
+  c10::IValue groups;
+  archive.read("groups", groups);
+  auto& mine = optimizer.param_groups();
+  if (groups.toInt() != static_cast<int64_t>(mine.size()))
+    throw Error(
+        fmt::format("TorchState: the saved optimizer has {} parameter group(s), this one {}",
+                    groups.toInt(), mine.size()));
+  ser::InputArchive optimizer_archive;
+  archive.read("optimizer", optimizer_archive);
+  // load() only adds entries: a parameter that had no state when saved (no step yet) must lose
+  // the state it has now.
+  optimizer.state().clear();
+  optimizer.load(optimizer_archive);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    ser::InputArchive options;
+    archive.read(group_key(i), options);
+    mine[i].options().serialize(options);
+  }
+  c10::IValue dict;
+  archive.read("values", dict);
+  values.clear();
+  for (const auto& item : dict.toGenericDict())
+    values[item.key().toStringRef()] = item.value().toInt();
 }
 
 }  // namespace
 
 TorchState::TorchState(::torch::nn::Module& model, ::torch::optim::Optimizer& optimizer)
     : model_(model), optimizer_(optimizer) {
-  save();
-}
-
-std::vector<::torch::Tensor> TorchState::model_tensors() const {
-  std::vector<::torch::Tensor> out;
-  for (const auto& item : model_.named_parameters(/*recurse=*/true)) out.push_back(item.value());
-  for (const auto& item : model_.named_buffers(/*recurse=*/true))
-    if (item.value().defined()) out.push_back(item.value());
-  return out;
+  TorchState::save();  // not virtual here: a subclass is not constructed yet
 }
 
 void TorchState::save() {
   ::torch::NoGradGuard no_grad;
-  saved_tensors_.clear();
-  for (const auto& t : model_tensors()) saved_tensors_.push_back(t.detach().clone());
-  saved_optimizer_ = serialize(optimizer_);
-  saved_values_ = values;
+  const NamedTensors now = model_tensors(model_);
+  bool reuse = now.size() == saved_tensors_.size();
+  for (size_t i = 0; reuse && i < now.size(); ++i)
+    reuse = now[i].first == saved_tensors_[i].first &&
+            same_layout(now[i].second, saved_tensors_[i].second);
+  if (reuse) {
+    for (size_t i = 0; i < now.size(); ++i) saved_tensors_[i].second.copy_(now[i].second);
+  } else {
+    saved_tensors_.clear();
+    for (const auto& [name, t] : now) saved_tensors_.emplace_back(name, t.detach().clone());
+  }
+  saved_rest_ = serialize_rest(optimizer_, values);
   save_commit_count();
 }
 
 void TorchState::restore() {
   ::torch::NoGradGuard no_grad;
-  const auto tensors = model_tensors();
-  if (tensors.size() != saved_tensors_.size())
+  const NamedTensors now = model_tensors(model_);
+  // Check everything before writing anything: a mismatch leaves the model as it was.
+  if (now.size() != saved_tensors_.size())
     throw Error(
-        fmt::format("TorchState::restore: the model has {} tensors, the commit {}: the "
-                    "model changed shape since the commit",
-                    tensors.size(), saved_tensors_.size()));
-  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(saved_tensors_[i]);
-  deserialize(optimizer_, saved_optimizer_);
-  values = saved_values_;
+        fmt::format("TorchState::restore: the model has {} parameters and buffers, {} "
+                    "were saved",
+                    now.size(), saved_tensors_.size()));
+  for (size_t i = 0; i < now.size(); ++i)
+    if (now[i].first != saved_tensors_[i].first ||
+        !same_layout(now[i].second, saved_tensors_[i].second))
+      throw Error(fmt::format("TorchState::restore: '{}' does not match the saved '{}'",
+                              now[i].first, saved_tensors_[i].first));
+  for (size_t i = 0; i < now.size(); ++i) {
+    Tensor target = now[i].second.detach();  // same storage: the optimizer's tensors stay valid
+    target.copy_(saved_tensors_[i].second);
+  }
+  load_rest(saved_rest_, optimizer_, values);
   restore_commit_count();
 }
 
 void TorchState::sync() {
-  broadcast_parameters(model_, 0);
-  const std::string optimizer =
-      broadcast_bytes("elastic.torch_state.optimizer", serialize(optimizer_));
-  if (krug::rank() != 0) deserialize(optimizer_, optimizer);
-  values = decode(broadcast_bytes("elastic.torch_state.values", encode(values)));
+  broadcast_parameters(model_, /*root_rank=*/0);
+  std::string bytes;
+  if (krug::rank() == 0) bytes = serialize_rest(optimizer_, values);
+  int64_t size = static_cast<int64_t>(bytes.size());
+  krug::broadcast("krug.elastic.torch_state.size", &size, DataType::kInt64, {1}, 0);
+  bytes.resize(static_cast<size_t>(size));
+  krug::broadcast("krug.elastic.torch_state.bytes", bytes.data(), DataType::kUInt8, {size}, 0);
+  if (krug::rank() != 0) load_rest(bytes, optimizer_, values);
   save();
 }
 
