@@ -119,7 +119,7 @@ void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_p
     it->second.arrival = next_arrival_++;
   }
   it->second.by_rank[rank] = request;
-  it->second.arrived_at[rank] = now;
+  if (track_readiness_) it->second.arrived_at[rank] = now;
 }
 
 bool Negotiator::is_ready(const Pending& p) const {
@@ -368,7 +368,8 @@ std::vector<Response> Negotiator::compute() {
     if (std::string error = validate(key, p); !error.empty()) {
       error_on(out, p, std::move(error));
     } else {
-      if (first.process_set == 0 && static_cast<int>(p.arrived_at.size()) == world_size_) {
+      if (track_readiness_ && first.process_set == 0 &&
+          static_cast<int>(p.arrived_at.size()) == world_size_) {
         std::vector<Clock::time_point> arrivals;
         arrivals.reserve(world_size_);
         for (const auto& [rank, t] : p.arrived_at) arrivals.push_back(t);

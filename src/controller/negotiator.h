@@ -51,7 +51,10 @@ class Negotiator {
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   std::vector<Stall> stalls(Clock::time_point now, double older_than_seconds) const;
 
-  // When each rank submitted the global set's tensors that became ready (elastic stragglers).
+  // Records when each rank submitted the global set's tensors that become ready from now on
+  // (elastic stragglers, read through readiness()). Off by default: fixed jobs do not pay
+  // for it on the negotiation path.
+  void track_readiness() { track_readiness_ = true; }
   const ReadinessStats& readiness() const { return readiness_; }
 
   // Members (global ranks, ascending) of a live process set; throws for unknown ids.
@@ -59,8 +62,8 @@ class Negotiator {
 
  private:
   struct Pending {
-    std::map<int32_t, Request> by_rank;  // global rank -> its request
-    std::map<int32_t, Clock::time_point> arrived_at;  // global rank -> when its request came
+    std::map<int32_t, Request> by_rank;               // global rank -> its request
+    std::map<int32_t, Clock::time_point> arrived_at;  // with track_readiness(): rank -> when
     Clock::time_point first_seen;
     uint64_t arrival = 0;  // decides the order of responses
   };
@@ -85,6 +88,7 @@ class Negotiator {
   std::set<int32_t> joined_;
   int32_t last_joined_ = -1;
   uint64_t next_arrival_ = 0;
+  bool track_readiness_ = false;
   ReadinessStats readiness_;
 };
 

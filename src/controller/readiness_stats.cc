@@ -16,7 +16,6 @@ void ReadinessStats::observe(const std::string& name,
   std::sort(sorted.begin(), sorted.end());
   // The lower median: with two ranks the earlier one is "the others", so the late one shows.
   const auto median = sorted[(sorted.size() - 1) / 2];
-  const auto ready = sorted.back();
   if (!first_) first_ = sorted.front();
   // Rank r held the others up from the median arrival to its own. Tensors of one step often
   // wait on r at once (a whole backward pass shifted by r's delay), so overlapping waits count
@@ -29,21 +28,13 @@ void ReadinessStats::observe(const std::string& name,
     counted_until_[r] = arrivals[r];
   }
   ++tensors_;
+  // Steps are the intervals between readiness of the most frequent name: one per step.
   auto it = seen_.find(name);
   if (it == seen_.end()) {
-    if (seen_.size() < kMaxNames) seen_.emplace(name, Seen{ready, 0, 0});
+    if (seen_.size() < kMaxNames) seen_.emplace(name, 0);
     return;
   }
-  Seen& s = it->second;
-  s.period_us +=
-      std::chrono::duration_cast<std::chrono::microseconds>(ready - s.last_ready).count();
-  s.last_ready = ready;
-  ++s.intervals;
-  // The step period is that of the most frequently ready tensor: one name per step, every step.
-  if (s.intervals >= steps_) {
-    steps_ = s.intervals;
-    period_us_ = s.period_us;
-  }
+  steps_ = std::max(steps_, ++it->second);
 }
 
 }  // namespace krug::controller

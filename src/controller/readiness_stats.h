@@ -29,23 +29,17 @@ class ReadinessStats {
   // Totals since construction (see rendezvous::elastic::Health).
   int64_t tensors() const { return tensors_; }
   int64_t steps() const { return steps_; }
-  int64_t period_us() const { return period_us_; }
   const std::vector<int64_t>& lateness_us() const { return lateness_us_; }
 
-  // Names tracked for the step period; names beyond it (one per step, say) are not.
+  // Names counted for steps; names beyond it (one per step, say) are not.
   static constexpr size_t kMaxNames = 4096;
 
  private:
-  struct Seen {
-    Clock::time_point last_ready;
-    int64_t intervals = 0;
-    int64_t period_us = 0;
-  };
-  std::unordered_map<std::string, Seen> seen_;
+  // Times each name became ready (the most frequent one counts steps).
+  std::unordered_map<std::string, int64_t> seen_;
   std::optional<Clock::time_point> first_;
   int64_t tensors_ = 0;
   int64_t steps_ = 0;
-  int64_t period_us_ = 0;
   std::vector<int64_t> lateness_us_;
   std::vector<Clock::time_point> counted_until_;  // end of each rank's last counted wait
 };

@@ -230,9 +230,11 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
           ? "gloo"
           : global->backend_name();
   wait_for_every_rank_to_connect();
-  if (control_->is_coordinator())
+  if (control_->is_coordinator()) {
     negotiator_ = std::make_unique<controller::Negotiator>(
         config_.size, config_.fusion_threshold_bytes, cache_);
+    if (config_.elastic) negotiator_->track_readiness();  // report_health's source
+  }
   if (config_.rank == 0 && !config_.timeline_path.empty())
     timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
   tuned_ = {config_.fusion_threshold_bytes, config_.cycle_time_ms};
@@ -659,7 +661,7 @@ void Engine::Impl::report_health(Clock::time_point now) {
   next_health_report_ = now + std::chrono::seconds(1);
   const auto& stats = negotiator_->readiness();
   rendezvous::elastic::Health health{stats.elapsed_us(now), stats.tensors(), stats.steps(),
-                                     stats.period_us(), stats.lateness_us()};
+                                     stats.lateness_us()};
   const std::string text = rendezvous::elastic::encode(health);
   try {
     store_->set("health", rendezvous::Bytes(text.begin(), text.end()));

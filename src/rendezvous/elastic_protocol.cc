@@ -101,8 +101,8 @@ HostsVersion decode_hosts_version(std::string_view text) {
 }
 
 std::string encode(const Health& h) {
-  return fmt::format("elapsed_us={} tensors={} steps={} period_us={} lateness_us={}", h.elapsed_us,
-                     h.tensors, h.steps, h.period_us, fmt::join(h.lateness_us, ","));
+  return fmt::format("elapsed_us={} tensors={} steps={} lateness_us={}", h.elapsed_us, h.tensors,
+                     h.steps, fmt::join(h.lateness_us, ","));
 }
 
 Health decode_health(std::string_view text) {
@@ -111,7 +111,6 @@ Health decode_health(std::string_view text) {
   h.elapsed_us = number(f, "elapsed_us", text, "health report");
   h.tensors = number(f, "tensors", text, "health report");
   h.steps = number(f, "steps", text, "health report");
-  h.period_us = number(f, "period_us", text, "health report");
   const std::string& list = f["lateness_us"];
   size_t i = 0;
   while (i < list.size()) {

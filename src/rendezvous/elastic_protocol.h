@@ -48,14 +48,13 @@ HostsVersion decode_hosts_version(std::string_view text);
 
 // Readiness statistics of one round, cumulative since it began, published by its coordinator
 // (controller/readiness_stats.h): `tensors` observed; `steps` = intervals between consecutive
-// readiness of the most frequent tensor and `period_us` their total length (the step time);
+// readiness of the most frequent tensor; `elapsed_us` = time the window of these totals spans;
 // `lateness_us[r]` = wall time the others spent waiting for rank r (from the median rank's
 // submission of a tensor to r's; overlapping waits counted once).
 struct Health {
   int64_t elapsed_us = 0;  // since the first tensor was observed, when the report was made
   int64_t tensors = 0;
   int64_t steps = 0;
-  int64_t period_us = 0;
   std::vector<int64_t> lateness_us;
 };
 std::string encode(const Health& h);

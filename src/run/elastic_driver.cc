@@ -26,6 +26,7 @@
 #include "run/signals.h"
 #include "run/ssh.h"
 #include "run/starter.h"
+#include "run/supervisor.h"
 
 namespace krug::run {
 namespace {
@@ -35,7 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto kTick = std::chrono::milliseconds(100);  // store checks: the driver is no data path
 constexpr auto kDiscoveryTimeout = std::chrono::seconds(30);
-constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
 constexpr auto kHealthEvery = std::chrono::seconds(1);
 
 struct Worker {
@@ -191,7 +191,7 @@ class Driver {
     stopping_ = true;
     stop_code_ = code;
     signal_live(SIGTERM);
-    kill_at_ = Clock::now() + kGrace;
+    kill_at_ = Clock::now() + Supervisor::kGrace;  // the same grace as a fixed job's
   }
 
   int finish() {

@@ -71,12 +71,11 @@ TEST(ElasticProtocol, HostsVersionAndHealthRoundTrip) {
   const auto h = el::decode_hosts_version(el::encode(el::HostsVersion{5, 3}));
   EXPECT_EQ(h.version, 5);
   EXPECT_EQ(h.last_addition, 3);
-  el::Health health{2000000, 40, 19, 1234567, {0, 15, 900000}};
+  el::Health health{2000000, 40, 19, {0, 15, 900000}};
   const auto back = el::decode_health(el::encode(health));
   EXPECT_EQ(back.elapsed_us, 2000000);
   EXPECT_EQ(back.tensors, 40);
   EXPECT_EQ(back.steps, 19);
-  EXPECT_EQ(back.period_us, 1234567);
   EXPECT_EQ(back.lateness_us, (std::vector<int64_t>{0, 15, 900000}));
 }
 
@@ -149,7 +148,7 @@ TEST(HostBlacklist, WithoutARangeItIsForever) {
 
 // A report after `steps` steps of equal length, `elapsed_us` in all.
 el::Health health(int64_t steps, int64_t elapsed_us, std::vector<int64_t> lateness) {
-  return el::Health{elapsed_us, steps * 2, steps, elapsed_us, std::move(lateness)};
+  return el::Health{elapsed_us, steps * 2, steps, std::move(lateness)};
 }
 
 TEST(Straggler, FoundWhenTheOthersWaitLongEnough) {
@@ -166,8 +165,8 @@ TEST(Straggler, FoundWhenTheOthersWaitLongEnough) {
 }
 
 TEST(Straggler, WaitsLongerThanTheStepsAreCappedNotInfinite) {
-  const auto s = run::find_straggler(health(0, 0, {0, 0}), health(20, 2'000'000, {0, 2'500'000}),
-                                     2, 20);
+  const auto s =
+      run::find_straggler(health(0, 0, {0, 0}), health(20, 2'000'000, {0, 2'500'000}), 2, 20);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->rank, 1);
   EXPECT_NEAR(s->slowdown, 1000, 1e-6);
@@ -184,7 +183,7 @@ TEST(Straggler, NotBelowTheFactorNorBeforeTheWindow) {
   EXPECT_FALSE(run::find_straggler(from, health(20, 3'000'000, {0, 2'000'000}), 0, 20));
 }
 
-TEST(ReadinessStats, LatenessIsWallTimeWaitedAndPeriodIsTheStep) {
+TEST(ReadinessStats, LatenessIsWallTimeWaitedAndStepsCountOneName) {
   controller::ReadinessStats stats(3);
   const auto t0 = Clock::now();
   for (int step = 0; step < 5; ++step) {
@@ -195,7 +194,6 @@ TEST(ReadinessStats, LatenessIsWallTimeWaitedAndPeriodIsTheStep) {
   }
   EXPECT_EQ(stats.tensors(), 10);
   EXPECT_EQ(stats.steps(), 4);  // intervals between consecutive readiness of one name
-  EXPECT_EQ(stats.period_us(), 4 * 150'000);
   EXPECT_EQ(stats.elapsed_us(t0 + 1s), 1'000'000);
   EXPECT_EQ(stats.lateness_us()[0], 0);
   // Rank 1 is the median; rank 2 keeps the others waiting from 1 ms to 101 ms of every step.

@@ -28,6 +28,20 @@ class NegotiatorTest : public ::testing::Test {
   Clock::time_point now = Clock::now();
 };
 
+// Arrival times are recorded only when asked (elastic jobs): the readiness statistics see the
+// late rank then, and stay empty otherwise.
+TEST_F(NegotiatorTest, ReadinessIsTrackedOnlyWhenAsked) {
+  for (bool track : {false, true}) {
+    Negotiator n(2, 1 << 20, cache);
+    if (track) n.track_readiness();
+    n.add(from(0, {allreduce("r", 4)}), now);
+    n.add(from(1, {allreduce("r", 4)}), now + std::chrono::milliseconds(30));
+    ASSERT_EQ(n.compute().size(), 1u);
+    EXPECT_EQ(n.readiness().tensors(), track ? 1 : 0);
+    EXPECT_EQ(n.readiness().lateness_us()[1], track ? 30'000 : 0);
+  }
+}
+
 TEST_F(NegotiatorTest, NothingIsReadyUntilEveryRankAsked) {
   Negotiator n(3, 1 << 20, cache);
   n.add(from(0, {allreduce("a", 4)}), now);
