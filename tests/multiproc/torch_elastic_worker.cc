@@ -10,6 +10,8 @@
 #include <krug/torch.h>
 #include <torch/torch.h>
 
+#include "torch_worker_main.h"
+
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -334,24 +336,6 @@ int main(int argc, char** argv) {
       {"commits", scenario_commits},
       {"run", scenario_run},
   };
-  if (argc != 2 || !scenarios.count(argv[1])) {
-    std::cerr << "usage: krug_torch_elastic_worker <scenario>; scenarios:";
-    for (const auto& [name, fn] : scenarios) std::cerr << " " << name;
-    std::cerr << std::endl;
-    return 2;
-  }
-  torch::set_num_threads(1);
-  try {
-    krug::init();
-    g_rank = krug::rank();
-    g_size = krug::size();
-    scenarios.at(argv[1])();
-    krug::shutdown();
-  } catch (const std::exception& e) {
-    std::cerr << "rank " << g_rank << ": FAIL: " << argv[1] << ": " << e.what() << std::endl;
-    return 1;
-  }
-  if (g_failures) return 1;
-  std::cout << "rank " << g_rank << ": " << argv[1] << " OK" << std::endl;
-  return 0;
+  return krug_test::run_torch_worker(argc, argv, "krug_torch_elastic_worker", scenarios, g_rank, g_size,
+                                     g_failures);
 }
