@@ -2,12 +2,10 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cstring>
 #include <set>
@@ -74,39 +72,8 @@ std::string run_discovery_script(const std::string& script, std::chrono::millise
   StartedRank child = spawn_process({"/bin/sh", "-c", script}, to_envp(current_environment()),
                                     false, "host discovery script '" + script + "'");
   std::string out, err;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool timed_out = false;
-  Fd* pipes[2] = {&child.stdout_pipe, &child.stderr_pipe};
-  std::string* sinks[2] = {&out, &err};
-  while (child.stdout_pipe || child.stderr_pipe) {
-    pollfd fds[2];
-    int n = 0, which[2];
-    for (int i = 0; i < 2; ++i)
-      if (*pipes[i]) {
-        fds[n] = {pipes[i]->get(), POLLIN, 0};
-        which[n++] = i;
-      }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now())
-                          .count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    int r = ::poll(fds, n, static_cast<int>(left));
-    if (r < 0 && errno != EINTR)
-      throw Error(
-          fmt::format("krugrun: poll on the discovery script failed: {}", std::strerror(errno)));
-    for (int i = 0; i < n; ++i) {
-      if (!fds[i].revents) continue;
-      char buf[4096];
-      ssize_t got = ::read(fds[i].fd, buf, sizeof(buf));
-      if (got > 0)
-        sinks[which[i]]->append(buf, static_cast<size_t>(got));
-      else if (got == 0 || (errno != EINTR && errno != EAGAIN))
-        pipes[which[i]]->reset();
-    }
-  }
+  const bool timed_out = !drain_pipes({{&child.stdout_pipe, &out}, {&child.stderr_pipe, &err}},
+                                      std::chrono::steady_clock::now() + timeout);
   if (timed_out) {
     child.process.signal_group(SIGKILL);
     throw Error(

@@ -4,8 +4,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace krug::run {
 
@@ -48,5 +51,15 @@ Fd open_for_writing(const std::string& path);
 // Writes all of `data`, retrying on EINTR and short writes. Returns false when the fd is gone
 // (EPIPE and friends): the launcher keeps supervising ranks even if its own output is closed.
 bool write_all(int fd, std::string_view data);
+
+// A pipe read to its end into `text`; drain_pipes() closes `pipe` at end of file.
+struct PipeReader {
+  Fd* pipe;
+  std::string* text;
+};
+// Reads every pipe until each is at end of file (closed) or `deadline` passes; returns whether
+// they all ended. Child processes' output (host checks, the discovery script) is read this way.
+bool drain_pipes(const std::vector<PipeReader>& pipes,
+                 std::chrono::steady_clock::time_point deadline);
 
 }  // namespace krug::run

@@ -96,7 +96,6 @@ std::vector<HostCheck> check_hosts(const std::vector<std::string>& hosts, const 
   struct Probe {
     StartedRank started;
     std::string output;
-    bool open = true;
   };
   const std::string probe_cmd = "test -x " + shell_quote(o.krugrun_path) + " || exit " +
                                 std::to_string(kCommandNotFound);
@@ -108,31 +107,11 @@ std::vector<HostCheck> check_hosts(const std::vector<std::string>& hosts, const 
                            {}});
 
   // ssh's ConnectTimeout bounds the connection; this bounds everything else (a hung sshd).
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout_s * 1000) + 5000);
-  while (true) {
-    std::vector<pollfd> fds;
-    std::vector<Probe*> owners;
-    for (auto& p : probes)
-      if (p.open) {
-        fds.push_back({p.started.stderr_pipe.get(), POLLIN, 0});
-        owners.push_back(&p);
-      }
-    if (fds.empty()) break;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now()).count();
-    if (left <= 0) break;
-    if (::poll(fds.data(), fds.size(), static_cast<int>(left)) < 0 && errno != EINTR) break;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      char buf[4096];
-      ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
-      if (n > 0)
-        owners[i]->output.append(buf, static_cast<size_t>(n));
-      else if (n == 0 || errno != EINTR)
-        owners[i]->open = false;
-    }
-  }
+  std::vector<PipeReader> readers;
+  for (auto& p : probes) readers.push_back({&p.started.stderr_pipe, &p.output});
+  drain_pipes(readers, std::chrono::steady_clock::now() +
+                           std::chrono::milliseconds(
+                               static_cast<int64_t>(o.connect_timeout_s * 1000) + 5000));
 
   std::vector<HostCheck> results;
   for (size_t i = 0; i < hosts.size(); ++i) {
