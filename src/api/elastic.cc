@@ -42,10 +42,14 @@ RoundInfo round_info() {
 HostUpdate host_update() {
   auto session = current_elastic_session();
   if (!session) return {};
-  const auto now = session->store->check({el::kHostsKey})
-                       ? session->store->get(el::kHostsKey, std::chrono::milliseconds(0))
-                       : rendezvous::Bytes{};
-  if (now.empty()) return {};
+  // One round trip (rank 0, at every commit): the driver publishes the key before any worker
+  // starts, so it is there to get.
+  rendezvous::Bytes now;
+  try {
+    now = session->store->get(el::kHostsKey, std::chrono::milliseconds(0));
+  } catch (const rendezvous::StoreTimeout&) {
+    return {};
+  }
   const auto hosts = el::decode_hosts_version(std::string(now.begin(), now.end()));
   const int64_t since = session->assignment.hosts_version;
   if (hosts.version <= since) return {};
