@@ -7,11 +7,21 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "krug/types.h"
 
 namespace krug::collectives {
+
+// One tensor of a fused allreduce: `count` elements read from `in` (nullptr: zeros, a joined
+// rank's contribution) and written to `out` (nullptr: the result is not kept). `in` may equal
+// `out`; parts must not otherwise overlap.
+struct FusedPart {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+};
 
 class Communicator {
  public:
@@ -22,6 +32,17 @@ class Communicator {
   // In place over `count` elements. Each element is reduced in rank order (r0 op r1 op ...), so
   // results are bitwise identical however tensors were fused into the buffer.
   virtual void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  // Whether allreduce_parts() works here: backends that read and write the tensors of a fused
+  // allreduce in place implement it and save the fusion buffer's two copies.
+  virtual bool has_allreduce_parts() const { return false; }
+  // Allreduce of `parts` as if they were one buffer, their concatenation: inputs scaled by
+  // `prescale`, results by `postscale` (reduce::scale each, so every element is bitwise what
+  // scaling and reducing a fusion buffer gives). Only where has_allreduce_parts().
+  virtual void allreduce_parts(const std::vector<FusedPart>& /*parts*/, DataType /*dtype*/,
+                               ReduceOp /*op*/, double /*prescale*/, double /*postscale*/) {
+    throw Error(std::string(backend_name()) + " communicator: no allreduce over separate parts; "
+                "fuse them into one buffer");
+  }
   // `in` holds sum(counts) elements; `out` receives the reduced counts[rank()] elements that
   // start at offset sum(counts[0..rank())). Same rank-ordered reduction as allreduce.
   virtual void reducescatter(const void* in, void* out, const std::vector<size_t>& counts,

@@ -907,6 +907,24 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       set.comm->allreduce(buf, total, r.dtype, kernel_op);
   };
   const std::string phase = "ALLREDUCE";
+  if (!adasum && set.comm->has_allreduce_parts()) {
+    // The data plane reads the inputs and writes the outputs in place: no fusion buffer, and
+    // the scale factors are applied while each piece is in cache.
+    std::vector<collectives::FusedPart> parts;
+    parts.reserve(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      parts.push_back(entries[i] ? collectives::FusedPart{entries[i]->args.input,
+                                                         entries[i]->args.output, counts[i]}
+                                 : collectives::FusedPart{nullptr, nullptr, counts[i]});
+      timeline_begin(r.names[i], phase);
+    }
+    set.comm->allreduce_parts(parts, r.dtype, kernel_op, r.prescale, post);
+    for (const auto& name : r.names) {
+      timeline_end(name, phase);
+      finish(controller::table_key(r.process_set, name));
+    }
+    return;
+  }
   if (entries.size() == 1 && entries[0]) {
     // One tensor: reduce in the user's output buffer, no fusion copies.
     auto& a = entries[0]->args;

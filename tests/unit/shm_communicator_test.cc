@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/shm/shm_communicator.h"
+#include "reduce/reduce.h"
 #include "rendezvous/store.h"
 
 namespace krug::collectives::shm {
@@ -118,6 +119,82 @@ TEST_P(Sizes, AllreduceOfOtherTypesAndOps) {
       for (int r = 0; r < size; ++r) product *= r + 2.0;
       for (size_t i = 0; i < count; ++i) ASSERT_EQ(y[i], product);
     }
+  });
+}
+
+// The parts path against what the engine's fusion buffer gives: concatenate, scale, allreduce,
+// scale, split. Layouts cover empty parts, a part spanning many steps, a step's slices
+// straddling parts, in place and out of place, a joined member's zeros (no input) and a result
+// nobody keeps (no output).
+TEST_P(Sizes, AllreducePartsMatchesAFusionBufferBitwise) {
+  const int size = GetParam();
+  const std::string job = unique_job("parts");
+  const std::vector<std::vector<size_t>> layouts = {
+      {1}, {0, 3, 0, 5}, {100, 1, 17, 300}, {2500}, {1000, 0, 1700, 9, 2}, {70001, 3}};
+  for (const auto& counts : layouts) {
+    for (const auto& [pre, post] : {std::pair{1.0, 1.0}, std::pair{0.5, 1.0 / 3.0}}) {
+      expect_all_pass(size, small_slots(job), [&](ShmCommunicator& comm, int m) {
+        const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+        // Reference: the fusion buffer the engine would build (part 1 from a joined member
+        // when m == 1, that is zeros).
+        std::vector<float> fused(total);
+        std::vector<std::vector<float>> in(counts.size()), out(counts.size());
+        std::vector<FusedPart> parts;
+        size_t at = 0;
+        for (size_t p = 0; p < counts.size(); ++p) {
+          in[p].resize(counts[p]);
+          for (size_t i = 0; i < counts[p]; ++i) in[p][i] = value(m, at + i);
+          const bool joined = m == 1 && p == 1;
+          const bool in_place = p % 2 == 0;
+          const bool dropped = p == 2;
+          for (size_t i = 0; i < counts[p]; ++i) fused[at + i] = joined ? 0.0f : in[p][i];
+          out[p].assign(counts[p], -1.0f);
+          void* o = dropped ? nullptr : in_place ? in[p].data() : out[p].data();
+          parts.push_back({joined ? nullptr : in[p].data(), o, counts[p]});
+          at += counts[p];
+        }
+        reduce::scale(DataType::kFloat32, fused.data(), total, pre);
+        comm.allreduce(fused.data(), total, DataType::kFloat32, ReduceOp::kSum);
+        reduce::scale(DataType::kFloat32, fused.data(), total, post);
+        comm.allreduce_parts(parts, DataType::kFloat32, ReduceOp::kSum, pre, post);
+        at = 0;
+        for (size_t p = 0; p < counts.size(); ++p) {
+          const auto& got = p % 2 == 0 ? in[p] : out[p];
+          for (size_t i = 0; i < counts[p]; ++i) {
+            if (p == 2) {
+              ASSERT_EQ(out[p][i], -1.0f) << "a part without output was written";
+              continue;
+            }
+            ASSERT_EQ(std::memcmp(&got[i], &fused[at + i], sizeof(float)), 0)
+                << "part " << p << " element " << i << ": " << got[i] << " vs " << fused[at + i];
+          }
+          at += counts[p];
+        }
+      });
+    }
+  }
+  EXPECT_EQ(segments_named(job), 0);
+}
+
+TEST_P(Sizes, AllreducePartsOfHalfFloatsMatchAFusionBuffer) {
+  const int size = GetParam();
+  expect_all_pass(size, small_slots(unique_job("parts16")), [&](ShmCommunicator& comm, int m) {
+    const std::vector<size_t> counts = {3, 5000, 1};
+    std::vector<uint16_t> fused;
+    std::vector<std::vector<uint16_t>> in(counts.size());
+    std::vector<FusedPart> parts;
+    for (size_t p = 0; p < counts.size(); ++p) {
+      for (size_t i = 0; i < counts[p]; ++i)
+        in[p].push_back(reduce::float_to_half(value(m, fused.size() + i) * 1e-4f));
+      fused.insert(fused.end(), in[p].begin(), in[p].end());
+      parts.push_back({in[p].data(), in[p].data(), counts[p]});
+    }
+    comm.allreduce(fused.data(), fused.size(), DataType::kFloat16, ReduceOp::kSum);
+    reduce::scale(DataType::kFloat16, fused.data(), fused.size(), 0.25);
+    comm.allreduce_parts(parts, DataType::kFloat16, ReduceOp::kSum, 1.0, 0.25);
+    size_t at = 0;
+    for (size_t p = 0; p < counts.size(); ++p)
+      for (size_t i = 0; i < counts[p]; ++i, ++at) ASSERT_EQ(in[p][i], fused[at]) << at;
   });
 }
 

@@ -244,6 +244,145 @@ void ShmCommunicator::allreduce_large(uint8_t* data, size_t count, size_t elemen
   }
 }
 
+// The parts of a fused allreduce seen as one buffer of elements: a step gathers its piece of
+// the inputs and scatters its piece of the result without a fusion buffer in between.
+class ShmCommunicator::Parts {
+ public:
+  Parts(const std::vector<FusedPart>& parts, DataType dtype, double prescale, double postscale)
+      : parts_(parts), dtype_(dtype), element_(dtype_size(dtype)), pre_(prescale),
+        post_(postscale) {
+    starts_.reserve(parts.size() + 1);
+    size_t at = 0;
+    for (const auto& p : parts) {
+      starts_.push_back(at);
+      at += p.count;
+    }
+    starts_.push_back(at);
+  }
+  size_t total() const { return starts_.back(); }
+  size_t element() const { return element_; }
+
+  // Elements [first, first + n) of the inputs into `dst`, scaled by the prescale.
+  void gather(size_t first, size_t n, uint8_t* dst) const {
+    walk(first, n, [&](const FusedPart& p, size_t offset, size_t count, size_t at) {
+      uint8_t* to = dst + at * element_;
+      if (p.in)
+        std::memcpy(to, static_cast<const uint8_t*>(p.in) + offset * element_, count * element_);
+      else
+        std::memset(to, 0, count * element_);
+    });
+    reduce::scale(dtype_, dst, n, pre_);
+  }
+  // Result elements [first, first + n), held in `src`, into the outputs, scaled by the
+  // postscale.
+  void scatter(size_t first, size_t n, const uint8_t* src) const {
+    walk(first, n, [&](const FusedPart& p, size_t offset, size_t count, size_t at) {
+      if (!p.out) return;
+      uint8_t* to = static_cast<uint8_t*>(p.out) + offset * element_;
+      std::memcpy(to, src + at * element_, count * element_);
+      reduce::scale(dtype_, to, count, post_);
+    });
+  }
+
+ private:
+  // fn(part, offset in the part, count, offset in the range) for each part under the range.
+  template <typename Fn>
+  void walk(size_t first, size_t n, Fn&& fn) const {
+    if (n == 0) return;
+    // The part holding `first`: the last one starting at or before it (never an empty one).
+    size_t i = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end() - 1, first) -
+                                   starts_.begin()) - 1;
+    for (size_t at = 0; at < n; ++i) {
+      const size_t offset = first + at - starts_[i];
+      const size_t count = std::min(parts_[i].count - offset, n - at);
+      if (count > 0) fn(parts_[i], offset, count, at);
+      at += count;
+    }
+  }
+
+  const std::vector<FusedPart>& parts_;
+  DataType dtype_;
+  size_t element_;
+  double pre_, post_;
+  std::vector<size_t> starts_;  // element offset of each part, then the total
+};
+
+void ShmCommunicator::allreduce_parts(const std::vector<FusedPart>& parts, DataType dtype,
+                                      ReduceOp op, double prescale, double postscale) {
+  const Parts view(parts, dtype, prescale, postscale);
+  if (view.total() == 0) return;
+  if (size_ == 1) {
+    for (const auto& p : parts) {
+      if (!p.out || p.count == 0) continue;
+      if (!p.in)
+        std::memset(p.out, 0, p.count * view.element());
+      else if (p.in != p.out)
+        std::memcpy(p.out, p.in, p.count * view.element());
+      reduce::scale(dtype, p.out, p.count, prescale);
+      reduce::scale(dtype, p.out, p.count, postscale);
+    }
+    return;
+  }
+  guarded("allreduce", [&] {
+    if (view.total() * view.element() <= options_.small_allreduce_bytes)
+      allreduce_parts_small(view, dtype, op);
+    else
+      allreduce_parts_large(view, dtype, op);
+  });
+}
+
+void ShmCommunicator::allreduce_parts_small(const Parts& parts, DataType dtype, ReduceOp op) {
+  const size_t element = parts.element();
+  const size_t per_step = options_.slot_bytes / element;
+  scratch_.resize(std::min(per_step, parts.total()) * element);
+  for (size_t first = 0; first < parts.total(); first += per_step) {
+    const size_t n = std::min(per_step, parts.total() - first);
+    begin_step("allreduce");
+    parts.gather(first, n, slot(step_, rank_));
+    publish_filled();
+    wait_filled_all("allreduce");
+    reduce_in_rank_order(dtype, op, scratch_.data(), size_, n, [&](int m) { return slot(step_, m); });
+    publish_reduced();
+    publish_done();
+    parts.scatter(first, n, scratch_.data());
+  }
+}
+
+void ShmCommunicator::allreduce_parts_large(const Parts& parts, DataType dtype, ReduceOp op) {
+  const size_t element = parts.element();
+  const size_t per_step = options_.slot_bytes / element;
+  for (size_t first = 0; first < parts.total(); first += per_step) {
+    const size_t n = std::min(per_step, parts.total() - first);
+    const auto slices = split_counts(n, size_);
+    const auto offsets = prefix_offsets(slices);
+    begin_step("allreduce");
+    uint8_t* mine = slot(step_, rank_);
+    parts.gather(first, n, mine);
+    publish_filled();
+    wait_filled_all("allreduce");
+    // This member's slice of the result overwrites its own input in its slot. The chain
+    // s0 op s1 op ... reads s0 and s1 before its first write, so members 0 and 1 reduce in
+    // place; a later member first keeps a copy of its input slice.
+    const size_t at = offsets[rank_] * element;
+    const size_t len = slices[rank_];
+    const uint8_t* own = mine + at;
+    if (rank_ >= 2 && len > 0) {
+      scratch_.resize(len * element);
+      std::memcpy(scratch_.data(), own, len * element);
+      own = scratch_.data();
+    }
+    auto source = [&](int m) -> const uint8_t* {
+      return m == rank_ ? own : slot(step_, m) + at;
+    };
+    if (len > 0) reduce_in_rank_order(dtype, op, mine + at, size_, len, source);
+    publish_reduced();
+    wait_reduced_all("allreduce");
+    for (int m = 0; m < size_; ++m)
+      parts.scatter(first + offsets[m], slices[m], slot(step_, m) + offsets[m] * element);
+    publish_done();
+  }
+}
+
 void ShmCommunicator::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                                     DataType dtype, ReduceOp op) {
   const size_t element = dtype_size(dtype);

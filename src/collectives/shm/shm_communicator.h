@@ -54,6 +54,9 @@ class ShmCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  bool has_allreduce_parts() const override { return true; }
+  void allreduce_parts(const std::vector<FusedPart>& parts, DataType dtype, ReduceOp op,
+                       double prescale, double postscale) override;
   void reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override;
   void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override;
@@ -91,6 +94,11 @@ class ShmCommunicator : public Communicator {
 
   void allreduce_small(uint8_t* data, size_t count, size_t element, DataType dtype, ReduceOp op);
   void allreduce_large(uint8_t* data, size_t count, size_t element, DataType dtype, ReduceOp op);
+  // The parts path (allreduce_parts): each step gathers its piece of the parts straight into
+  // this member's slot and scatters the result straight out of the slots.
+  class Parts;
+  void allreduce_parts_small(const Parts& parts, DataType dtype, ReduceOp op);
+  void allreduce_parts_large(const Parts& parts, DataType dtype, ReduceOp op);
   // Runs `body` and, if it throws, aborts the segment so that peers fail promptly too.
   template <typename Body>
   void guarded(const char* op, Body&& body);
@@ -104,6 +112,7 @@ class ShmCommunicator : public Communicator {
   std::chrono::nanoseconds spin_;
   Segment segment_;
   std::unique_ptr<Communicator> point_to_point_;
+  std::vector<uint8_t> scratch_;  // a piece's result or own slice, when it cannot stay in a slot
   uint32_t step_ = 0;  // steps this member has begun; the same on every member between calls
 };
 
