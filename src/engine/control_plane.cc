@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string_view>
+#include <thread>
 
 #include "common/log.h"
 
@@ -12,6 +13,9 @@ namespace krug::engine {
 namespace {
 
 constexpr const char* kAddressKey = "control/address";
+// Ring bytes per mailbox: a step's lists of a few thousand tensors (about 100 bytes each, a few
+// bytes once cached) fit; larger lists are spilled to the socket.
+constexpr size_t kMailboxBytes = size_t{256} << 10;
 
 std::vector<uint8_t> to_bytes(std::string_view s) { return {s.begin(), s.end()}; }
 std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -20,9 +24,11 @@ std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end(
 
 ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host,
                            const std::string& hostname, rendezvous::Store& store,
-                           const std::string& secret, std::chrono::milliseconds timeout)
+                           const std::string& secret, std::chrono::milliseconds timeout,
+                           bool mailboxes, const SegmentFactory& segment)
     : rank_(rank), size_(size), timeout_(timeout), hosts_(size) {
   hosts_[rank] = hostname;
+  stash_.resize(is_coordinator() ? size : 1);
   if (size == 1) return;
   const auto until = deadline();
   if (is_coordinator()) {
@@ -60,9 +66,13 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
       workers_[peer] = std::move(*conn);
       ++connected;
     }
-    // Every rank learns every host name, for error messages.
+    // Every rank learns every host name, for error messages, and whether lists go through
+    // mailboxes.
+    mailboxes = mailboxes && std::all_of(hosts_.begin(), hosts_.end(),
+                                         [&](const std::string& h) { return h == hosts_[0]; });
     net::Writer w;
     for (const auto& h : hosts_) w.str(h);
+    w.u8(mailboxes ? 1 : 0);
     auto table = w.take();
     for (int r = 1; r < size; ++r) workers_[r].send_frame(table, until);
   } else {
@@ -79,6 +89,28 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
     const auto table_frame = coordinator_.recv_frame(until);
     net::Reader table(table_frame);
     for (auto& h : hosts_) h = table.str();
+    mailboxes = table.u8() != 0;
+  }
+  if (mailboxes) map_mailboxes(segment);
+}
+
+void ControlPlane::map_mailboxes(const SegmentFactory& segment) {
+  const size_t box = Mailbox::bytes_for(kMailboxBytes);
+  // Worker r's pair: its lists up at 2(r-1), the coordinator's down at 2(r-1)+1.
+  segment_ = segment(2 * static_cast<size_t>(size_ - 1) * box);
+  auto at = [&](int worker, int direction) {
+    return segment_->data() + (2 * static_cast<size_t>(worker - 1) + direction) * box;
+  };
+  inbox_.resize(stash_.size());
+  outbox_.resize(stash_.size());
+  if (is_coordinator()) {
+    for (int r = 1; r < size_; ++r) {
+      inbox_[r].emplace(at(r, 0), kMailboxBytes);
+      outbox_[r].emplace(at(r, 1), kMailboxBytes);
+    }
+  } else {
+    outbox_[0].emplace(at(rank_, 0), kMailboxBytes);
+    inbox_[0].emplace(at(rank_, 1), kMailboxBytes);
   }
 }
 
@@ -90,16 +122,35 @@ std::vector<int> ControlPlane::fds() const {
   return fds;
 }
 
+void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, net::Deadline until) {
+  net::Connection& conn = connection(peer);
+  if (!outbox_.empty() && outbox_[peer]) {
+    Mailbox& box = *outbox_[peer];
+    const bool spill = frame.size() > box.largest_frame();
+    auto push = [&] {
+      return spill ? box.try_push(Mailbox::Kind::kSpilled, nullptr, 0)
+                   : box.try_push(Mailbox::Kind::kFrame, frame.data(), frame.size());
+    };
+    // A full mailbox empties as soon as the peer's loop runs; wake it if it sleeps.
+    while (!push()) {
+      if (net::Clock::now() >= until)
+        throw net::NetError(fmt::format(
+            "control plane: rank {} has not read rank {}'s messages for {} s (stuck?)",
+            is_coordinator() ? peer : 0, rank_, timeout_.count() / 1000.0));
+      if (box.consumer_sleeping()) conn.send_frame(nullptr, 0, until);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (spill)
+      conn.send_frame(frame, until);  // its arrival wakes a sleeping peer
+    else if (box.consumer_sleeping())
+      conn.send_frame(nullptr, 0, until);  // the doorbell
+    return;
+  }
+  conn.send_frame(frame, until);
+}
+
 void ControlPlane::send_to_coordinator(const controller::RequestList& list) {
-  coordinator_.send_frame(controller::encode(list), deadline());
-}
-
-controller::ResponseList ControlPlane::recv_from_coordinator() {
-  return controller::decode_response_list(coordinator_.recv_frame(deadline()));
-}
-
-controller::RequestList ControlPlane::recv_from_worker(int rank) {
-  return controller::decode_request_list(workers_.at(rank).recv_frame(deadline()));
+  send(0, controller::encode(list), deadline());
 }
 
 std::vector<int> ControlPlane::broadcast(const controller::ResponseList& list) {
@@ -109,13 +160,70 @@ std::vector<int> ControlPlane::broadcast(const controller::ResponseList& list) {
   for (int r = 1; r < size_; ++r) {
     if (!workers_[r].valid()) continue;
     try {
-      workers_[r].send_frame(frame, deadline());
+      send(r, frame, deadline());
     } catch (const net::NetError&) {
       workers_[r].close();
       failed.push_back(r);
     }
   }
   return failed;
+}
+
+void ControlPlane::read_socket(int peer) {
+  auto frame = connection(peer).recv_frame(deadline());
+  if (uses_mailboxes() && frame.empty()) return;  // a doorbell: the list is in the mailbox
+  stash_.at(peer).push_back(std::move(frame));
+}
+
+std::optional<std::vector<uint8_t>> ControlPlane::next_frame(int peer) {
+  auto& stash = stash_.at(peer);
+  auto take = [&] {
+    auto frame = std::move(stash.front());
+    stash.pop_front();
+    return frame;
+  };
+  if (!uses_mailboxes()) {
+    if (stash.empty()) return std::nullopt;
+    return take();
+  }
+  Mailbox& box = *inbox_.at(peer);
+  if (!box.has_frame()) return std::nullopt;
+  std::vector<uint8_t> frame;
+  if (box.pop(frame) == Mailbox::Kind::kFrame) return frame;
+  // Spilled: the list is on the socket, possibly behind doorbells.
+  while (stash.empty()) read_socket(peer);
+  return take();
+}
+
+std::optional<controller::RequestList> ControlPlane::next_request_list(int worker) {
+  auto frame = next_frame(worker);
+  if (!frame) return std::nullopt;
+  return controller::decode_request_list(*frame);
+}
+
+std::optional<controller::ResponseList> ControlPlane::next_response_list() {
+  auto frame = next_frame(0);
+  if (!frame) return std::nullopt;
+  return controller::decode_response_list(*frame);
+}
+
+bool ControlPlane::has_mail() const {
+  return std::any_of(inbox_.begin(), inbox_.end(),
+                     [](const std::optional<Mailbox>& box) { return box && box->has_frame(); });
+}
+
+bool ControlPlane::prepare_to_sleep() {
+  for (auto& box : inbox_)
+    if (box && !box->prepare_to_sleep()) {
+      awake();
+      return false;
+    }
+  return true;
+}
+
+void ControlPlane::awake() {
+  for (auto& box : inbox_)
+    if (box) box->awake();
 }
 
 void ControlPlane::close_worker(int rank) { workers_.at(rank).close(); }

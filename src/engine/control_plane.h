@@ -4,14 +4,23 @@
 // Sockets, not Gloo, because the background loop must sleep in poll() on "local work arrived"
 // (an eventfd) and "a peer spoke" at the same time: no idle polling, and a dead peer shows up
 // at once as a closed socket.
+//
+// When every rank is on one host, the lists travel through shared-memory mailboxes instead
+// (engine/mailbox.h), one pair per worker; the sockets then carry only doorbells (an empty frame
+// for a peer asleep in poll()), lists too large for a mailbox, and the closing of a dead peer.
 #pragma once
 
 #include <chrono>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "collectives/shm/shm_segment.h"
 #include "controller/message.h"
+#include "engine/mailbox.h"
 #include "net/socket.h"
 #include "rendezvous/store.h"
 
@@ -19,11 +28,15 @@ namespace krug::engine {
 
 class ControlPlane {
  public:
+  // Maps the mailboxes' shared segment (a collective call on every rank).
+  using SegmentFactory = std::function<std::unique_ptr<collectives::shm::Segment>(size_t bytes)>;
+
   // Blocks until every rank is connected or `timeout` passes (throws krug::Error naming the
-  // ranks that did not show up).
+  // ranks that did not show up). The coordinator decides for everyone whether lists go through
+  // mailboxes: when `mailboxes` is set on rank 0 and every rank is on its host.
   ControlPlane(int rank, int size, const std::string& advertise_host, const std::string& hostname,
                rendezvous::Store& store, const std::string& secret,
-               std::chrono::milliseconds timeout);
+               std::chrono::milliseconds timeout, bool mailboxes, const SegmentFactory& segment);
 
   bool is_coordinator() const { return rank_ == 0; }
   // Coordinator: fds of connected workers, indexed by rank (-1 for self or a closed peer).
@@ -31,16 +44,35 @@ class ControlPlane {
   std::vector<int> fds() const;
   const std::string& host_of(int rank) const { return hosts_.at(rank); }
 
+  bool uses_mailboxes() const { return segment_ != nullptr; }
+
   void send_to_coordinator(const controller::RequestList& list);
-  controller::ResponseList recv_from_coordinator();
-  controller::RequestList recv_from_worker(int rank);
   // Sends to every still-connected worker; a worker whose send fails is closed and reported in
   // the returned list of ranks.
   std::vector<int> broadcast(const controller::ResponseList& list);
   void close_worker(int rank);
 
+  // Receiving. A peer is a worker's rank on the coordinator, 0 on a worker. Throws
+  // net::NetError when the peer is gone.
+  // Its socket is readable: reads one frame (a list, or with mailboxes a doorbell or a spilled
+  // list).
+  void read_socket(int peer);
+  // The next list that arrived from `peer`, if any; waits only for the rest of a spilled one.
+  std::optional<controller::RequestList> next_request_list(int worker);
+  std::optional<controller::ResponseList> next_response_list();
+  // Whether a mailbox holds a list (a poll() on the sockets does not show it).
+  bool has_mail() const;
+  // Around a blocking poll(): false when a list arrived meanwhile (do not sleep); after the
+  // poll, awake() (peers stop ringing the doorbell).
+  bool prepare_to_sleep();
+  void awake();
+
  private:
   net::Deadline deadline() const { return net::Clock::now() + timeout_; }
+  net::Connection& connection(int peer) { return is_coordinator() ? workers_.at(peer) : coordinator_; }
+  void map_mailboxes(const SegmentFactory& segment);
+  void send(int peer, const std::vector<uint8_t>& frame, net::Deadline until);
+  std::optional<std::vector<uint8_t>> next_frame(int peer);
 
   int rank_;
   int size_;
@@ -48,6 +80,12 @@ class ControlPlane {
   std::vector<std::string> hosts_;
   std::vector<net::Connection> workers_;  // coordinator only, by rank
   net::Connection coordinator_;           // workers only
+  // With mailboxes, by peer: lists coming in, lists going out.
+  std::unique_ptr<collectives::shm::Segment> segment_;
+  std::vector<std::optional<Mailbox>> inbox_, outbox_;
+  // By peer: frames read from its socket ahead of their turn (with mailboxes, spilled lists
+  // whose marker has not been popped yet).
+  std::vector<std::deque<std::vector<uint8_t>>> stash_;
 };
 
 }  // namespace krug::engine

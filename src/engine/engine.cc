@@ -6,9 +6,11 @@
 #include <fstream>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -80,10 +82,13 @@ std::chrono::milliseconds seconds_to_ms(double s) {
 
 }  // namespace
 
-class Engine::Impl {
+// The loop's state belongs to whichever thread holds loop_mu_: the background thread, or a user
+// thread waiting for a handle (drive()), which runs the same loop itself instead of sleeping
+// until the background thread has done the work and woken it.
+class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::Impl> {
  public:
   Impl(const Config& config, std::shared_ptr<rendezvous::Store> store);
-  ~Impl() { shutdown(); }
+  ~Impl() override { shutdown(); }
 
   void shutdown();
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
@@ -96,6 +101,7 @@ class Engine::Impl {
   void apply_tuning(int64_t fusion_threshold, double cycle_time_ms);
   void start_autotuner();
   const Config& config() const { return config_; }
+  void drive(const HandleState& handle, Clock::time_point deadline) override;
 
  private:
   struct LocalEntry {
@@ -111,11 +117,23 @@ class Engine::Impl {
 
   // Background thread.
   void run();
-  void loop_once();
+  bool loop_once();  // false once the loop has stopped
+  // With loop_mu_ held, on either thread: one round of local work (new operations, requests,
+  // the coordinator's decisions and their execution), and whatever peers sent, without waiting.
+  void advance();
+  // `sockets` false: the mailboxes only (with mailboxes, the sockets carry only doorbells for a
+  // sleeper, spilled lists announced in the mailbox, and a dead peer's hang-up).
+  void receive(bool sockets = true);
+  std::vector<pollfd> poll_fds() const;
+  // A waiting thread leaves drive() (having held the loop or not): the background thread must
+  // look again if anything is left for it (its poll() may sleep on a state from before).
+  void leave_loop(bool held);
+  void set_wake_timer(std::chrono::microseconds delay);  // 0 disarms; with mu_ held
+  void fail_loop(const std::exception& e);
   void absorb_queue();
   void send_requests(Clock::time_point now);
   void coordinate(Clock::time_point now);
-  void on_readable(const std::vector<pollfd>& fds);
+  void on_readable(const std::vector<pollfd>& fds);  // the control plane's sockets, as polled
   void inspect_stalls(Clock::time_point now);
   void process(ResponseList list);
   void execute(const Response& r);
@@ -161,12 +179,27 @@ class Engine::Impl {
   // builds the same communicators even if their environments disagree.
   std::optional<bool> hierarchical_allreduce_;
   std::chrono::microseconds busy_poll_{0};  // KRUG_BUSY_POLL_MICROSECONDS, 0 when oversubscribed
+  // Waiting threads drive the loop (see drive()): only while every rank of this host has a core,
+  // because a driving thread polls for its answer.
+  bool waiters_drive_ = false;
+  std::atomic<int> drivers_{0};  // threads in drive(): the background loop does not busy-poll then
+  std::atomic<bool> asleep_{false};  // the background thread is in its blocking poll()
   Clock::time_point next_health_report_{};  // elastic coordinator: readiness to the driver
   net::Fd wake_;
+  // With waiters_drive_, an enqueue arms this instead of writing wake_: a thread that waits
+  // for the operation soon runs it itself (and disarms it), so the background thread wakes only
+  // for operations nobody waits for, one cycle time (KRUG_CYCLE_TIME) later: the batching
+  // window Horovod's loop has too, and far below a training step's compute between a
+  // gradient's enqueue and the wait for it.
+  net::Fd wake_timer_;
+  bool wake_timer_armed_ = false;  // under mu_
 
   // Shared with user threads.
   mutable std::mutex mu_;
   std::vector<LocalEntry> queue_;
+  // Set with queue_ or shutdown_requested_ (under mu_): a driving thread's rounds look at it
+  // instead of taking mu_ from the threads enqueueing.
+  std::atomic<bool> queue_changed_{false};
   std::set<std::string> in_flight_keys_;
   std::map<int32_t, std::vector<int32_t>> set_ranks_;  // mirror of sets_ for user threads
   std::map<int32_t, std::string> set_allreduce_;       // how each set this rank is in allreduces
@@ -174,7 +207,8 @@ class Engine::Impl {
   std::pair<int64_t, double> tuned_;  // (fusion threshold, cycle time) in force, for readers
   std::string failure_;  // once set, every pending and future operation fails with it
 
-  // Background thread only.
+  // The loop's state: only with loop_mu_ held.
+  std::mutex loop_mu_;
   std::map<int32_t, ProcessSetState> sets_;
   std::map<std::string, LocalEntry> table_;
   std::vector<Request> outgoing_;
@@ -188,6 +222,7 @@ class Engine::Impl {
   Clock::time_point next_stall_check_{};
   Clock::time_point next_stall_warning_{};
   std::vector<uint8_t> fusion_;
+  uint64_t lists_seen_ = 0;  // request or response lists received: drive() polls on while they come
   std::thread thread_;
 };
 
@@ -203,6 +238,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   const int local_ranks = config_.local_size > 0 ? config_.local_size : config_.size;
   if (static_cast<unsigned>(local_ranks) <= std::max(1u, std::thread::hardware_concurrency()))
     busy_poll_ = std::chrono::microseconds(config_.busy_poll_us);
+  waiters_drive_ = busy_poll_.count() > 0;
   if (config_.cpu_operations == "mpi") collectives::mpi::require_world(config_.rank, config_.size);
   if (config_.hostname.empty()) config_.hostname = net::hostname();
   const auto timeout = seconds_to_ms(config_.timeout_seconds);
@@ -213,8 +249,20 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
 
   wake_ = net::Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_.valid()) throw Error(fmt::format("eventfd failed: {}", std::strerror(errno)));
+  wake_timer_ = net::Fd(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+  if (!wake_timer_.valid())
+    throw Error(fmt::format("timerfd_create failed: {}", std::strerror(errno)));
+  // Lists go through shared-memory mailboxes when every rank is on one host (the control plane
+  // checks), unless TCP or MPI was asked for: then the data plane's choice holds here too.
+  const bool mailboxes = requested_operations_ != "gloo" && requested_operations_ != "mpi";
+  auto mailbox_segment = [&](size_t bytes) {
+    rendezvous::PrefixStore prefixed("control/", store_);
+    return std::make_unique<collectives::shm::Segment>(config_.rank, config_.size, bytes,
+                                                       config_.job_id, prefixed, timeout);
+  };
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
-                                            config_.hostname, *store_, config_.secret, timeout);
+                                            config_.hostname, *store_, config_.secret, timeout,
+                                            mailboxes, mailbox_segment);
   // Gloo also carries what shared memory does not: sets across hosts, point-to-point messages.
   if (requested_operations_ != "mpi")
     device_ = collectives::make_gloo_device(advertise, config_.iface);
@@ -445,6 +493,7 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
     return handle;
   };
   if (tensors.empty()) return handle;
+  if (waiters_drive_) handle->set_driver(weak_from_this());
   std::lock_guard lock(mu_);
   if (!failure_.empty()) return fail(failure_);
   if (shutdown_requested_)
@@ -485,12 +534,18 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
   const auto now = Clock::now();
   // The background thread takes the whole queue at once, so it needs waking only when the
   // queue was empty: otherwise an earlier enqueue's wake-up is still pending.
-  const bool wake = queue_.empty();
+  // Nor while a waiting thread drives the loop: it takes the queue itself, and wakes the
+  // background thread when it leaves with work left.
+  const bool wake = queue_.empty() && drivers_.load() == 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     in_flight_keys_.insert(std::move(keys[i]));
     queue_.push_back(LocalEntry{std::move(tensors[i]), handle, now});
   }
-  if (wake) {
+  queue_changed_.store(true, std::memory_order_release);
+  if (wake && waiters_drive_) {
+    if (!wake_timer_armed_)
+      set_wake_timer(std::chrono::microseconds(static_cast<int64_t>(tuned_.second * 1000)));
+  } else if (wake) {
     uint64_t one = 1;
     (void)!::write(wake_.get(), &one, sizeof(one));
   }
@@ -501,6 +556,7 @@ void Engine::Impl::shutdown() {
   {
     std::lock_guard lock(mu_);
     shutdown_requested_ = true;
+    queue_changed_.store(true, std::memory_order_release);
   }
   uint64_t one = 1;
   if (wake_.valid()) (void)!::write(wake_.get(), &one, sizeof(one));
@@ -508,51 +564,154 @@ void Engine::Impl::shutdown() {
 }
 
 void Engine::Impl::run() {
-  while (!stopped_) {
+  for (;;) {
     try {
-      loop_once();
+      if (!loop_once()) break;
     } catch (const std::exception& e) {
-      fatal(root_cause(fmt::format("krug background loop failed on rank {} ({}): {}",
-                                   config_.rank, config_.hostname, e.what())),
-            true);
+      std::lock_guard lock(loop_mu_);
+      fail_loop(e);
     }
   }
   // Communicators go away on this thread, after the last collective that used them.
+  std::lock_guard lock(loop_mu_);
   sets_.clear();
 }
 
-void Engine::Impl::loop_once() {
+void Engine::Impl::fail_loop(const std::exception& e) {
+  fatal(root_cause(fmt::format("krug background loop failed on rank {} ({}): {}", config_.rank,
+                               config_.hostname, e.what())),
+        true);
+}
+
+std::vector<pollfd> Engine::Impl::poll_fds() const {
+  std::vector<pollfd> fds;
+  fds.push_back({wake_.get(), POLLIN, 0});
+  fds.push_back({wake_timer_.get(), POLLIN, 0});
+  for (int fd : control_->fds())
+    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  return fds;
+}
+
+void Engine::Impl::advance() {
   absorb_queue();
-  auto now = Clock::now();
+  const auto now = Clock::now();
   if (control_->is_coordinator())
     coordinate(now);
   else
     send_requests(now);
-  if (stopped_) return;
+}
 
+void Engine::Impl::receive(bool sockets) {
+  auto fds = poll_fds();
+  const int n = sockets ? ::poll(fds.data(), fds.size(), 0) : 0;
+  if (n < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
+  if (n <= 0 && !control_->has_mail()) return;
+  uint64_t drained;
+  if (fds[0].revents) (void)!::read(wake_.get(), &drained, sizeof(drained));
+  if (fds[1].revents) (void)!::read(wake_timer_.get(), &drained, sizeof(drained));
+  on_readable(std::vector<pollfd>(fds.begin() + 2, fds.end()));
+}
+
+bool Engine::Impl::loop_once() {
   std::vector<pollfd> fds;
-  fds.push_back({wake_.get(), POLLIN, 0});
-  for (int fd : control_->fds())
-    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
-  int timeout = poll_timeout_ms(Clock::now());
+  int timeout = -1;
+  bool busy = false;
+  {
+    std::lock_guard lock(loop_mu_);
+    if (stopped_) return false;
+    advance();
+    if (stopped_) return false;
+    fds = poll_fds();
+    timeout = poll_timeout_ms(Clock::now());
+    busy = busy_poll_.count() > 0 && timeout != 0 && !table_.empty() && drivers_ == 0;
+  }
+  // Sleep without the loop, so a thread that waits for a handle can run it meanwhile.
   int n = 0;
   // Busy-poll briefly while this rank has operations in flight: the answer usually comes within
   // tens of microseconds, and sleeping costs a wake-up as long again on a VM. (Measured and not
   // done: spinning in Handle::wait and polling on after the last completion; with a user thread
   // and this thread per rank on one core each they slowed the 4 KiB and 100 x 1 KiB steps.)
-  if (busy_poll_.count() > 0 && timeout != 0 && !table_.empty()) {
+  if (busy) {
     const auto until = Clock::now() + busy_poll_;
-    do n = ::poll(fds.data(), fds.size(), 0);
-    while (n == 0 && Clock::now() < until);
+    do n = control_->has_mail() ? 1 : ::poll(fds.data(), fds.size(), 0);
+    while (n == 0 && Clock::now() < until && drivers_.load(std::memory_order_relaxed) == 0);
   }
-  if (n == 0) n = ::poll(fds.data(), fds.size(), timeout);
+  if (n == 0) {
+    // Peers ring the doorbell only for a sleeper: say so, then look once more.
+    asleep_ = true;
+    if (!control_->prepare_to_sleep()) timeout = 0;
+    n = ::poll(fds.data(), fds.size(), timeout);
+    control_->awake();
+    asleep_ = false;
+    if (n == 0 && control_->has_mail()) n = 1;
+  }
   if (n < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
-  if (n <= 0) return;
-  if (fds[0].revents) {
-    uint64_t drained;
-    (void)!::read(wake_.get(), &drained, sizeof(drained));
+  if (n <= 0) return true;
+  // A waiting thread may have read it all in the meantime: receive() looks again.
+  std::lock_guard lock(loop_mu_);
+  if (stopped_) return false;
+  receive();
+  return !stopped_;
+}
+
+void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) {
+  ++drivers_;
+  // Poll as long as lists keep coming, and for the answer as long as the background loop would
+  // after the last one; then sleep and leave the rest to it: the peers may be far behind.
+  auto until = std::min(deadline, Clock::now() + busy_poll_);
+  // While the background thread is in a round (it may be finishing this very operation), poll
+  // rather than sleep on the mutex: a sleeper costs a wake-up as long as the operation.
+  std::unique_lock lock(loop_mu_, std::defer_lock);
+  while (!lock.try_lock())
+    if (handle.done() || Clock::now() >= until) return leave_loop(false);
+  if (stopped_) return leave_loop(true);
+  // Lists are read here now: peers need not ring the sleeping background thread's doorbell.
+  control_->awake();
+  try {
+    for (unsigned round = 0;; ++round) {
+      advance();
+      if (stopped_ || handle.done()) break;
+      const uint64_t before = lists_seen_;
+      receive(!control_->uses_mailboxes() || round % 64 == 0);
+      if (stopped_ || handle.done()) break;
+      const auto now = Clock::now();
+      if (lists_seen_ != before) until = std::min(deadline, now + busy_poll_);
+      if (now >= until) break;
+    }
+  } catch (const std::exception& e) {
+    fail_loop(e);
   }
-  on_readable(fds);
+  leave_loop(true);
+}
+
+void Engine::Impl::leave_loop(bool held) {
+  // First no longer a driver, then look at the queue (under mu_, as enqueue reads drivers_):
+  // an enqueue that saw this thread still driving did not wake the background thread.
+  drivers_.fetch_sub(1);
+  // The background thread sleeps on: peers must ring its doorbell again, unless a list came in
+  // just now.
+  if (held && asleep_ && !control_->prepare_to_sleep()) {
+    uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
+  }
+  bool left = held && (stopped_ || !table_.empty() || !outgoing_.empty() ||
+                       !outgoing_hits_.empty() || shutdown_deadline_ != Clock::time_point{});
+  if (!left) {
+    std::lock_guard lock(mu_);
+    left = !queue_.empty() || shutdown_requested_;
+  }
+  if (left) {
+    uint64_t one = 1;
+    (void)!::write(wake_.get(), &one, sizeof(one));
+  }
+}
+
+void Engine::Impl::set_wake_timer(std::chrono::microseconds delay) {
+  itimerspec spec{};
+  spec.it_value.tv_sec = static_cast<time_t>(delay.count() / 1000000);
+  spec.it_value.tv_nsec = static_cast<long>(delay.count() % 1000000 * 1000);
+  (void)::timerfd_settime(wake_timer_.get(), 0, &spec, nullptr);
+  wake_timer_armed_ = delay.count() > 0;
 }
 
 int Engine::Impl::poll_timeout_ms(Clock::time_point now) const {
@@ -574,12 +733,15 @@ int Engine::Impl::poll_timeout_ms(Clock::time_point now) const {
 }
 
 void Engine::Impl::absorb_queue() {
+  if (!queue_changed_.load(std::memory_order_acquire)) return;
   std::vector<LocalEntry> arrived;
   bool shutting_down;
   {
     std::lock_guard lock(mu_);
+    queue_changed_.store(false, std::memory_order_relaxed);
     arrived.swap(queue_);
     shutting_down = shutdown_requested_;
+    if (wake_timer_armed_) set_wake_timer(std::chrono::microseconds(0));
   }
   for (auto& e : arrived) {
     const Request& q = e.args.request;
@@ -695,53 +857,72 @@ void Engine::Impl::inspect_stalls(Clock::time_point now) {
 }
 
 void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
-  auto control_fds = control_->fds();
+  const auto control_fds = control_->fds();
   if (!control_->is_coordinator()) {
-    if (fds.size() < 2 || !fds[1].revents) return;
-    ResponseList list;
+    for (bool first = true;; first = false) {
+      std::optional<ResponseList> list;
+      try {
+        if (first && !fds.empty() && fds[0].revents) control_->read_socket(0);
+        list = control_->next_response_list();
+      } catch (const net::NetError& e) {
+        fatal(fmt::format("rank {} lost its connection to the coordinator (rank 0 on {}): {}; "
+                          "rank 0 probably exited or was killed: see its output",
+                          config_.rank, control_->host_of(0), e.what()),
+              false);
+        return;
+      }
+      if (!list) return;
+      ++lists_seen_;
+      process(std::move(*list));
+      if (stopped_) return;
+    }
+  }
+  auto disconnected = [&](int rank, const net::NetError& e) {
+    control_->close_worker(rank);
+    fatal(fmt::format("rank {} on {} disconnected from the coordinator ({}): it probably "
+                      "exited or was killed; see its output for the cause",
+                      rank, control_->host_of(rank), e.what()),
+          true);
+  };
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    const int rank = static_cast<int>(
+        std::find(control_fds.begin(), control_fds.end(), fds[i].fd) - control_fds.begin());
     try {
-      list = control_->recv_from_coordinator();
+      control_->read_socket(rank);
     } catch (const net::NetError& e) {
-      fatal(fmt::format("rank {} lost its connection to the coordinator (rank 0 on {}): {}; "
-                        "rank 0 probably exited or was killed: see its output",
-                        config_.rank, control_->host_of(0), e.what()),
-            false);
+      disconnected(rank, e);
       return;
     }
-    process(std::move(list));
-    return;
   }
   const auto now = Clock::now();
-  for (size_t i = 1; i < fds.size(); ++i) {
-    if (!fds[i].revents) continue;
-    int rank = static_cast<int>(std::find(control_fds.begin(), control_fds.end(), fds[i].fd) -
-                                control_fds.begin());
-    RequestList list;
-    try {
-      list = control_->recv_from_worker(rank);
-    } catch (const net::NetError& e) {
-      control_->close_worker(rank);
-      fatal(fmt::format("rank {} on {} disconnected from the coordinator ({}): it probably "
-                        "exited or was killed; see its output for the cause",
-                        rank, control_->host_of(rank), e.what()),
-            true);
-      return;
+  for (int rank = 1; rank < config_.size; ++rank) {
+    for (;;) {
+      std::optional<RequestList> list;
+      try {
+        list = control_->next_request_list(rank);
+      } catch (const net::NetError& e) {
+        disconnected(rank, e);
+        return;
+      }
+      if (!list) break;
+      ++lists_seen_;
+      if (!list->fatal_error.empty()) {
+        fatal(list->fatal_error, true);
+        return;
+      }
+      if (list->shutdown) {
+        ResponseList bye;
+        bye.shutdown = true;
+        bye.shutdown_reason =
+            fmt::format("rank {} ({}) called shutdown()", rank, control_->host_of(rank));
+        control_->broadcast(bye);
+        process(std::move(bye));
+        return;
+      }
+      negotiator_->add(*list, now);
+      negotiation_dirty_ = true;
     }
-    if (!list.fatal_error.empty()) {
-      fatal(list.fatal_error, true);
-      return;
-    }
-    if (list.shutdown) {
-      ResponseList bye;
-      bye.shutdown = true;
-      bye.shutdown_reason =
-          fmt::format("rank {} ({}) called shutdown()", rank, control_->host_of(rank));
-      control_->broadcast(bye);
-      process(std::move(bye));
-      return;
-    }
-    negotiator_->add(list, now);
-    negotiation_dirty_ = true;
   }
 }
 
@@ -1040,33 +1221,38 @@ std::string Engine::Impl::root_cause(const std::string& local_error) {
   // A failed collective is usually the echo of a peer dying. Give the control plane a moment to
   // report which peer, so every rank shows the first cause instead of "connection reset".
   const auto until = Clock::now() + std::chrono::milliseconds(1500);
-  auto fds = control_ ? control_->fds() : std::vector<int>{};
-  while (Clock::now() < until) {
-    std::vector<pollfd> pfds;
-    for (int fd : fds)
-      if (fd >= 0) pfds.push_back({fd, POLLIN, 0});
-    if (pfds.empty()) break;
-    if (::poll(pfds.data(), pfds.size(), 100) <= 0) continue;
-    for (const auto& p : pfds) {
-      if (!p.revents) continue;
-      if (!control_->is_coordinator()) {
-        try {
-          auto list = control_->recv_from_coordinator();
-          if (list.shutdown && list.fatal) return list.shutdown_reason;
-        } catch (const std::exception&) {
-          return local_error;  // the coordinator itself is gone; the local error says enough
+  if (!control_) return local_error;
+  const auto fds = control_->fds();
+  const bool coordinator = control_->is_coordinator();
+  std::vector<pollfd> pfds;
+  std::vector<int> peers;  // of each pfds entry
+  for (size_t i = 0; i < fds.size(); ++i)
+    if (fds[i] >= 0) {
+      pfds.push_back({fds[i], POLLIN, 0});
+      peers.push_back(coordinator ? static_cast<int>(i) : 0);
+    }
+  // Lists in mailboxes ring no doorbell for a rank that does not sleep: look at them often.
+  const int slice_ms = control_->uses_mailboxes() ? 5 : 100;
+  while (!pfds.empty() && Clock::now() < until) {
+    for (auto& p : pfds) p.revents = 0;
+    ::poll(pfds.data(), pfds.size(), slice_ms);
+    for (size_t j = 0; j < pfds.size(); ++j) {
+      const int peer = peers[j];
+      try {
+        if (pfds[j].revents) control_->read_socket(peer);
+        if (!coordinator) {
+          while (auto list = control_->next_response_list())
+            if (list->shutdown && list->fatal) return list->shutdown_reason;
+        } else {
+          while (auto list = control_->next_request_list(peer))
+            if (!list->fatal_error.empty()) return list->fatal_error;
         }
-      } else {
-        int rank = static_cast<int>(std::find(fds.begin(), fds.end(), p.fd) - fds.begin());
-        try {
-          auto list = control_->recv_from_worker(rank);
-          if (!list.fatal_error.empty()) return list.fatal_error;
-        } catch (const std::exception&) {
-          control_->close_worker(rank);
-          return fmt::format("rank {} on {} exited or lost its connection (first failure seen); "
-                             "on rank 0 this surfaced as: {}",
-                             rank, control_->host_of(rank), local_error);
-        }
+      } catch (const std::exception&) {
+        if (!coordinator) return local_error;  // the coordinator itself is gone; this says enough
+        control_->close_worker(peer);
+        return fmt::format("rank {} on {} exited or lost its connection (first failure seen); "
+                           "on rank 0 this surfaced as: {}",
+                           peer, control_->host_of(peer), local_error);
       }
     }
   }
@@ -1116,8 +1302,9 @@ void Engine::Impl::timeline_end(const std::string& name, std::string_view phase)
 }
 
 Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store)
-    : impl_(std::make_unique<Impl>(config, std::move(store))) {}
-Engine::~Engine() = default;
+    : impl_(std::make_shared<Impl>(config, std::move(store))) {}
+// A thread still driving a handle keeps the rest of Impl alive until it returns.
+Engine::~Engine() { impl_->shutdown(); }
 void Engine::shutdown() { impl_->shutdown(); }
 std::shared_ptr<HandleState> Engine::enqueue(std::vector<TensorArgs> tensors) {
   return impl_->enqueue(std::move(tensors));

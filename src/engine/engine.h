@@ -70,7 +70,7 @@ class Engine {
 
  private:
   class Impl;
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // shared with handles whose waiters drive the loop
 };
 
 }  // namespace krug::engine

@@ -7,21 +7,22 @@ bool HandleState::complete_part(const std::string& error) {
   if (remaining_ <= 0) return false;
   if (!error.empty() && error_.empty()) error_ = error;
   if (--remaining_ > 0) return false;
+  done_.store(true, std::memory_order_release);
   cv_.notify_all();
   return true;
 }
 
-bool HandleState::done() const {
-  std::lock_guard lock(mu_);
-  return remaining_ <= 0;
-}
+bool HandleState::done() const { return done_.load(std::memory_order_acquire); }
 
 bool HandleState::wait_until(std::chrono::steady_clock::time_point deadline) const {
+  if (auto driver = driver_.lock(); driver && !done()) driver->drive(*this, deadline);
   std::unique_lock lock(mu_);
   return cv_.wait_until(lock, deadline, [&] { return remaining_ <= 0; });
 }
 
 void HandleState::wait() const {
+  if (auto driver = driver_.lock(); driver && !done())
+    driver->drive(*this, std::chrono::steady_clock::time_point::max());
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return remaining_ <= 0; });
 }

@@ -1,9 +1,11 @@
 // Completion state shared by a user's Handle and the engine.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -19,14 +21,28 @@ struct OpResult {
   int64_t value = -1;
 };
 
+class HandleState;
+
+// What lets a thread that waits for a handle run the engine's loop itself, so that an operation
+// completes without a hand-off to the background thread and a wake-up back (engine.cc).
+class Driver {
+ public:
+  virtual ~Driver() = default;
+  // Makes progress on the calling thread until `handle` is done, `deadline` passes or a short
+  // budget is spent; whatever is left the background thread finishes.
+  virtual void drive(const HandleState& handle, std::chrono::steady_clock::time_point deadline) = 0;
+};
+
 class HandleState {
  public:
   // A handle covering `parts` tensors (grouped ops) completes when every part has.
-  explicit HandleState(int parts = 1) : remaining_(parts) {}
+  explicit HandleState(int parts = 1) : remaining_(parts), done_(parts <= 0) {}
 
   // Marks one part done; the first error wins. Returns true when the whole handle completed.
   bool complete_part(const std::string& error = {});
   bool done() const;
+  // Set by the engine before the handle is shared; waits then drive it first.
+  void set_driver(std::weak_ptr<Driver> driver) { driver_ = std::move(driver); }
   // Waits until done or the deadline; returns done().
   bool wait_until(std::chrono::steady_clock::time_point deadline) const;
   void wait() const;
@@ -38,7 +54,11 @@ class HandleState {
  private:
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
+  std::weak_ptr<Driver> driver_;
   int remaining_;
+  // done() without the mutex: a thread driving the loop asks after every round, while the
+  // thread completing parts holds the mutex.
+  std::atomic<bool> done_{false};
   std::string error_;
   OpResult result_;
 };
