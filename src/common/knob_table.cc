@@ -23,16 +23,18 @@ std::vector<Knob> make_table() {
       {.name = "KRUG_CYCLE_TIME", .alias = "HOROVOD_CYCLE_TIME", .unit = "milliseconds",
        .field = &Config::cycle_time_ms, .bounds = kPositive,
        .doc = "Longest the background loop waits for more work before negotiating a cycle; an "
-              "enqueue wakes it earlier."},
+              "enqueue wakes it earlier (or, with busy polling on, within this time unless a "
+              "thread that waits for the operation runs it first)."},
       {.name = "KRUG_CACHE_CAPACITY", .alias = "HOROVOD_CACHE_CAPACITY", .unit = "count",
        .field = &Config::cache_capacity, .bounds = kNonNegative,
        .doc = "Entries in the response cache (the bit-vector fast path of negotiation). 0 "
               "disables the cache."},
       {.name = "KRUG_BUSY_POLL_MICROSECONDS", .alias = "", .unit = "microseconds",
        .field = &Config::busy_poll_us, .bounds = kNonNegative,
-       .doc = "While a rank has operations in flight, its background loop polls for the answer "
-              "this long before it sleeps (only when this host has a core per rank). 0 turns it "
-              "off."},
+       .doc = "While a rank has operations in flight, the thread running its loop (the "
+              "background thread, or a thread waiting for a handle) polls for the answer this "
+              "long after the last message before it sleeps; with it on, waiting threads run the "
+              "loop themselves. Only when this host has a core per rank. 0 turns it off."},
       {.name = "KRUG_TIMEOUT_SECONDS", .alias = "HOROVOD_GLOO_TIMEOUT_SECONDS", .unit = "seconds",
        .field = &Config::timeout_seconds, .bounds = kPositive,
        .doc = "Deadline of every blocking step (rendezvous, connect, collective); a peer silent "

@@ -186,11 +186,12 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   std::atomic<bool> asleep_{false};  // the background thread is in its blocking poll()
   Clock::time_point next_health_report_{};  // elastic coordinator: readiness to the driver
   net::Fd wake_;
-  // With waiters_drive_, an enqueue arms this instead of writing wake_: a thread that waits
-  // for the operation soon runs it itself (and disarms it), so the background thread wakes only
-  // for operations nobody waits for, one cycle time (KRUG_CYCLE_TIME) later: the batching
-  // window Horovod's loop has too, and far below a training step's compute between a
-  // gradient's enqueue and the wait for it.
+  // With waiters_drive_, an enqueue arms this (if it is not armed) instead of writing wake_: a
+  // thread that waits for the operation soon runs it itself, and the background thread wakes
+  // at most once per cycle time (KRUG_CYCLE_TIME) for operations nobody waits for: the
+  // batching window Horovod's loop has too, far below a training step's compute between a
+  // gradient's enqueue and the wait for it. Never disarmed: that would cost a system call per
+  // operation, more than the timer's one wake-up per cycle.
   net::Fd wake_timer_;
   bool wake_timer_armed_ = false;  // under mu_
 
@@ -602,13 +603,20 @@ void Engine::Impl::advance() {
 }
 
 void Engine::Impl::receive(bool sockets) {
+  if (!sockets) {
+    if (control_->has_mail()) on_readable({});
+    return;
+  }
   auto fds = poll_fds();
-  const int n = sockets ? ::poll(fds.data(), fds.size(), 0) : 0;
+  const int n = ::poll(fds.data(), fds.size(), 0);
   if (n < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
   if (n <= 0 && !control_->has_mail()) return;
   uint64_t drained;
   if (fds[0].revents) (void)!::read(wake_.get(), &drained, sizeof(drained));
-  if (fds[1].revents) (void)!::read(wake_timer_.get(), &drained, sizeof(drained));
+  if (fds[1].revents && ::read(wake_timer_.get(), &drained, sizeof(drained)) > 0) {
+    std::lock_guard lock(mu_);
+    wake_timer_armed_ = false;
+  }
   on_readable(std::vector<pollfd>(fds.begin() + 2, fds.end()));
 }
 
@@ -741,7 +749,6 @@ void Engine::Impl::absorb_queue() {
     queue_changed_.store(false, std::memory_order_relaxed);
     arrived.swap(queue_);
     shutting_down = shutdown_requested_;
-    if (wake_timer_armed_) set_wake_timer(std::chrono::microseconds(0));
   }
   for (auto& e : arrived) {
     const Request& q = e.args.request;
