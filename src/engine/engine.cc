@@ -17,6 +17,8 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "collectives/adasum.h"
 #include "collectives/gloo/gloo_communicator.h"
@@ -201,7 +203,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // Set with queue_ or shutdown_requested_ (under mu_): a driving thread's rounds look at it
   // instead of taking mu_ from the threads enqueueing.
   std::atomic<bool> queue_changed_{false};
-  std::set<std::string> in_flight_keys_;
+  std::unordered_set<std::string> in_flight_keys_;
   std::map<int32_t, std::vector<int32_t>> set_ranks_;  // mirror of sets_ for user threads
   std::map<int32_t, std::string> set_allreduce_;       // how each set this rank is in allreduces
   bool shutdown_requested_ = false;
@@ -211,7 +213,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // The loop's state: only with loop_mu_ held.
   std::mutex loop_mu_;
   std::map<int32_t, ProcessSetState> sets_;
-  std::map<std::string, LocalEntry> table_;
+  std::unordered_map<std::string, LocalEntry> table_;  // names share long prefixes: hashed
   std::vector<Request> outgoing_;
   std::vector<uint32_t> outgoing_hits_;
   int awaiting_response_ = 0;
@@ -758,7 +760,7 @@ void Engine::Impl::absorb_queue() {
       outgoing_hits_.push_back(*hit);
     else
       outgoing_.push_back(q);
-    timeline_begin(q.name, "NEGOTIATE_" + upper(controller::op_name(q.op)));
+    if (timeline_) timeline_begin(q.name, "NEGOTIATE_" + upper(controller::op_name(q.op)));
     table_.emplace(controller::table_key(q.process_set, q.name), std::move(e));
   }
   if (shutting_down && shutdown_deadline_ == Clock::time_point{})
