@@ -46,9 +46,13 @@ class Handle {
 
   // True once the operation finished, successfully or not. Never blocks.
   bool poll() const;
-  // Blocks until finished; throws krug::Error with the failure message.
+  // Blocks until finished; throws krug::Error with the failure message. While it waits, the
+  // calling thread may run krug's engine itself (negotiation, collectives of any pending
+  // operation) rather than sleep until the background thread has: a lone operation completes
+  // without two thread hand-offs (when this host has a core per rank; see
+  // KRUG_BUSY_POLL_MICROSECONDS).
   void wait() const;
-  // Blocks at most `timeout_seconds`; returns poll().
+  // Blocks at most `timeout_seconds` (the same as wait()); returns poll().
   bool wait_for(double timeout_seconds) const;
   // After completion: empty on success, else what went wrong.
   std::string error() const;

@@ -4,8 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string_view>
-#include <thread>
 
 #include "common/log.h"
 
@@ -13,8 +13,9 @@ namespace krug::engine {
 namespace {
 
 constexpr const char* kAddressKey = "control/address";
-// Ring bytes per mailbox: a step's lists of a few thousand tensors (about 100 bytes each, a few
-// bytes once cached) fit; larger lists are spilled to the socket.
+// Ring bytes per mailbox: a step's lists of a few hundred tensors (about 100 bytes each, a few
+// bytes once cached) fit; larger lists, and lists a busy peer has no room for yet, go over the
+// socket.
 constexpr size_t kMailboxBytes = size_t{256} << 10;
 
 std::vector<uint8_t> to_bytes(std::string_view s) { return {s.begin(), s.end()}; }
@@ -103,6 +104,8 @@ void ControlPlane::map_mailboxes(const SegmentFactory& segment) {
   };
   inbox_.resize(stash_.size());
   outbox_.resize(stash_.size());
+  send_seq_.assign(stash_.size(), 0);
+  recv_seq_.assign(stash_.size(), 0);
   if (is_coordinator()) {
     for (int r = 1; r < size_; ++r) {
       inbox_[r].emplace(at(r, 0), kMailboxBytes);
@@ -124,29 +127,23 @@ std::vector<int> ControlPlane::fds() const {
 
 void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, net::Deadline until) {
   net::Connection& conn = connection(peer);
-  if (!outbox_.empty() && outbox_[peer]) {
-    Mailbox& box = *outbox_[peer];
-    const bool spill = frame.size() > box.largest_frame();
-    auto push = [&] {
-      return spill ? box.try_push(Mailbox::Kind::kSpilled, nullptr, 0)
-                   : box.try_push(Mailbox::Kind::kFrame, frame.data(), frame.size());
-    };
-    // A full mailbox empties as soon as the peer's loop runs; wake it if it sleeps.
-    while (!push()) {
-      if (net::Clock::now() >= until)
-        throw net::NetError(fmt::format(
-            "control plane: rank {} has not read rank {}'s messages for {} s (stuck?)",
-            is_coordinator() ? peer : 0, rank_, timeout_.count() / 1000.0));
-      if (box.consumer_sleeping()) conn.send_frame(nullptr, 0, until);
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if (spill)
-      conn.send_frame(frame, until);  // its arrival wakes a sleeping peer
-    else if (box.consumer_sleeping())
-      conn.send_frame(nullptr, 0, until);  // the doorbell
+  if (!uses_mailboxes()) {
+    conn.send_frame(frame, until);
     return;
   }
-  conn.send_frame(frame, until);
+  Mailbox& box = *outbox_[peer];
+  const uint64_t seq = send_seq_[peer]++;
+  if (box.try_push(seq, frame.data(), frame.size())) {
+    if (box.consumer_sleeping()) conn.send_frame(nullptr, 0, until);  // the doorbell
+    return;
+  }
+  // Too large, or the peer has not caught up (it may be in a collective waiting for this rank):
+  // the socket, whose kernel buffer takes it without waiting for the peer. The sequence number
+  // puts it back in order.
+  std::vector<uint8_t> spilled(sizeof seq + frame.size());
+  std::memcpy(spilled.data(), &seq, sizeof seq);
+  if (!frame.empty()) std::memcpy(spilled.data() + sizeof seq, frame.data(), frame.size());
+  conn.send_frame(spilled, until);
 }
 
 void ControlPlane::send_to_coordinator(const controller::RequestList& list) {
@@ -177,22 +174,29 @@ void ControlPlane::read_socket(int peer) {
 
 std::optional<std::vector<uint8_t>> ControlPlane::next_frame(int peer) {
   auto& stash = stash_.at(peer);
-  auto take = [&] {
-    auto frame = std::move(stash.front());
-    stash.pop_front();
-    return frame;
-  };
+  std::vector<uint8_t> frame;
   if (!uses_mailboxes()) {
     if (stash.empty()) return std::nullopt;
-    return take();
+    frame = std::move(stash.front());
+    stash.pop_front();
+    return frame;
   }
+  // Each way delivers in order; the next list is at the front of one of them, once it arrived.
+  uint64_t& next = recv_seq_.at(peer);
   Mailbox& box = *inbox_.at(peer);
-  if (!box.has_frame()) return std::nullopt;
-  std::vector<uint8_t> frame;
-  if (box.pop(frame) == Mailbox::Kind::kFrame) return frame;
-  // Spilled: the list is on the socket, possibly behind doorbells.
-  while (stash.empty()) read_socket(peer);
-  return take();
+  if (box.has_frame() && box.front_seq() == next) {
+    box.pop(frame);
+    ++next;
+    return frame;
+  }
+  uint64_t seq = 0;
+  if (stash.empty() || stash.front().size() < sizeof seq) return std::nullopt;
+  std::memcpy(&seq, stash.front().data(), sizeof seq);
+  if (seq != next) return std::nullopt;
+  frame.assign(stash.front().begin() + sizeof seq, stash.front().end());
+  stash.pop_front();
+  ++next;
+  return frame;
 }
 
 std::optional<controller::RequestList> ControlPlane::next_request_list(int worker) {

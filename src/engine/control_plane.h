@@ -6,8 +6,9 @@
 // at once as a closed socket.
 //
 // When every rank is on one host, the lists travel through shared-memory mailboxes instead
-// (engine/mailbox.h), one pair per worker; the sockets then carry only doorbells (an empty frame
-// for a peer asleep in poll()), lists too large for a mailbox, and the closing of a dead peer.
+// (engine/mailbox.h), one pair per worker; the sockets then carry doorbells (an empty frame for
+// a peer asleep in poll()), lists a mailbox has no room for (too large, or the peer is busy),
+// and the closing of a dead peer. Sequence numbers keep the two ways in order.
 #pragma once
 
 #include <chrono>
@@ -54,10 +55,9 @@ class ControlPlane {
 
   // Receiving. A peer is a worker's rank on the coordinator, 0 on a worker. Throws
   // net::NetError when the peer is gone.
-  // Its socket is readable: reads one frame (a list, or with mailboxes a doorbell or a spilled
-  // list).
+  // Its socket is readable: reads one frame (a list, or with mailboxes a doorbell).
   void read_socket(int peer);
-  // The next list that arrived from `peer`, if any; waits only for the rest of a spilled one.
+  // The next list that arrived from `peer`, if any; never waits.
   std::optional<controller::RequestList> next_request_list(int worker);
   std::optional<controller::ResponseList> next_response_list();
   // Whether a mailbox holds a list (a poll() on the sockets does not show it).
@@ -83,9 +83,10 @@ class ControlPlane {
   // With mailboxes, by peer: lists coming in, lists going out.
   std::unique_ptr<collectives::shm::Segment> segment_;
   std::vector<std::optional<Mailbox>> inbox_, outbox_;
-  // By peer: frames read from its socket ahead of their turn (with mailboxes, spilled lists
-  // whose marker has not been popped yet).
+  // By peer: frames read from its socket not yet taken (with mailboxes, lists that went over
+  // the socket, each behind its sequence number, until their turn comes).
   std::vector<std::deque<std::vector<uint8_t>>> stash_;
+  std::vector<uint64_t> send_seq_, recv_seq_;  // with mailboxes, by peer: lists sent, taken
 };
 
 }  // namespace krug::engine

@@ -6,7 +6,7 @@
 namespace krug::engine {
 namespace {
 
-constexpr size_t kFrameHeader = 8;  // uint32 size + uint32 kind
+constexpr size_t kFrameHeader = 16;  // uint64 size + uint64 sequence number
 
 size_t padded(size_t n) { return (n + 7) / 8 * 8; }
 
@@ -40,14 +40,14 @@ void Mailbox::copy_out(uint64_t at, uint8_t* dst, size_t n) const {
   std::memcpy(dst + first, ring_, n - first);
 }
 
-bool Mailbox::try_push(Kind kind, const uint8_t* data, size_t size) {
+bool Mailbox::try_push(uint64_t seq, const uint8_t* data, size_t size) {
   const uint64_t head = header_->head.load(std::memory_order_relaxed);
   const uint64_t tail = header_->tail.load(std::memory_order_acquire);
   const size_t need = kFrameHeader + padded(size);
-  if (capacity_ - (head - tail) < need) return false;
-  // Frames start 8-aligned and the capacity is a multiple of 8: a frame header never wraps.
-  uint32_t fields[2] = {static_cast<uint32_t>(size), static_cast<uint32_t>(kind)};
-  std::memcpy(ring_ + head % capacity_, fields, sizeof fields);
+  if (size > largest_frame() || capacity_ - (head - tail) < need) return false;
+  // Frames start 8-aligned and the capacity is a multiple of 8: each header word is whole.
+  const uint64_t fields[2] = {size, seq};
+  copy_in(head, reinterpret_cast<const uint8_t*>(fields), sizeof fields);
   if (size > 0) copy_in(head + kFrameHeader, data, size);
   header_->head.store(head + need, std::memory_order_release);
   return true;
@@ -65,19 +65,22 @@ bool Mailbox::has_frame() const {
          header_->tail.load(std::memory_order_relaxed);
 }
 
-Mailbox::Kind Mailbox::pop(std::vector<uint8_t>& out) {
+uint64_t Mailbox::front_seq() const {
+  uint64_t fields[2];
+  copy_out(header_->tail.load(std::memory_order_relaxed), reinterpret_cast<uint8_t*>(fields),
+           sizeof fields);
+  return fields[1];
+}
+
+void Mailbox::pop(std::vector<uint8_t>& out) {
   const uint64_t tail = header_->tail.load(std::memory_order_relaxed);
-  uint32_t fields[2];
-  std::memcpy(fields, ring_ + tail % capacity_, sizeof fields);
-  const auto kind = static_cast<Kind>(fields[1]);
+  uint64_t fields[2];
+  copy_out(tail, reinterpret_cast<uint8_t*>(fields), sizeof fields);
   const size_t size = fields[0];
-  if (kind == Kind::kFrame) {
-    const size_t before = out.size();
-    out.resize(before + size);
-    if (size > 0) copy_out(tail + kFrameHeader, out.data() + before, size);
-  }
+  const size_t before = out.size();
+  out.resize(before + size);
+  if (size > 0) copy_out(tail + kFrameHeader, out.data() + before, size);
   header_->tail.store(tail + kFrameHeader + padded(size), std::memory_order_release);
-  return kind;
 }
 
 bool Mailbox::prepare_to_sleep() {

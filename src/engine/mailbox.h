@@ -18,11 +18,6 @@ namespace krug::engine {
 
 class Mailbox {
  public:
-  enum class Kind : uint32_t {
-    kFrame = 0,  // the frame's bytes follow
-    kSpilled = 1,  // too large for the ring: the frame travels on the TCP connection instead
-  };
-
   // Shared bytes a mailbox of `capacity` ring bytes needs (a multiple of 64).
   static size_t bytes_for(size_t capacity);
 
@@ -30,18 +25,23 @@ class Mailbox {
   // ends construct a Mailbox over the same bytes. `capacity` is a multiple of 8.
   Mailbox(uint8_t* memory, size_t capacity);
 
-  // The largest frame the ring takes; larger ones are spilled.
+  // The largest frame the ring takes; the sender sends larger ones another way.
   size_t largest_frame() const { return capacity_ / 2; }
 
-  // Producer. False when the ring lacks room for it now (the consumer has not caught up).
-  bool try_push(Kind kind, const uint8_t* data, size_t size);
+  // Producer. False when the ring lacks room for it now (the consumer has not caught up): the
+  // sender then sends it another way and never waits, because the consumer may itself be
+  // waiting for the sender (in a collective) and not reading. `seq` orders the frames of both
+  // ways.
+  bool try_push(uint64_t seq, const uint8_t* data, size_t size);
   // Producer, after a push: whether the consumer sleeps and must be woken.
   bool consumer_sleeping() const;
 
   // Consumer.
   bool has_frame() const;
-  // Pops the next frame (has_frame() must be true); its bytes are appended to `out` for kFrame.
-  Kind pop(std::vector<uint8_t>& out);
+  // The sequence number of the next frame (has_frame() must be true).
+  uint64_t front_seq() const;
+  // Pops the next frame (has_frame() must be true), appending its bytes to `out`.
+  void pop(std::vector<uint8_t>& out);
   // Before a blocking poll(): true = sleep, false = a frame is here already (flag cleared).
   bool prepare_to_sleep();
   void awake();
