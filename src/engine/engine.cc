@@ -124,7 +124,8 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // the coordinator's decisions and their execution), and whatever peers sent, without waiting.
   void advance();
   // `sockets` false: the mailboxes only (with mailboxes, the sockets carry only doorbells for a
-  // sleeper, spilled lists announced in the mailbox, and a dead peer's hang-up).
+  // sleeper, lists a mailbox had no room for, and a dead peer's hang-up: a driving thread looks
+  // at them every 64th round).
   void receive(bool sockets = true);
   std::vector<pollfd> poll_fds() const;
   // A waiting thread leaves drive() (having held the loop or not): the background thread must
