@@ -15,7 +15,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -131,6 +130,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // A waiting thread leaves drive() (having held the loop or not): the background thread must
   // look again if anything is left for it (its poll() may sleep on a state from before).
   void leave_loop(bool held);
+  void wake_background();  // writes the eventfd the background thread polls
   void set_wake_timer(std::chrono::microseconds delay);  // 0 disarms; with mu_ held
   void fail_loop(const std::exception& e);
   void absorb_queue();
@@ -550,8 +550,7 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
     if (!wake_timer_armed_)
       set_wake_timer(std::chrono::microseconds(static_cast<int64_t>(tuned_.second * 1000)));
   } else if (wake) {
-    uint64_t one = 1;
-    (void)!::write(wake_.get(), &one, sizeof(one));
+    wake_background();
   }
   return handle;
 }
@@ -562,8 +561,7 @@ void Engine::Impl::shutdown() {
     shutdown_requested_ = true;
     queue_changed_.store(true, std::memory_order_release);
   }
-  uint64_t one = 1;
-  if (wake_.valid()) (void)!::write(wake_.get(), &one, sizeof(one));
+  if (wake_.valid()) wake_background();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -700,21 +698,20 @@ void Engine::Impl::leave_loop(bool held) {
   // an enqueue that saw this thread still driving did not wake the background thread.
   drivers_.fetch_sub(1);
   // The background thread sleeps on: peers must ring its doorbell again, unless a list came in
-  // just now.
-  if (held && asleep_ && !control_->prepare_to_sleep()) {
-    uint64_t one = 1;
-    (void)!::write(wake_.get(), &one, sizeof(one));
-  }
-  bool left = held && (stopped_ || !table_.empty() || !outgoing_.empty() ||
-                       !outgoing_hits_.empty() || shutdown_deadline_ != Clock::time_point{});
+  // just now (then it must look, as it must at any work left).
+  bool left = held && asleep_ && !control_->prepare_to_sleep();
+  left = left || (held && (stopped_ || !table_.empty() || !outgoing_.empty() ||
+                           !outgoing_hits_.empty() || shutdown_deadline_ != Clock::time_point{}));
   if (!left) {
     std::lock_guard lock(mu_);
     left = !queue_.empty() || shutdown_requested_;
   }
-  if (left) {
-    uint64_t one = 1;
-    (void)!::write(wake_.get(), &one, sizeof(one));
-  }
+  if (left) wake_background();
+}
+
+void Engine::Impl::wake_background() {
+  uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof(one));
 }
 
 void Engine::Impl::set_wake_timer(std::chrono::microseconds delay) {

@@ -1,6 +1,7 @@
 #include "engine/mailbox.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace krug::engine {

@@ -9,7 +9,6 @@
 // a consumer that went to sleep.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
