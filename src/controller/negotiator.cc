@@ -86,11 +86,59 @@ const std::vector<int32_t>& Negotiator::members(int32_t process_set) const {
 }
 
 void Negotiator::add(const RequestList& list, Clock::time_point now) {
-  for (uint32_t id : list.cache_hits) add_request(list.rank, cache_.at(id), now);
+  for (uint32_t id : list.cache_hits) {
+    const bool general = !table_.empty() || !joined_.empty();
+    if (general || !add_cached(list.rank, id, now)) add_request(list.rank, cache_.at(id), now);
+  }
   for (const auto& request : list.requests) add_request(list.rank, request, now);
 }
 
+bool Negotiator::add_cached(int32_t rank, uint32_t id, Clock::time_point now) {
+  const Request& q = cache_.at(id);
+  auto set = sets_.find(q.process_set);
+  if (set == sets_.end() || !std::binary_search(set->second.begin(), set->second.end(), rank))
+    return false;
+  if (cached_.size() <= id) cached_.resize(cache_.size());
+  CachedPending& c = cached_[id];
+  const size_t word = static_cast<size_t>(rank) / 64;
+  const uint64_t bit = uint64_t{1} << (rank % 64);
+  if (!c.pending) {
+    c.ranks.assign((static_cast<size_t>(world_size_) + 63) / 64, 0);
+    if (track_readiness_) c.arrived_at.assign(world_size_, Clock::time_point{});
+    c.count = 0;
+    c.pending = true;
+    c.arrival = next_arrival_++;
+    c.first_seen = now;
+    cached_pending_.push_back(id);
+  } else if (c.ranks[word] & bit) {
+    return false;
+  }
+  c.ranks[word] |= bit;
+  if (track_readiness_) c.arrived_at[rank] = now;
+  if (++c.count == static_cast<int>(set->second.size())) cached_ready_.push_back(id);
+  return true;
+}
+
+void Negotiator::move_cached_into_table() {
+  for (uint32_t id : cached_pending_) {
+    CachedPending& c = cached_[id];
+    const Request& q = cache_.at(id);
+    Pending& p = table_[table_key(q.process_set, q.name)];
+    p.first_seen = c.first_seen;
+    p.arrival = c.arrival;
+    for (int32_t rank = 0; rank < world_size_; ++rank) {
+      if (!(c.ranks[rank / 64] >> (rank % 64) & 1)) continue;
+      p.by_rank[rank] = q;
+      if (track_readiness_) p.arrived_at[rank] = c.arrived_at[rank];
+    }
+    c.pending = false;
+  }
+  cached_pending_.clear();
+  cached_ready_.clear();
+}
+
 void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_point now) {
+  if (!cached_pending_.empty()) move_cached_into_table();
   if (request.op == OpType::kJoin) {
     joined_.insert(rank);
     last_joined_ = rank;
@@ -342,9 +390,47 @@ void Negotiator::error_on(std::vector<Response>& out, const Pending& p, std::str
   out.push_back(std::move(r));
 }
 
+void Negotiator::compute_cached(std::vector<Response>& out) {
+  // Ids from one cache were validated when their entries were made, and every member sent the
+  // same id: nothing to compare. Fused like the general path: in arrival order, each into the
+  // latest compatible response with room.
+  std::sort(cached_ready_.begin(), cached_ready_.end(),
+            [&](uint32_t a, uint32_t b) { return cached_[a].arrival < cached_[b].arrival; });
+  const size_t first_new = out.size();
+  std::vector<int64_t> bytes;  // of out[first_new + i]
+  for (uint32_t id : cached_ready_) {
+    CachedPending& c = cached_[id];
+    c.pending = false;
+    const Request& q = cache_.at(id);
+    if (track_readiness_ && q.process_set == 0) readiness_.observe(q.name, c.arrived_at);
+    const int64_t size = cache_.elements(id) * static_cast<int64_t>(dtype_size(q.dtype));
+    bool fused = false;
+    for (size_t i = out.size(); q.op == OpType::kAllreduce && i-- > first_new;) {
+      Response& r = out[i];
+      if (r.op != OpType::kAllreduce || r.process_set != q.process_set || r.dtype != q.dtype ||
+          r.reduce_op != q.reduce_op || r.prescale != q.prescale || r.postscale != q.postscale)
+        continue;
+      if (bytes[i - first_new] + size > fusion_threshold_) continue;
+      r.cache_ids.push_back(id);
+      bytes[i - first_new] += size;
+      fused = true;
+      break;
+    }
+    if (fused) continue;
+    Response r;
+    r.cache_ids = {id};
+    cache_.expand(r, /*names=*/false);
+    out.push_back(std::move(r));
+    bytes.push_back(size);
+  }
+  cached_ready_.clear();
+  std::erase_if(cached_pending_, [&](uint32_t id) { return !cached_[id].pending; });
+}
+
 std::vector<Response> Negotiator::compute() {
   std::vector<Response> out = std::move(immediate_errors_);
   immediate_errors_.clear();
+  compute_cached(out);
 
   // Ready entries in arrival order; groups are released only when complete.
   std::vector<std::pair<uint64_t, std::string>> ready;
@@ -408,6 +494,16 @@ std::vector<Response> Negotiator::compute() {
 
 std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_seconds) const {
   std::vector<Stall> result;
+  for (uint32_t id : cached_pending_) {
+    const CachedPending& c = cached_[id];
+    double waited = std::chrono::duration<double>(now - c.first_seen).count();
+    if (waited < older_than_seconds) continue;
+    const Request& q = cache_.at(id);
+    Stall s{q.name, q.op, q.process_set, {}, {}, waited};
+    for (int32_t m : members(q.process_set))
+      (c.ranks[m / 64] >> (m % 64) & 1 ? s.ready_ranks : s.missing_ranks).push_back(m);
+    result.push_back(std::move(s));
+  }
   for (const auto& [key, p] : table_) {
     double waited = std::chrono::duration<double>(now - p.first_seen).count();
     if (waited < older_than_seconds) continue;

@@ -46,7 +46,7 @@ class Negotiator {
   // Ready operations as an ordered, fused response list; removes them from the table.
   std::vector<Response> compute();
 
-  bool has_pending() const { return !table_.empty(); }
+  bool has_pending() const { return !table_.empty() || !cached_pending_.empty(); }
   // The autotuner's knob: applies to responses computed from now on.
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   std::vector<Stall> stalls(Clock::time_point now, double older_than_seconds) const;
@@ -68,6 +68,15 @@ class Negotiator {
     uint64_t arrival = 0;  // decides the order of responses
   };
 
+  // Steady state: cache hits while nothing else is pending are counted per id, without the
+  // per-name table; the responses they make carry ids and parameters only (no names: every
+  // rank's cache has them). false: the hit needs the general path (unknown set, not a member,
+  // sent twice), which then reports it.
+  bool add_cached(int32_t rank, uint32_t id, Clock::time_point now);
+  // Before anything enters the general table: the counted hits move into it, so that one
+  // procedure decides (joins, removed sets, mismatches, ordering against new names).
+  void move_cached_into_table();
+  void compute_cached(std::vector<Response>& out);
   void add_request(int32_t rank, const Request& request, Clock::time_point now);
   bool is_ready(const Pending& p) const;
   std::string validate(const std::string& key, const Pending& p) const;
@@ -82,6 +91,19 @@ class Negotiator {
   int64_t fusion_threshold_;
   ResponseCache& cache_;
   std::map<std::string, Pending> table_;  // table_key(set, name) -> pending
+  // The hits counted by add_cached, by cache id (entries are reused from step to step). While
+  // any is pending, table_ is empty.
+  struct CachedPending {
+    std::vector<uint64_t> ranks;                 // bit per global rank that sent the hit
+    std::vector<Clock::time_point> arrived_at;   // with track_readiness(): per global rank
+    int count = 0;
+    bool pending = false;
+    uint64_t arrival = 0;
+    Clock::time_point first_seen;
+  };
+  std::vector<CachedPending> cached_;
+  std::vector<uint32_t> cached_pending_;  // ids with pending set, in arrival order
+  std::vector<uint32_t> cached_ready_;    // those every member has sent
   std::vector<Response> immediate_errors_;
   std::map<int32_t, std::vector<int32_t>> sets_;
   int32_t next_set_id_ = 1;

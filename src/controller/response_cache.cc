@@ -30,6 +30,15 @@ Request cache_form(const Response& r, size_t index) {
   return q;
 }
 
+bool same_as_cached(const Request& c, const Request& q) {
+  return c.name == q.name && c.op == q.op && c.dtype == q.dtype && c.reduce_op == q.reduce_op &&
+         c.process_set == q.process_set &&
+         c.root == (q.op == OpType::kBroadcast ? q.root : 0) && c.prescale == q.prescale &&
+         c.postscale == q.postscale && c.shape == q.shape && c.splits.empty() &&
+         c.set_ranks.empty() && c.target_process_set == 0 && c.group == q.group &&
+         c.group_size == q.group_size;
+}
+
 bool ResponseCache::cacheable(OpType op) {
   return op == OpType::kAllreduce || op == OpType::kBroadcast || op == OpType::kReducescatter;
 }
@@ -37,8 +46,12 @@ bool ResponseCache::cacheable(OpType op) {
 bool ResponseCache::cacheable(const Request& r) { return r.group.empty() && cacheable(r.op); }
 
 std::optional<uint32_t> ResponseCache::find(const Request& request) const {
-  auto it = latest_.find(table_key(request.process_set, request.name));
-  if (it == latest_.end() || !(entries_[it->second] == request)) return std::nullopt;
+  return find(table_key(request.process_set, request.name), request);
+}
+
+std::optional<uint32_t> ResponseCache::find(const std::string& key, const Request& request) const {
+  auto it = latest_.find(key);
+  if (it == latest_.end() || !same_as_cached(entries_[it->second], request)) return std::nullopt;
   return it->second;
 }
 
@@ -49,18 +62,24 @@ const Request& ResponseCache::at(uint32_t id) const {
   return entries_[id];
 }
 
-void ResponseCache::expand(Response& r) const {
-  const std::vector<uint32_t> ids = r.cache_ids;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const Request& q = at(ids[i]);
-    if (i == 0) {
-      r = response_for(q);
-      r.cache_ids = ids;
-      r.from_cache = true;
-    } else {
-      r.names.push_back(q.name);
-      r.shapes.push_back(q.shape);
-    }
+void ResponseCache::expand(Response& r, bool names) const {
+  if (r.cache_ids.empty()) return;
+  const Request& first = at(r.cache_ids[0]);
+  r.op = first.op;
+  r.dtype = first.dtype;
+  r.reduce_op = first.reduce_op;
+  r.process_set = first.process_set;
+  r.root = first.root;
+  r.prescale = first.prescale;
+  r.postscale = first.postscale;
+  r.from_cache = true;
+  if (!names || !r.names.empty()) return;
+  r.names.reserve(r.cache_ids.size());
+  r.shapes.reserve(r.cache_ids.size());
+  for (uint32_t id : r.cache_ids) {
+    const Request& q = at(id);
+    r.names.push_back(q.name);
+    r.shapes.push_back(q.shape);
   }
 }
 
@@ -74,6 +93,7 @@ void ResponseCache::insert(uint32_t id, const Request& request) {
     throw Error("response cache out of order: got id " + std::to_string(id) + ", expected " +
                 std::to_string(entries_.size()));
   entries_.push_back(request);
+  elements_.push_back(request.num_elements());
   latest_[table_key(request.process_set, request.name)] = id;
 }
 

@@ -25,13 +25,19 @@ class ResponseCache {
   static bool cacheable(const Request& request);
   static bool cacheable(OpType op);
 
-  // The id under which `request` (same name and parameters) is cached, if any.
+  // The id under which `request` (same name and parameters) is cached, if any. `key` is
+  // table_key(request.process_set, request.name), which callers usually have at hand already.
   std::optional<uint32_t> find(const Request& request) const;
+  std::optional<uint32_t> find(const std::string& key, const Request& request) const;
   const Request& at(uint32_t id) const;
   bool contains(uint32_t id) const { return id < entries_.size(); }
+  // Elements of entry `id`'s tensor (its shape's product), kept with the entry.
+  int64_t elements(uint32_t id) const { return elements_.at(id); }
 
-  // A response that arrived as cache ids only gets its names, shapes and parameters back.
-  void expand(Response& response) const;
+  // A response that arrived as cache ids only gets its parameters back (op, dtype, reduction,
+  // set, root, scale factors) and, with `names`, its names and shapes too: the steady-state
+  // allreduce path works from ids alone and never copies a name.
+  void expand(Response& response, bool names = true) const;
 
   // Coordinator: the id the next insert will get, or nullopt when full.
   std::optional<uint32_t> next_id() const;
@@ -43,8 +49,13 @@ class ResponseCache {
  private:
   int64_t capacity_;
   std::vector<Request> entries_;
+  std::vector<int64_t> elements_;
   std::unordered_map<std::string, uint32_t> latest_;  // "<set>/<name>" -> newest id
 };
+
+// Whether `request` is what entry `cached` stores: cache_form(request) == cached, without the
+// copy.
+bool same_as_cached(const Request& cached, const Request& request);
 
 // The rank-independent part of a request, as stored in the cache (group, splits and other
 // fields that do not describe a cacheable response are cleared).

@@ -109,7 +109,11 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
     TensorArgs args;
     std::shared_ptr<HandleState> handle;
     Clock::time_point enqueued;
+    std::string key;        // table_key(set, name) while queued; the table's key afterwards
+    int64_t cache_id = -1;  // the response cache id it was sent as, if any
   };
+  using Table = std::unordered_map<std::string, LocalEntry>;
+  using TableSlot = Table::value_type;
   struct ProcessSetState {
     std::vector<int32_t> ranks;
     int my_index = -1;
@@ -146,7 +150,13 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   void run_alltoall(const Response& r, ProcessSetState& set, LocalEntry& e);
   void run_reducescatter(const Response& r, ProcessSetState& set, LocalEntry& e);
   void finish(const std::string& key, const std::string& error = {});
+  // Completes the entries a collective ran (null: none here), taking mu_ once for all.
+  void finish_slots(const std::vector<TableSlot*>& slots);
+  // The local entry a response's cache id stands for (null: none on this rank).
+  TableSlot* slot_for_id(uint32_t id);
   void fail_names(const Response& r, const std::string& error);
+  // Names of a response, from the cache when it carries ids only.
+  std::vector<std::string> names_of(const Response& r) const;
   // Fails every pending and future operation with `message` and stops the loop.
   void fatal(std::string message, bool tell_peers, bool is_error = true);
   std::string root_cause(const std::string& local_error);
@@ -214,7 +224,11 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // The loop's state: only with loop_mu_ held.
   std::mutex loop_mu_;
   std::map<int32_t, ProcessSetState> sets_;
-  std::unordered_map<std::string, LocalEntry> table_;  // names share long prefixes: hashed
+  Table table_;  // names share long prefixes: hashed
+  // Entries sent as cache hits, by id: a cached response finds its tensors without a name.
+  // Pointers into table_'s nodes, which stay put until erased (finish clears the slot).
+  std::vector<TableSlot*> by_id_;
+  std::vector<Table::node_type> finished_;  // finish_slots' scratch
   std::vector<Request> outgoing_;
   std::vector<uint32_t> outgoing_hits_;
   int awaiting_response_ = 0;
@@ -542,8 +556,8 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
   // background thread when it leaves with work left.
   const bool wake = queue_.empty() && drivers_.load() == 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    in_flight_keys_.insert(std::move(keys[i]));
-    queue_.push_back(LocalEntry{std::move(tensors[i]), handle, now});
+    in_flight_keys_.insert(keys[i]);
+    queue_.push_back(LocalEntry{std::move(tensors[i]), handle, now, std::move(keys[i])});
   }
   queue_changed_.store(true, std::memory_order_release);
   if (wake && waiters_drive_) {
@@ -752,14 +766,21 @@ void Engine::Impl::absorb_queue() {
   }
   for (auto& e : arrived) {
     const Request& q = e.args.request;
-    auto hit = controller::ResponseCache::cacheable(q) ? cache_.find(controller::cache_form(q))
-                                                       : std::nullopt;
-    if (hit)
-      outgoing_hits_.push_back(*hit);
+    int64_t hit = -1;
+    if (controller::ResponseCache::cacheable(q))
+      if (auto id = cache_.find(e.key, q)) hit = *id;
+    if (hit >= 0)
+      outgoing_hits_.push_back(static_cast<uint32_t>(hit));
     else
       outgoing_.push_back(q);
     if (timeline_) timeline_begin(q.name, "NEGOTIATE_" + upper(controller::op_name(q.op)));
-    table_.emplace(controller::table_key(q.process_set, q.name), std::move(e));
+    std::string key = std::move(e.key);
+    e.cache_id = hit;
+    auto [it, inserted] = table_.emplace(std::move(key), std::move(e));
+    if (hit >= 0 && inserted) {
+      if (by_id_.size() <= static_cast<size_t>(hit)) by_id_.resize(cache_.size(), nullptr);
+      by_id_[static_cast<size_t>(hit)] = &*it;
+    }
   }
   if (shutting_down && shutdown_deadline_ == Clock::time_point{})
     shutdown_deadline_ = Clock::now() + seconds_to_ms(config_.timeout_seconds);
@@ -940,8 +961,9 @@ void Engine::Impl::process(ResponseList list) {
   // Expand cached responses first so the timeline can show every name's QUEUE phase: the time
   // between the decision and the start of its collective, behind earlier responses.
   for (auto& r : list.responses) {
-    if (r.from_cache && r.names.empty()) {
-      cache_.expand(r);
+    if (r.from_cache) {
+      // The allreduce path finds its tensors by id; names only for what shows or needs them.
+      cache_.expand(r, /*names=*/timeline_ || r.op != OpType::kAllreduce);
     } else {
       for (size_t i = 0; i < r.cache_ids.size(); ++i)
         if (!cache_.contains(r.cache_ids[i]))
@@ -963,11 +985,17 @@ void Engine::Impl::process(ResponseList list) {
     }
     try {
       execute(r);
-      moved += controller::response_bytes(r);
+      if (autotuner_) {
+        if (r.names.empty())
+          for (uint32_t id : r.cache_ids)
+            moved += cache_.elements(id) * static_cast<int64_t>(dtype_size(r.dtype));
+        else
+          moved += controller::response_bytes(r);
+      }
     } catch (const std::exception& e) {
       std::string message = root_cause(
           fmt::format("{} of [{}] (process set {}) failed on rank {} ({}): {}",
-                      controller::op_name(r.op), fmt::join(r.names, ", "), r.process_set,
+                      controller::op_name(r.op), fmt::join(names_of(r), ", "), r.process_set,
                       config_.rank, config_.hostname, e.what()));
       fail_names(r, message);
       fatal(message, true);
@@ -988,15 +1016,49 @@ void Engine::Impl::process(ResponseList list) {
 }
 
 void Engine::Impl::fail_names(const Response& r, const std::string& error) {
-  for (const auto& name : r.names) {
+  for (const auto& name : names_of(r)) {
     auto key = controller::table_key(r.process_set, name);
     if (table_.count(key)) finish(key, error);
   }
 }
 
+std::vector<std::string> Engine::Impl::names_of(const Response& r) const {
+  if (!r.names.empty() || r.cache_ids.empty()) return r.names;
+  std::vector<std::string> names;
+  for (uint32_t id : r.cache_ids) names.push_back(cache_.at(id).name);
+  return names;
+}
+
+Engine::Impl::TableSlot* Engine::Impl::slot_for_id(uint32_t id) {
+  if (id < by_id_.size() && by_id_[id]) return by_id_[id];
+  // Sent as a full request (its entry was made after this rank had looked), or not here at all
+  // (a joined rank).
+  const Request& q = cache_.at(id);
+  auto it = table_.find(controller::table_key(q.process_set, q.name));
+  return it == table_.end() ? nullptr : &*it;
+}
+
+void Engine::Impl::finish_slots(const std::vector<TableSlot*>& slots) {
+  finished_.clear();
+  for (TableSlot* slot : slots) {
+    if (!slot) continue;
+    if (slot->second.cache_id >= 0) by_id_[static_cast<size_t>(slot->second.cache_id)] = nullptr;
+    finished_.push_back(table_.extract(slot->first));
+  }
+  awaiting_response_ = std::max(0, awaiting_response_ - static_cast<int>(finished_.size()));
+  {
+    // Before the handles complete: a thread woken by one may submit the same name at once.
+    std::lock_guard lock(mu_);
+    for (auto& node : finished_) in_flight_keys_.erase(node.key());
+  }
+  for (auto& node : finished_) node.mapped().handle->complete_part();
+  finished_.clear();
+}
+
 void Engine::Impl::finish(const std::string& key, const std::string& error) {
   auto it = table_.find(key);
   if (it == table_.end()) return;
+  if (it->second.cache_id >= 0) by_id_[static_cast<size_t>(it->second.cache_id)] = nullptr;
   LocalEntry entry = std::move(it->second);
   table_.erase(it);
   --awaiting_response_;
@@ -1068,14 +1130,24 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
   const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
   double post = r.postscale;
   if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(set.ranks.size());
-  std::vector<LocalEntry*> entries;
-  std::vector<size_t> counts;  // per tensor: Adasum works tensor by tensor inside a fused buffer
+  // A response from the cache carries ids only (its names are expanded only for the timeline).
+  const bool by_id = r.names.empty();
+  const size_t n = by_id ? r.cache_ids.size() : r.names.size();
+  std::vector<TableSlot*> slots(n);
+  std::vector<LocalEntry*> entries(n);
+  std::vector<size_t> counts(n);  // per tensor: Adasum works tensor by tensor inside a fused buffer
   size_t total = 0;
-  for (size_t i = 0; i < r.names.size(); ++i) {
-    auto it = table_.find(controller::table_key(r.process_set, r.names[i]));
-    entries.push_back(it == table_.end() ? nullptr : &it->second);
-    counts.push_back(static_cast<size_t>(elements(r.shapes[i])));
-    total += counts.back();
+  for (size_t i = 0; i < n; ++i) {
+    if (by_id) {
+      slots[i] = slot_for_id(r.cache_ids[i]);
+      counts[i] = static_cast<size_t>(cache_.elements(r.cache_ids[i]));
+    } else {
+      auto it = table_.find(controller::table_key(r.process_set, r.names[i]));
+      slots[i] = it == table_.end() ? nullptr : &*it;
+      counts[i] = static_cast<size_t>(elements(r.shapes[i]));
+    }
+    entries[i] = slots[i] ? &slots[i]->second : nullptr;
+    total += counts[i];
   }
   const bool adasum = r.reduce_op == ReduceOp::kAdasum;
   if (adasum) {
@@ -1084,7 +1156,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
     std::string why = collectives::adasum_unsupported(r.dtype, static_cast<int>(set.ranks.size()),
                                                       r.process_set);
     if (!why.empty()) {
-      fail_names(r, fmt::format("allreduce of [{}]: {}", fmt::join(r.names, ", "), why));
+      fail_names(r, fmt::format("allreduce of [{}]: {}", fmt::join(names_of(r), ", "), why));
       return;
     }
   }
@@ -1104,36 +1176,37 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       parts.push_back(entries[i] ? collectives::FusedPart{entries[i]->args.input,
                                                          entries[i]->args.output, counts[i]}
                                  : collectives::FusedPart{nullptr, nullptr, counts[i]});
-      timeline_begin(r.names[i], phase);
+      if (timeline_) timeline_begin(r.names[i], phase);
     }
     set.comm->allreduce_parts(parts, r.dtype, kernel_op, r.prescale, post);
-    for (const auto& name : r.names) {
-      timeline_end(name, phase);
-      finish(controller::table_key(r.process_set, name));
-    }
+    if (timeline_)
+      for (const auto& name : r.names) timeline_end(name, phase);
+    finish_slots(slots);
     return;
   }
   if (entries.size() == 1 && entries[0]) {
     // One tensor: reduce in the user's output buffer, no fusion copies.
     auto& a = entries[0]->args;
-    timeline_begin(r.names[0], phase);
+    if (timeline_) timeline_begin(r.names[0], phase);
     if (a.output != a.input && total > 0) std::memcpy(a.output, a.input, total * esize);
     reduce::scale(r.dtype, a.output, total, r.prescale);
     reduce_in_place(a.output);
     reduce::scale(r.dtype, a.output, total, post);
-    timeline_end(r.names[0], phase);
+    if (timeline_) timeline_end(r.names[0], phase);
   } else {
     if (fusion_.size() < total * esize) fusion_.resize(total * esize);
     size_t offset = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
-      size_t bytes = static_cast<size_t>(elements(r.shapes[i])) * esize;
-      timeline_begin(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
+      size_t bytes = counts[i] * esize;
+      if (timeline_) timeline_begin(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
       if (entries[i] && bytes > 0)
         std::memcpy(fusion_.data() + offset, entries[i]->args.input, bytes);
       else if (bytes > 0)
         std::memset(fusion_.data() + offset, 0, bytes);  // a joined rank contributes zeros
-      timeline_end(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
-      timeline_begin(r.names[i], phase);
+      if (timeline_) {
+        timeline_end(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
+        timeline_begin(r.names[i], phase);
+      }
       offset += bytes;
     }
     reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
@@ -1141,15 +1214,17 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
     reduce::scale(r.dtype, fusion_.data(), total, post);
     offset = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
-      size_t bytes = static_cast<size_t>(elements(r.shapes[i])) * esize;
-      timeline_end(r.names[i], phase);
-      timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
+      size_t bytes = counts[i] * esize;
+      if (timeline_) {
+        timeline_end(r.names[i], phase);
+        timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
+      }
       if (entries[i] && bytes > 0) std::memcpy(entries[i]->args.output, fusion_.data() + offset, bytes);
-      timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
+      if (timeline_) timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
       offset += bytes;
     }
   }
-  for (const auto& name : r.names) finish(controller::table_key(r.process_set, name));
+  finish_slots(slots);
 }
 
 void Engine::Impl::run_allgather(const Response& r, ProcessSetState& set, LocalEntry& e) {
@@ -1297,6 +1372,7 @@ void Engine::Impl::fatal(std::string message, bool tell_peers, bool is_error) {
   for (auto& e : queued) e.handle->complete_part(message);
   for (auto& [key, e] : table_) e.handle->complete_part(message);
   table_.clear();
+  by_id_.clear();
   stopped_ = true;
 }
 

@@ -122,7 +122,13 @@ TEST_F(NegotiatorTest, SteadyStateUsesTheCache) {
   auto second = n.compute();
   ASSERT_EQ(second.size(), 1u);
   EXPECT_TRUE(second[0].from_cache);
+  EXPECT_EQ(second[0].cache_ids, first[0].cache_ids);
+  EXPECT_EQ(second[0].op, OpType::kAllreduce);
+  // Ids and parameters only: every rank's cache has the names.
+  EXPECT_TRUE(second[0].names.empty());
+  cache.expand(second[0]);
   EXPECT_EQ(second[0].names, std::vector<std::string>{"x"});
+  EXPECT_EQ(second[0].shapes, (std::vector<std::vector<int64_t>>{{4}}));
   // Over the wire a cached response is ids only.
   ResponseList list;
   list.responses = second;
