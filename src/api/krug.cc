@@ -93,6 +93,13 @@ Handle submit(std::vector<TensorArgs> tensors) {
   return Handle(current()->enqueue(std::move(tensors)));
 }
 
+// One tensor, moved in (a braced list would copy it).
+Handle submit(TensorArgs tensor) {
+  std::vector<TensorArgs> tensors;
+  tensors.push_back(std::move(tensor));
+  return submit(std::move(tensors));
+}
+
 Request reduce_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
                        const ReduceOptions& o) {
   Request q = make_request(name, op, dtype, shape, o.process_set.id);
@@ -237,8 +244,8 @@ bool mpi_threads_supported() {
 
 Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
                        const Shape& shape, const ReduceOptions& options) {
-  return submit({tensor_args(reduce_request(name, OpType::kAllreduce, dtype, shape, options), input,
-                            output)});
+  return submit(tensor_args(reduce_request(name, OpType::kAllreduce, dtype, shape, options), input,
+                            output));
 }
 
 void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
@@ -263,15 +270,15 @@ Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupT
 
 Handle allgather_async(const std::string& name, const void* input, DataType dtype,
                        const Shape& shape, ProcessSet process_set) {
-  return submit({tensor_args(make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
-                            input, nullptr)});
+  return submit(tensor_args(make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
+                            input, nullptr));
 }
 
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
                        int root, ProcessSet process_set) {
   Request q = make_request(name, OpType::kBroadcast, dtype, shape, process_set.id);
   q.root = root;
-  return submit({tensor_args(std::move(q), data, data)});
+  return submit(tensor_args(std::move(q), data, data));
 }
 
 void broadcast(const std::string& name, void* data, DataType dtype, const Shape& shape, int root,
@@ -284,25 +291,25 @@ Handle alltoall_async(const std::string& name, const void* input, DataType dtype
                       ProcessSet process_set) {
   Request q = make_request(name, OpType::kAlltoall, dtype, shape, process_set.id);
   q.splits = splits;
-  return submit({tensor_args(std::move(q), input, nullptr)});
+  return submit(tensor_args(std::move(q), input, nullptr));
 }
 
 Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
                            const Shape& shape, const ReduceOptions& options) {
-  return submit({tensor_args(reduce_request(name, OpType::kReducescatter, dtype, shape, options),
-                            input, nullptr)});
+  return submit(tensor_args(reduce_request(name, OpType::kReducescatter, dtype, shape, options),
+                            input, nullptr));
 }
 
 void barrier(ProcessSet process_set) {
-  submit({tensor_args(make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {},
+  submit(tensor_args(make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {},
                                   process_set.id),
-                     nullptr, nullptr)})
+                     nullptr, nullptr))
       .wait();
 }
 
 Handle join_async() {
   return submit(
-      {tensor_args(make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr, nullptr)});
+      tensor_args(make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr, nullptr));
 }
 
 int join() {
@@ -316,7 +323,7 @@ ProcessSet add_process_set(std::vector<int> ranks) {
   Request q = make_request(fmt::format("__add_process_set[{}]", fmt::join(ranks, ",")),
                            OpType::kAddProcessSet, DataType::kUInt8, {}, 0);
   q.set_ranks.assign(ranks.begin(), ranks.end());
-  Handle h = submit({tensor_args(std::move(q), nullptr, nullptr)});
+  Handle h = submit(tensor_args(std::move(q), nullptr, nullptr));
   h.wait();
   return ProcessSet{static_cast<int32_t>(h.value())};
 }
@@ -325,7 +332,7 @@ void remove_process_set(ProcessSet process_set) {
   Request q = make_request(fmt::format("__remove_process_set[{}]", process_set.id),
                            OpType::kRemoveProcessSet, DataType::kUInt8, {}, 0);
   q.target_process_set = process_set.id;
-  submit({tensor_args(std::move(q), nullptr, nullptr)}).wait();
+  submit(tensor_args(std::move(q), nullptr, nullptr)).wait();
 }
 
 std::vector<int> process_set_ranks(ProcessSet process_set) {

@@ -1,9 +1,16 @@
 #include "controller/response_cache.h"
 
+#include <cstdio>
+
 namespace krug::controller {
 
 std::string table_key(int32_t process_set, const std::string& name) {
-  return std::to_string(process_set) + "/" + name;
+  char set[16];
+  const int digits = std::snprintf(set, sizeof(set), "%d/", process_set);
+  std::string key;
+  key.reserve(static_cast<size_t>(digits) + name.size());  // one allocation per operation
+  key.append(set, static_cast<size_t>(digits)).append(name);
+  return key;
 }
 
 Request cache_form(const Request& r) {

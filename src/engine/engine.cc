@@ -108,7 +108,6 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   struct LocalEntry {
     TensorArgs args;
     std::shared_ptr<HandleState> handle;
-    Clock::time_point enqueued;
     std::string key;        // table_key(set, name) while queued; the table's key afterwards
     int64_t cache_id = -1;  // the response cache id it was sent as, if any
   };
@@ -229,6 +228,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // Pointers into table_'s nodes, which stay put until erased (finish clears the slot).
   std::vector<TableSlot*> by_id_;
   std::vector<Table::node_type> finished_;  // finish_slots' scratch
+  std::vector<LocalEntry> arrived_;         // absorb_queue's
   std::vector<Request> outgoing_;
   std::vector<uint32_t> outgoing_hits_;
   int awaiting_response_ = 0;
@@ -512,12 +512,13 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
   };
   if (tensors.empty()) return handle;
   if (waiters_drive_) handle->set_driver(weak_from_this());
+  std::vector<std::string> keys;  // table keys, built once per tensor, outside the lock
+  keys.reserve(tensors.size());
+  for (const auto& t : tensors) keys.push_back(controller::table_key(t.request.process_set, t.request.name));
   std::lock_guard lock(mu_);
   if (!failure_.empty()) return fail(failure_);
   if (shutdown_requested_)
     return fail(fmt::format("krug is shutting down on rank {}: no new operations", config_.rank));
-  std::vector<std::string> keys;  // table keys, built once per tensor
-  keys.reserve(tensors.size());
   for (auto& t : tensors) {
     Request& q = t.request;
     auto set = set_ranks_.find(q.process_set);
@@ -540,24 +541,24 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
                                 q.name, rows, n, q.process_set));
       q.splits.assign(n, rows / n);
     }
-    auto key = controller::table_key(q.process_set, q.name);
-    // A grouped request must not name a tensor twice either (groups are small: a linear scan).
-    if (in_flight_keys_.count(key) || std::find(keys.begin(), keys.end(), key) != keys.end())
-      return fail(fmt::format(
-          "{} '{}' (process set {}): an operation with this name is already in flight on rank "
-          "{}; wait for it before reusing the name",
-          controller::op_name(q.op), q.name, q.process_set, config_.rank));
-    keys.push_back(std::move(key));
   }
-  const auto now = Clock::now();
+  // A grouped request must not name a tensor twice either: its second insert fails too.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (in_flight_keys_.insert(keys[i]).second) continue;
+    for (size_t j = 0; j < i; ++j) in_flight_keys_.erase(keys[j]);
+    const Request& q = tensors[i].request;
+    return fail(fmt::format(
+        "{} '{}' (process set {}): an operation with this name is already in flight on rank "
+        "{}; wait for it before reusing the name",
+        controller::op_name(q.op), q.name, q.process_set, config_.rank));
+  }
   // The background thread takes the whole queue at once, so it needs waking only when the
   // queue was empty: otherwise an earlier enqueue's wake-up is still pending.
   // Nor while a waiting thread drives the loop: it takes the queue itself, and wakes the
   // background thread when it leaves with work left.
   const bool wake = queue_.empty() && drivers_.load() == 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    in_flight_keys_.insert(keys[i]);
-    queue_.push_back(LocalEntry{std::move(tensors[i]), handle, now, std::move(keys[i])});
+    queue_.push_back(LocalEntry{std::move(tensors[i]), handle, std::move(keys[i])});
   }
   queue_changed_.store(true, std::memory_order_release);
   if (wake && waiters_drive_) {
@@ -756,12 +757,12 @@ int Engine::Impl::poll_timeout_ms(Clock::time_point now) const {
 
 void Engine::Impl::absorb_queue() {
   if (!queue_changed_.load(std::memory_order_acquire)) return;
-  std::vector<LocalEntry> arrived;
+  std::vector<LocalEntry>& arrived = arrived_;
   bool shutting_down;
   {
     std::lock_guard lock(mu_);
     queue_changed_.store(false, std::memory_order_relaxed);
-    arrived.swap(queue_);
+    arrived.swap(queue_);  // both keep their capacity from step to step
     shutting_down = shutdown_requested_;
   }
   for (auto& e : arrived) {
@@ -782,6 +783,7 @@ void Engine::Impl::absorb_queue() {
       by_id_[static_cast<size_t>(hit)] = &*it;
     }
   }
+  arrived.clear();
   if (shutting_down && shutdown_deadline_ == Clock::time_point{})
     shutdown_deadline_ = Clock::now() + seconds_to_ms(config_.timeout_seconds);
 }
