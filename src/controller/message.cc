@@ -6,8 +6,8 @@ namespace krug::controller {
 namespace {
 
 // Bumped whenever the layout below changes, so ranks built from different versions fail loudly.
-constexpr uint32_t kRequestMagic = 0x4b520001;   // "KR" v1
-constexpr uint32_t kResponseMagic = 0x4b530001;  // "KS" v1
+constexpr uint32_t kRequestMagic = 0x4b520002;   // "KR" v2
+constexpr uint32_t kResponseMagic = 0x4b530002;  // "KS" v2
 
 template <typename T>
 void put_ints(net::Writer& w, const std::vector<T>& v) {
@@ -20,6 +20,18 @@ std::vector<T> get_ints(net::Reader& r) {
   std::vector<T> v(r.u32());
   for (T& x : v) x = static_cast<T>(r.i64());
   return v;
+}
+
+// Cache ids: a steady-state list is little else, so four bytes each.
+void put_ids(net::Writer& w, const std::vector<uint32_t>& ids) {
+  w.u32(static_cast<uint32_t>(ids.size()));
+  for (uint32_t id : ids) w.u32(id);
+}
+
+std::vector<uint32_t> get_ids(net::Reader& r) {
+  std::vector<uint32_t> ids(r.u32());
+  for (uint32_t& id : ids) id = r.u32();
+  return ids;
 }
 
 void put_request(net::Writer& w, const Request& q) {
@@ -60,7 +72,7 @@ Request get_request(net::Reader& r) {
 
 void put_response(net::Writer& w, const Response& p) {
   w.u8(p.from_cache ? 1 : 0);
-  put_ints(w, p.cache_ids);
+  put_ids(w, p.cache_ids);
   if (p.from_cache) return;  // the receiver's cache holds everything else
   w.u8(static_cast<uint8_t>(p.type));
   w.u8(static_cast<uint8_t>(p.op));
@@ -83,7 +95,7 @@ void put_response(net::Writer& w, const Response& p) {
 Response get_response(net::Reader& r) {
   Response p;
   p.from_cache = r.u8() != 0;
-  p.cache_ids = get_ints<uint32_t>(r);
+  p.cache_ids = get_ids(r);
   if (p.from_cache) return p;
   p.type = static_cast<ResponseType>(r.u8());
   p.op = static_cast<OpType>(r.u8());
@@ -150,11 +162,12 @@ int64_t Request::num_elements() const {
 
 std::vector<uint8_t> encode(const RequestList& list) {
   net::Writer w;
+  w.data().reserve(64 + 4 * list.cache_hits.size() + 96 * list.requests.size());
   w.u32(kRequestMagic);
   w.i64(list.rank);
   w.u32(static_cast<uint32_t>(list.requests.size()));
   for (const auto& q : list.requests) put_request(w, q);
-  put_ints(w, list.cache_hits);
+  put_ids(w, list.cache_hits);
   w.u8(list.shutdown ? 1 : 0);
   w.str(list.fatal_error);
   return w.take();
@@ -167,7 +180,7 @@ RequestList decode_request_list(const std::vector<uint8_t>& bytes) {
   list.rank = static_cast<int32_t>(r.i64());
   list.requests.resize(r.u32());
   for (auto& q : list.requests) q = get_request(r);
-  list.cache_hits = get_ints<uint32_t>(r);
+  list.cache_hits = get_ids(r);
   list.shutdown = r.u8() != 0;
   list.fatal_error = r.str();
   return list;
@@ -175,6 +188,9 @@ RequestList decode_request_list(const std::vector<uint8_t>& bytes) {
 
 std::vector<uint8_t> encode(const ResponseList& list) {
   net::Writer w;
+  size_t ids = 0;
+  for (const auto& p : list.responses) ids += p.cache_ids.size();
+  w.data().reserve(64 + 4 * ids + 64 * list.responses.size());
   w.u32(kResponseMagic);
   w.u32(static_cast<uint32_t>(list.responses.size()));
   for (const auto& p : list.responses) put_response(w, p);

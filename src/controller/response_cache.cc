@@ -1,15 +1,16 @@
 #include "controller/response_cache.h"
 
-#include <cstdio>
+#include <charconv>
 
 namespace krug::controller {
 
 std::string table_key(int32_t process_set, const std::string& name) {
   char set[16];
-  const int digits = std::snprintf(set, sizeof(set), "%d/", process_set);
+  char* end = std::to_chars(set, set + sizeof(set) - 1, process_set).ptr;
+  *end++ = '/';
   std::string key;
-  key.reserve(static_cast<size_t>(digits) + name.size());  // one allocation per operation
-  key.append(set, static_cast<size_t>(digits)).append(name);
+  key.reserve(static_cast<size_t>(end - set) + name.size());  // one allocation per operation
+  key.append(set, end).append(name);
   return key;
 }
 

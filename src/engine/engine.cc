@@ -229,6 +229,10 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   std::vector<TableSlot*> by_id_;
   std::vector<Table::node_type> finished_;  // finish_slots' scratch
   std::vector<LocalEntry> arrived_;         // absorb_queue's
+  std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
+  std::vector<LocalEntry*> allreduce_entries_;
+  std::vector<size_t> allreduce_counts_;
+  std::vector<collectives::FusedPart> allreduce_parts_;
   std::vector<Request> outgoing_;
   std::vector<uint32_t> outgoing_hits_;
   int awaiting_response_ = 0;
@@ -1135,9 +1139,14 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
   // A response from the cache carries ids only (its names are expanded only for the timeline).
   const bool by_id = r.names.empty();
   const size_t n = by_id ? r.cache_ids.size() : r.names.size();
-  std::vector<TableSlot*> slots(n);
-  std::vector<LocalEntry*> entries(n);
-  std::vector<size_t> counts(n);  // per tensor: Adasum works tensor by tensor inside a fused buffer
+  // Members reused from response to response: a step allocates nothing of the fused size (on
+  // glibc, an allocation of a kilobyte or more first consolidates every small free chunk).
+  auto& slots = allreduce_slots_;
+  auto& entries = allreduce_entries_;
+  auto& counts = allreduce_counts_;  // per tensor: Adasum works tensor by tensor in a fused buffer
+  slots.assign(n, nullptr);
+  entries.assign(n, nullptr);
+  counts.assign(n, 0);
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     if (by_id) {
@@ -1172,8 +1181,8 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
   if (!adasum && set.comm->has_allreduce_parts()) {
     // The data plane reads the inputs and writes the outputs in place: no fusion buffer, and
     // the scale factors are applied while each piece is in cache.
-    std::vector<collectives::FusedPart> parts;
-    parts.reserve(entries.size());
+    auto& parts = allreduce_parts_;
+    parts.clear();
     for (size_t i = 0; i < entries.size(); ++i) {
       parts.push_back(entries[i] ? collectives::FusedPart{entries[i]->args.input,
                                                          entries[i]->args.output, counts[i]}
