@@ -969,7 +969,8 @@ void Engine::Impl::process(ResponseList list) {
   for (auto& r : list.responses) {
     if (r.from_cache) {
       // The allreduce path finds its tensors by id; names only for what shows or needs them.
-      cache_.expand(r, /*names=*/timeline_ || r.op != OpType::kAllreduce);
+      cache_.expand(r, /*names=*/false);  // its op is known from here on
+      if (timeline_ || r.op != OpType::kAllreduce) cache_.expand(r);
     } else {
       for (size_t i = 0; i < r.cache_ids.size(); ++i)
         if (!cache_.contains(r.cache_ids[i]))

@@ -172,6 +172,42 @@ TEST(EngineThreadsFusion, ManyTensorsInFlightFuseAndStayCorrect) {
   });
 }
 
+// From the second step on every name is a cache hit: the coordinator counts ids and the ranks
+// find their tensors by id. Each step's values differ, so a stale or misplaced tensor shows.
+TEST(EngineThreadsCache, SteadyStateStepsOfEveryCachedOpStayCorrect) {
+  run_ranks(3, [](Engine& e, int rank) {
+    for (int step = 0; step < 6; ++step) {
+      std::vector<std::vector<float>> grads(40);
+      std::vector<std::shared_ptr<HandleState>> handles;
+      for (int t = 0; t < 40; ++t) {
+        grads[t].assign(1 + t % 5, float(rank + t + step));
+        auto q = request("grad" + std::to_string(t), OpType::kAllreduce, DataType::kFloat32,
+                         {int64_t(grads[t].size())});
+        if (t % 2) q.reduce_op = ReduceOp::kAverage;
+        handles.push_back(submit(e, q, grads[t].data(), grads[t].data()));
+      }
+      std::vector<int64_t> bcast(5, rank == 1 ? 100 + step : -1);
+      auto b = request("state", OpType::kBroadcast, DataType::kInt64, {5});
+      b.root = 1;
+      auto hb = submit(e, b, bcast.data(), bcast.data());
+      std::vector<int32_t> rs(6, rank + step);
+      auto hr = submit(e, request("rs", OpType::kReducescatter, DataType::kInt32, {6}), rs.data(),
+                       nullptr);
+      for (int t = 0; t < 40; ++t) {
+        expect_ok(handles[t]);
+        const float sum = float(3 + 3 * t + 3 * step);
+        for (float v : grads[t]) ASSERT_EQ(v, t % 2 ? sum / 3 : sum) << "step " << step << " t " << t;
+      }
+      expect_ok(hb);
+      for (int64_t v : bcast) ASSERT_EQ(v, 100 + step) << "step " << step;
+      expect_ok(hr);
+      ASSERT_EQ(hr->result().shape, (std::vector<int64_t>{2}));
+      const auto* got = reinterpret_cast<const int32_t*>(hr->result().data.data());
+      for (int i = 0; i < 2; ++i) ASSERT_EQ(got[i], 3 + 3 * step) << "step " << step;
+    }
+  });
+}
+
 TEST(EngineThreadsErrors, MismatchedDtypeFailsOnEveryRankNamingTheRanks) {
   run_ranks(3, [](Engine& e, int rank) {
     std::vector<double> buf(4, 1.0);

@@ -7,7 +7,6 @@ Only CPU tensors are supported by this build.
 """
 
 import atexit
-import itertools
 import threading
 import warnings
 
@@ -196,9 +195,8 @@ def shutdown():
         for ps in _registered_sets:
             ps._invalidate()
         _registered_sets.clear()
-        dropped = list(_handle_map.values())
-        _handle_map.clear()
-    del dropped
+        _results.clear()
+    _handles.clear()
 
 
 def is_initialized():
@@ -305,48 +303,38 @@ def _name(kind, name, process_set):
     return "{}.noname.{}".format(kind, n)
 
 
-# handle -> (core handle, function making the result from it). Holding the core handle keeps
-# the tensors the operation reads and writes alive until synchronize().
-_handle_map = {}
-_handle_ids = itertools.count()
+# Handles are integers (as Horovod's), mapped to their operations by the core's table, which
+# keeps the tensors an operation reads and writes alive until synchronize(). _results holds
+# how to make the result of the ops whose result is not their first output tensor. One dict
+# operation each: atomic under the GIL, so no lock on this per-call path.
+_handles = _core.Handles()
+_results = {}
 
 
 def _register(core_handle, result):
-    handle = next(_handle_ids)
-    with _lock:
-        _handle_map[handle] = (core_handle, result)
+    handle = _handles.add(core_handle)
+    if result is not _first_output:
+        _results[handle] = result
     return handle
-
-
-def _lookup(handle):
-    with _lock:
-        entry = _handle_map.get(handle)
-    if entry is None:
-        raise ValueError("unknown handle {!r}: it was not returned by an *_async call, or was "
-                         "already synchronized".format(handle))
-    return entry
 
 
 def poll(handle):
     """True if the asynchronous operation of ``handle`` has finished (successfully or not);
     never blocks. Call synchronize() to get its result."""
-    return _lookup(handle)[0].poll()
+    return _handles.poll(handle)
 
 
 def synchronize(handle):
     """Waits for the operation of ``handle`` and returns its output: the output tensor (the
     input itself for in-place ops), a list of tensors for grouped ops, and
     ``(output, received_splits)`` for alltoall. Raises HorovodInternalError if it failed."""
-    with _lock:
-        entry = _handle_map.pop(handle, None)
-    if entry is None:
-        return None
-    core_handle, result = entry
-    # Wait in slices so that Ctrl-C reaches Python; the GIL is released while waiting.
-    while not core_handle.wait_for(1.0):
-        pass
-    core_handle.wait()
-    return result(core_handle)
+    # The core waits with the GIL released, in slices so that Ctrl-C reaches Python; an unknown
+    # handle (already synchronized) gives None.
+    result = _results.pop(handle, None)
+    if result is None:
+        return _handles.synchronize(handle, True)
+    core_handle = _handles.synchronize(handle, False)
+    return None if core_handle is None else result(core_handle)
 
 
 def _first_output(h):
@@ -389,9 +377,8 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     name = _name("allreduce", name, process_set)
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    h = _core.allreduce_async(name, tensor, output, _core_op(op), float(prescale_factor),
-                              float(postscale_factor), set_id)
-    return _register(h, _first_output)
+    return _handles.allreduce_async(name, tensor, output, _core_op(op), float(prescale_factor),
+                                    float(postscale_factor), set_id)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -43,13 +43,12 @@ std::string describe(OpType op, const std::string& name) {
   return fmt::format("{} '{}'", controller::op_name(op), name);
 }
 
-Request make_request(const std::string& name, OpType op, const at::Tensor& t,
-                     int32_t process_set) {
+Request make_request(std::string name, OpType op, const at::Tensor& t, int32_t process_set) {
   if (name.empty())
     throw UnsupportedTensor(
         fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
   Request q;
-  q.name = name;
+  q.name = std::move(name);
   q.op = op;
   q.dtype = to_krug_dtype(t.scalar_type());
   q.shape = shape_of(t);
@@ -68,6 +67,29 @@ void set_reduce(Request& q, const ReduceOptions& o) {
 at::Tensor contiguous(const at::Tensor& t) {
   at::NoGradGuard no_grad;
   return t.is_contiguous() ? t : t.contiguous();
+}
+
+std::optional<DataType> krug_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kByte: return DataType::kUInt8;
+    case at::kChar: return DataType::kInt8;
+    case at::kShort: return DataType::kInt16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kBool: return DataType::kBool;
+    default: return std::nullopt;
+  }
+}
+
+// What check_tensor accepts, without building its message: the per-call path of every op
+// (the message is formatted only for a tensor that fails).
+bool usable(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && !t.is_sparse() &&
+         krug_dtype(t.scalar_type()).has_value();
 }
 
 void check_same(const at::Tensor& input, const at::Tensor& output, const std::string& what) {
@@ -114,8 +136,7 @@ std::function<void*(const std::vector<int64_t>&)> allocator(
 }
 
 HandlePtr submit(std::shared_ptr<TorchHandle::Shared> shared, std::vector<TensorArgs> args) {
-  auto h = std::make_shared<TorchHandle>();
-  h->shared_ = std::move(shared);
+  auto h = std::make_shared<TorchHandle>(std::move(shared));
   h->state_ = current_engine()->enqueue(std::move(args));
   return h;
 }
@@ -164,24 +185,12 @@ HandlePtr sized_later(const std::string& name, OpType op, const std::vector<at::
 }  // namespace
 
 DataType to_krug_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kByte: return DataType::kUInt8;
-    case at::kChar: return DataType::kInt8;
-    case at::kShort: return DataType::kInt16;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kBool: return DataType::kBool;
-    default:
-      throw UnsupportedTensor(fmt::format(
-          "krug does not support tensors of dtype {}; supported: torch.uint8, torch.int8, "
-          "torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, "
-          "torch.float64, torch.bool",
-          torch_dtype_name(type)));
-  }
+  if (auto dtype = krug_dtype(type)) return *dtype;
+  throw UnsupportedTensor(fmt::format(
+      "krug does not support tensors of dtype {}; supported: torch.uint8, torch.int8, "
+      "torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, "
+      "torch.float64, torch.bool",
+      torch_dtype_name(type)));
 }
 
 at::ScalarType to_torch_dtype(DataType type) {
@@ -242,6 +251,7 @@ Shape shape_of(const at::Tensor& t) { return Shape(t.sizes().begin(), t.sizes().
 // ---- TorchHandle ----
 
 TorchHandle::TorchHandle() : shared_(std::make_shared<Shared>()) {}
+TorchHandle::TorchHandle(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
 
 TorchHandle::~TorchHandle() {
   // Never let the engine write into freed memory: an in-flight op keeps its tensors until done.
@@ -318,18 +328,25 @@ HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at:
     throw UnsupportedTensor(fmt::format("grouped allreduce '{}': no tensors", name));
   auto shared = std::make_shared<TorchHandle::Shared>();
   std::vector<TensorArgs> args;
+  shared->slots.reserve(inputs.size());
+  args.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string tname = grouped ? group_member(name, i) : name;
-    const std::string what = describe(OpType::kAllreduce, tname);
-    check_tensor(inputs[i], what);
+    std::string tname = grouped ? group_member(name, i) : name;
+    const at::Tensor& in = inputs[i];
     at::Tensor out;
     if (outputs.empty()) {
-      out = at::empty(inputs[i].sizes(), inputs[i].options());
+      if (!usable(in)) check_tensor(in, describe(OpType::kAllreduce, tname));
+      out = at::empty(in.sizes(), in.options());
     } else {
       out = outputs[i];
-      check_same(inputs[i], out, what);
+      if (!usable(in) || !usable(out) || out.scalar_type() != in.scalar_type() ||
+          out.sizes() != in.sizes()) {
+        const std::string what = describe(OpType::kAllreduce, tname);
+        check_tensor(in, what);
+        check_same(in, out, what);
+      }
     }
-    Request q = make_request(tname, OpType::kAllreduce, inputs[i], options.process_set.id);
+    Request q = make_request(std::move(tname), OpType::kAllreduce, in, options.process_set.id);
     set_reduce(q, options);
     shared->slots.push_back(same_shape_slot(inputs[i], out));
     const auto& slot = shared->slots.back();

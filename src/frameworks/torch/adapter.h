@@ -91,6 +91,7 @@ class TorchHandle {
     at::Tensor input;   // contiguous input kept alive while the op runs
   };
   struct Shared;  // outputs written by the engine's allocate_output callbacks
+  explicit TorchHandle(std::shared_ptr<Shared> shared);
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<engine::HandleState> state_;
 

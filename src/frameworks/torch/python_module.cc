@@ -7,7 +7,9 @@
 // Every call that may block releases the GIL.
 #include <torch/extension.h>
 
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "frameworks/torch/adapter.h"
@@ -30,6 +32,70 @@ krug::ReduceOptions reduce_options(int op, double prescale, double postscale, in
 }
 
 krug::ProcessSet ps(int id) { return krug::ProcessSet{id}; }
+
+// Horovod's handles are integers. This table maps them to the operations, so that the per-call
+// path (allreduce_async, synchronize) creates no Python object for a handle. One table per
+// krug.torch module (it owns it), shared by its threads.
+class HandleTable {
+ public:
+  int64_t add(ta::HandlePtr h) {
+    std::lock_guard lock(mu_);
+    handles_.emplace(next_, std::move(h));
+    return next_++;
+  }
+
+  bool poll(int64_t id) const { return find(id)->poll(); }
+
+  // Waits for the operation, removes it, raises on failure. Returns its first output with
+  // `first_output`, else the core handle (for results read from it); None for an unknown id.
+  py::object synchronize(int64_t id, bool first_output) {
+    ta::HandlePtr h;
+    {
+      std::lock_guard lock(mu_);
+      auto it = handles_.find(id);
+      if (it == handles_.end()) return py::none();
+      h = std::move(it->second);
+      handles_.erase(it);
+    }
+    // In slices with the GIL released, so that Ctrl-C reaches Python. An operation already
+    // done (most of a step's handles) costs no GIL hand-off at all.
+    while (!h->poll()) {
+      bool done;
+      {
+        py::gil_scoped_release release;
+        done = h->wait_for(1.0);
+      }
+      if (!done && PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+    h->wait();  // done: returns at once (copies back into non-contiguous targets)
+    if (first_output) return py::cast(h->output(0));
+    return py::cast(h);
+  }
+
+  // After shutdown: every operation has completed, so dropping them waits for none.
+  void clear() {
+    std::unordered_map<int64_t, ta::HandlePtr> dropped;
+    {
+      std::lock_guard lock(mu_);
+      dropped.swap(handles_);
+    }
+  }
+
+ private:
+  ta::HandlePtr find(int64_t id) const {
+    std::lock_guard lock(mu_);
+    auto it = handles_.find(id);
+    if (it == handles_.end())
+      throw py::value_error("unknown handle " + std::to_string(id) +
+                            ": it was not returned by an *_async call, or was already "
+                            "synchronized");
+    return it->second;
+  }
+
+  mutable std::mutex mu_;
+  std::unordered_map<int64_t, ta::HandlePtr> handles_;
+  int64_t next_ = 0;
+};
 
 }  // namespace
 
@@ -99,6 +165,21 @@ PYBIND11_MODULE(_torch_core, m) {
       .def("output", &ta::TorchHandle::output, py::arg("i") = 0)
       .def("received_splits", &ta::TorchHandle::received_splits)
       .def("value", &ta::TorchHandle::value);
+
+  py::class_<HandleTable>(m, "Handles")
+      .def(py::init<>())
+      .def("add", &HandleTable::add)
+      .def("poll", &HandleTable::poll)
+      .def("synchronize", &HandleTable::synchronize)
+      .def("clear", &HandleTable::clear)
+      // The per-call path of hvd.allreduce_async(_): the handle goes straight into the table.
+      .def("allreduce_async",
+           [](HandleTable& table, const std::string& name, const at::Tensor& input,
+              const at::Tensor& output, int op, double prescale, double postscale,
+              int process_set) {
+             return table.add(ta::allreduce_async(
+                 name, input, output, reduce_options(op, prescale, postscale, process_set)));
+           });
 
   m.def("allreduce_async",
         [](const std::string& name, const at::Tensor& input, const at::Tensor& output, int op,
