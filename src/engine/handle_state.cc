@@ -21,6 +21,7 @@ bool HandleState::wait_until(std::chrono::steady_clock::time_point deadline) con
 }
 
 void HandleState::wait() const {
+  if (done()) return;  // most handles of a step: no lock at all
   if (auto driver = driver_.lock(); driver && !done())
     driver->drive(*this, std::chrono::steady_clock::time_point::max());
   std::unique_lock lock(mu_);
@@ -28,6 +29,8 @@ void HandleState::wait() const {
 }
 
 std::string HandleState::error() const {
+  // Written only before done_ is released, never after: once done, readable without the lock.
+  if (done()) return error_;
   std::lock_guard lock(mu_);
   return error_;
 }

@@ -371,13 +371,25 @@ def _check_op(op):
         raise NotImplementedError("Adasum is not available in this build")
 
 
+# The ops the core takes as they are (Adasum needs the build's check and code).
+_PLAIN_OPS = frozenset((Sum, Average, Min, Max, Product))
+
+
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
-    _check_op(op)
-    set_id = _set_id(process_set)
-    name = _name("allreduce", name, process_set)
+    # Every gradient of every step comes here: the common case is checked inline, the helpers
+    # (and their messages) handle the rest.
+    if op not in _PLAIN_OPS:
+        _check_op(op)
+        op = _core_op(op)
+    if isinstance(process_set, ProcessSet) and process_set.process_set_id is not None:
+        set_id = process_set.process_set_id
+    else:
+        set_id = _set_id(process_set)
+    if type(name) is not str:
+        name = _name("allreduce", name, process_set)
     if output is None:
         output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    return _handles.allreduce_async(name, tensor, output, _core_op(op), float(prescale_factor),
+    return _handles.allreduce_async(name, tensor, output, op, float(prescale_factor),
                                     float(postscale_factor), set_id)
 
 
@@ -394,7 +406,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce_async: the result is written into ``tensor``."""
-    op = handle_average_backwards_compatibility(op, average)
+    if op is None or average is not None:
+        op = handle_average_backwards_compatibility(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
                             process_set)
 
