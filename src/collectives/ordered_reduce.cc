@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "reduce/copy.h"
 #include "reduce/reduce.h"
 
 namespace krug::collectives {
@@ -115,9 +116,9 @@ void OrderedReducer::reduce_scatter(Exchange& exchange, const void* in, void* ou
     auto contribution = [&](int r) { return r == rank ? mine : half + r * seg_elems * esize; };
     // Reduce in rank order into this rank's scratch slot first: `out` may alias the input.
     uint8_t* acc = half + rank * seg_elems * esize;
-    std::memcpy(acc, contribution(0), n * esize);
+    reduce::copy(acc, contribution(0), n * esize);
     for (int r = 1; r < size; ++r) reduce::reduce_into(dtype, op, acc, contribution(r), n);
-    std::memcpy(dst + step * seg_elems * esize, acc, n * esize);
+    reduce::copy(dst + step * seg_elems * esize, acc, n * esize);
   }
   exchange.wait_sends();
 }

@@ -32,6 +32,7 @@
 #include "net/socket.h"
 #include "observe/autotuner.h"
 #include "observe/timeline.h"
+#include "reduce/copy.h"
 #include "reduce/reduce.h"
 #include "rendezvous/elastic_protocol.h"
 
@@ -1200,7 +1201,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
     // One tensor: reduce in the user's output buffer, no fusion copies.
     auto& a = entries[0]->args;
     if (timeline_) timeline_begin(r.names[0], phase);
-    if (a.output != a.input && total > 0) std::memcpy(a.output, a.input, total * esize);
+    if (a.output != a.input && total > 0) reduce::copy(a.output, a.input, total * esize);
     reduce::scale(r.dtype, a.output, total, r.prescale);
     reduce_in_place(a.output);
     reduce::scale(r.dtype, a.output, total, post);
@@ -1212,7 +1213,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       size_t bytes = counts[i] * esize;
       if (timeline_) timeline_begin(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
       if (entries[i] && bytes > 0)
-        std::memcpy(fusion_.data() + offset, entries[i]->args.input, bytes);
+        reduce::copy(fusion_.data() + offset, entries[i]->args.input, bytes);
       else if (bytes > 0)
         std::memset(fusion_.data() + offset, 0, bytes);  // a joined rank contributes zeros
       if (timeline_) {
@@ -1231,7 +1232,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
         timeline_end(r.names[i], phase);
         timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
       }
-      if (entries[i] && bytes > 0) std::memcpy(entries[i]->args.output, fusion_.data() + offset, bytes);
+      if (entries[i] && bytes > 0) reduce::copy(entries[i]->args.output, fusion_.data() + offset, bytes);
       if (timeline_) timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
       offset += bytes;
     }
@@ -1257,7 +1258,7 @@ void Engine::Impl::run_allgather(const Response& r, ProcessSetState& set, LocalE
 
 void Engine::Impl::run_broadcast(const Response& r, ProcessSetState& set, LocalEntry& e) {
   const size_t bytes = static_cast<size_t>(elements(r.shapes[0])) * dtype_size(r.dtype);
-  if (e.args.output != e.args.input && bytes > 0) std::memcpy(e.args.output, e.args.input, bytes);
+  if (e.args.output != e.args.input && bytes > 0) reduce::copy(e.args.output, e.args.input, bytes);
   set.comm->broadcast(e.args.output, bytes, r.root);
 }
 
@@ -1294,7 +1295,7 @@ void Engine::Impl::run_reducescatter(const Response& r, ProcessSetState& set, Lo
   const void* input = e.args.input;
   if (r.prescale != 1.0 && total > 0) {
     if (fusion_.size() < total * esize) fusion_.resize(total * esize);
-    std::memcpy(fusion_.data(), input, total * esize);
+    reduce::copy(fusion_.data(), input, total * esize);
     reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
     input = fusion_.data();
   }

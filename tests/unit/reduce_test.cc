@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "reduce/copy.h"
 #include "reduce_reference.h"
 
 namespace krug::reduce {
@@ -305,6 +306,26 @@ template <typename T>
 std::vector<T> run(DataType dt, ReduceOp op, std::vector<T> a, const std::vector<T>& b) {
   reduce_into(dt, op, a.data(), b.data(), a.size());
   return a;
+}
+
+// The data plane's copy takes a vector loop from 2 KiB on: every byte arrives, for any
+// alignment of either side and any length around the loop's 128-byte blocks, and nothing
+// outside the destination changes.
+TEST(ReduceCopy, CopiesEveryLengthAndAlignmentExactly) {
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{127}, size_t{2047}, size_t{2048},
+                       size_t{2049}, size_t{2048 + 127}, size_t{4096 + 77}, size_t{300001}}) {
+    for (size_t src_off : {0, 1, 16, 33, 64}) {
+      for (size_t dst_off : {0, 3, 16, 48}) {
+        std::vector<uint8_t> src(bytes + 128), dst(bytes + 256, 0xEE);
+        for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+        reduce::copy(dst.data() + dst_off, src.data() + src_off, bytes);
+        for (size_t i = 0; i < dst_off; ++i) ASSERT_EQ(dst[i], 0xEE);
+        ASSERT_EQ(std::memcmp(dst.data() + dst_off, src.data() + src_off, bytes), 0)
+            << bytes << " bytes, offsets " << src_off << "/" << dst_off;
+        for (size_t i = dst_off + bytes; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xEE) << i;
+      }
+    }
+  }
 }
 
 TEST(ReduceTest, FloatSumWithInfinity) {

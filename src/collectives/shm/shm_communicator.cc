@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "collectives/ordered_reduce.h"
+#include "reduce/copy.h"
 #include "reduce/reduce.h"
 
 namespace krug::collectives::shm {
@@ -203,7 +204,7 @@ void ShmCommunicator::allreduce_small(uint8_t* data, size_t count, size_t elemen
     const size_t n = std::min(per_step, count - first);
     uint8_t* out = data + first * element;
     begin_step("allreduce");
-    std::memcpy(slot(step_, rank_), out, n * element);
+    reduce::copy(slot(step_, rank_), out, n * element);
     publish_filled();
     wait_filled_all("allreduce");
     // Rank order, whole piece: out = s0 op s1 op ... (out's own input is already in its slot).
@@ -222,7 +223,7 @@ void ShmCommunicator::allreduce_large(uint8_t* data, size_t count, size_t elemen
     const auto offsets = prefix_offsets(slices);
     uint8_t* piece = data + first * element;
     begin_step("allreduce");
-    std::memcpy(slot(step_, rank_), piece, n * element);
+    reduce::copy(slot(step_, rank_), piece, n * element);
     publish_filled();
     wait_filled_all("allreduce");
     // This member's slice, in rank order, written back into its own slot. Its own input is read
@@ -238,7 +239,7 @@ void ShmCommunicator::allreduce_large(uint8_t* data, size_t count, size_t elemen
     wait_reduced_all("allreduce");
     for (int m = 0; m < size_; ++m) {
       const size_t from = offsets[m] * element;
-      std::memcpy(piece + from, slot(step_, m) + from, slices[m] * element);
+      reduce::copy(piece + from, slot(step_, m) + from, slices[m] * element);
     }
     publish_done();
   }
@@ -267,7 +268,7 @@ class ShmCommunicator::Parts {
     walk(first, n, [&](const FusedPart& p, size_t offset, size_t count, size_t at) {
       uint8_t* to = dst + at * element_;
       if (p.in)
-        std::memcpy(to, static_cast<const uint8_t*>(p.in) + offset * element_, count * element_);
+        reduce::copy(to, static_cast<const uint8_t*>(p.in) + offset * element_, count * element_);
       else
         std::memset(to, 0, count * element_);
     });
@@ -279,7 +280,7 @@ class ShmCommunicator::Parts {
     walk(first, n, [&](const FusedPart& p, size_t offset, size_t count, size_t at) {
       if (!p.out) return;
       uint8_t* to = static_cast<uint8_t*>(p.out) + offset * element_;
-      std::memcpy(to, src + at * element_, count * element_);
+      reduce::copy(to, src + at * element_, count * element_);
       reduce::scale(dtype_, to, count, post_);
     });
   }
@@ -317,7 +318,7 @@ void ShmCommunicator::allreduce_parts(const std::vector<FusedPart>& parts, DataT
       if (!p.in)
         std::memset(p.out, 0, p.count * view.element());
       else if (p.in != p.out)
-        std::memcpy(p.out, p.in, p.count * view.element());
+        reduce::copy(p.out, p.in, p.count * view.element());
       reduce::scale(dtype, p.out, p.count, prescale);
       reduce::scale(dtype, p.out, p.count, postscale);
     }
@@ -368,7 +369,7 @@ void ShmCommunicator::allreduce_parts_large(const Parts& parts, DataType dtype, 
     const uint8_t* own = mine + at;
     if (rank_ >= 2 && len > 0) {
       scratch_.resize(len * element);
-      std::memcpy(scratch_.data(), own, len * element);
+      reduce::copy(scratch_.data(), own, len * element);
       own = scratch_.data();
     }
     auto source = [&](int m) -> const uint8_t* {
@@ -400,7 +401,7 @@ void ShmCommunicator::reducescatter(const void* in, void* out, const std::vector
     for (size_t first = 0; first < total; first += per_step) {
       const size_t n = std::min(per_step, total - first);
       begin_step("reducescatter");
-      std::memcpy(slot(step_, rank_), input + first * element, n * element);
+      reduce::copy(slot(step_, rank_), input + first * element, n * element);
       publish_filled();
       wait_filled_all("reducescatter");
       // The part of this member's chunk inside the piece, from every slot (its own included:
@@ -431,12 +432,12 @@ void ShmCommunicator::allgatherv(const void* in, void* out,
   guarded("allgather", [&] {
     for (size_t first = 0; first < largest; first += piece) {
       begin_step("allgather");
-      if (first < mine) std::memcpy(slot(step_, rank_), input + first, std::min(piece, mine - first));
+      if (first < mine) reduce::copy(slot(step_, rank_), input + first, std::min(piece, mine - first));
       publish_filled();
       for (int m = 0; m < size_; ++m) {
         if (m == rank_ || first >= bytes_per_rank[m]) continue;
         wait_filled(m, "allgather");
-        std::memcpy(output + offsets[m] + first, slot(step_, m),
+        reduce::copy(output + offsets[m] + first, slot(step_, m),
                     std::min(piece, bytes_per_rank[m] - first));
       }
       publish_reduced();
@@ -453,11 +454,11 @@ void ShmCommunicator::broadcast(void* data, size_t bytes, int root) {
     for (size_t first = 0; first < bytes; first += piece) {
       const size_t n = std::min(piece, bytes - first);
       begin_step("broadcast");
-      if (rank_ == root) std::memcpy(slot(step_, root), buffer + first, n);
+      if (rank_ == root) reduce::copy(slot(step_, root), buffer + first, n);
       publish_filled();
       if (rank_ != root) {
         wait_filled(root, "broadcast");
-        std::memcpy(buffer + first, slot(step_, root), n);
+        reduce::copy(buffer + first, slot(step_, root), n);
       }
       publish_reduced();
       publish_done();
@@ -500,13 +501,13 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_
       begin_step("alltoall");
       for (int m = 0; m < size_; ++m)
         if (m != rank_ && first < send_bytes[m])
-          std::memcpy(slot(step_, rank_) + m * box, input + send_offsets[m] + first,
+          reduce::copy(slot(step_, rank_) + m * box, input + send_offsets[m] + first,
                       std::min(box, send_bytes[m] - first));
       publish_filled();
       for (int m = 0; m < size_; ++m) {
         if (m == rank_ || first >= recv_bytes[m]) continue;
         wait_filled(m, "alltoall");
-        std::memcpy(output + recv_offsets[m] + first, slot(step_, m) + rank_ * box,
+        reduce::copy(output + recv_offsets[m] + first, slot(step_, m) + rank_ * box,
                     std::min(box, recv_bytes[m] - first));
       }
       publish_reduced();

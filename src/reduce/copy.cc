@@ -1,0 +1,50 @@
+#include "reduce/copy.h"
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace krug::reduce {
+namespace {
+
+// Below this glibc's memcpy uses vector moves itself.
+constexpr size_t kVectorLoopBytes = 2048;
+
+#if defined(__x86_64__)
+bool has_avx() {
+  static const bool supported = __builtin_cpu_supports("avx");
+  return supported;
+}
+
+__attribute__((target("avx"))) void copy_avx(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  size_t i = 0;
+  for (; i + 128 <= bytes; i += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
+    const __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);  // under 128 bytes: no rep movsb
+}
+#endif
+
+}  // namespace
+
+void copy(void* dst, const void* src, size_t bytes) {
+#if defined(__x86_64__)
+  if (bytes >= kVectorLoopBytes && has_avx()) {
+    copy_avx(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
+    return;
+  }
+#endif
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+}  // namespace krug::reduce
