@@ -46,7 +46,7 @@ void allgatherv(Exchange& exchange, const void* in, void* out,
   const auto offsets = prefix_offsets(bytes_per_rank);
   auto* dst = static_cast<uint8_t*>(out);
   if (bytes_per_rank[rank] > 0 && dst + offsets[rank] != in)
-    std::memmove(dst + offsets[rank], in, bytes_per_rank[rank]);
+    reduce::move(dst + offsets[rank], in, bytes_per_rank[rank]);
   if (exchange.size() == 1) return;
   allgather_in_place(exchange, out, bytes_per_rank);
 }
@@ -69,7 +69,7 @@ void OrderedReducer::reduce_scatter(Exchange& exchange, const void* in, void* ou
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   if (size == 1) {
-    if (dst != src && counts[0] > 0) std::memmove(dst, src, counts[0] * esize);
+    if (dst != src && counts[0] > 0) reduce::move(dst, src, counts[0] * esize);
     return;
   }
   const size_t max_count = *std::max_element(counts.begin(), counts.end());

@@ -47,4 +47,12 @@ void copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
+void move(void* dst, const void* src, size_t bytes) {
+  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+  if (d + bytes <= s || s + bytes <= d)
+    copy(dst, src, bytes);
+  else if (bytes > 0 && d != s)
+    std::memmove(dst, src, bytes);
+}
+
 }  // namespace krug::reduce

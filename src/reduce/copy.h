@@ -13,4 +13,7 @@ namespace krug::reduce {
 // where the CPU has AVX, memcpy otherwise and for small sizes.
 void copy(void* dst, const void* src, size_t bytes);
 
+// memmove with copy()'s speed when the two ranges do not overlap.
+void move(void* dst, const void* src, size_t bytes);
+
 }  // namespace krug::reduce

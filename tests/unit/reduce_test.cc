@@ -328,6 +328,23 @@ TEST(ReduceCopy, CopiesEveryLengthAndAlignmentExactly) {
   }
 }
 
+// move() takes the copy loop only for ranges that do not overlap; overlapping ones (either
+// direction, by less than a vector) come out as memmove's.
+TEST(ReduceCopy, MoveHandlesOverlapInBothDirections) {
+  for (size_t bytes : {size_t{100}, size_t{5000}, size_t{70000}}) {
+    for (long shift : {-4097L, -3L, 0L, 1L, 31L, 4096L, 80000L}) {
+      std::vector<uint8_t> a(bytes + 90000), b;
+      for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7 + 1);
+      b = a;
+      const size_t src = 5000;
+      const size_t dst = static_cast<size_t>(static_cast<long>(src) + shift);
+      reduce::move(a.data() + dst, a.data() + src, bytes);
+      std::memmove(b.data() + dst, b.data() + src, bytes);
+      ASSERT_EQ(a, b) << bytes << " bytes, shift " << shift;
+    }
+  }
+}
+
 TEST(ReduceTest, FloatSumWithInfinity) {
   const auto f = run<float>(DataType::kFloat32, ReduceOp::kSum, {kInf, kInf, -kInf, 1e38f},
                             {1.0f, -kInf, -kInf, 3e38f});

@@ -392,7 +392,7 @@ void ShmCommunicator::reducescatter(const void* in, void* out, const std::vector
   const auto* input = static_cast<const uint8_t*>(in);
   auto* output = static_cast<uint8_t*>(out);
   if (size_ == 1) {
-    if (output != input && total > 0) std::memmove(output, input, total * element);
+    if (output != input && total > 0) reduce::move(output, input, total * element);
     return;
   }
   const size_t mine_first = offsets[rank_], mine_end = offsets[rank_ + 1];
@@ -425,7 +425,7 @@ void ShmCommunicator::allgatherv(const void* in, void* out,
   auto* output = static_cast<uint8_t*>(out);
   const size_t mine = bytes_per_rank[rank_];
   if (mine > 0 && output + offsets[rank_] != input)
-    std::memmove(output + offsets[rank_], input, mine);
+    reduce::move(output + offsets[rank_], input, mine);
   if (size_ == 1) return;
   const size_t largest = *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
   const size_t piece = options_.slot_bytes;
@@ -473,7 +473,7 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_
   const auto* input = static_cast<const uint8_t*>(in);
   auto* output = static_cast<uint8_t*>(out);
   if (send_bytes[rank_] > 0)
-    std::memmove(output + recv_offsets[rank_], input + send_offsets[rank_], send_bytes[rank_]);
+    reduce::move(output + recv_offsets[rank_], input + send_offsets[rank_], send_bytes[rank_]);
   if (size_ == 1) return;
   // Each slot is cut into one box per destination. Members know only their own sizes, so the
   // number of rounds is agreed first: the largest any member needs.
