@@ -140,8 +140,7 @@ std::string_view op_name(OpType op) {
   return "unknown";
 }
 
-Response response_for(const Request& q) {
-  Response r;
+void copy_terms(const Request& q, Response& r) {
   r.op = q.op;
   r.dtype = q.dtype;
   r.reduce_op = q.reduce_op;
@@ -149,6 +148,11 @@ Response response_for(const Request& q) {
   r.root = q.root;
   r.prescale = q.prescale;
   r.postscale = q.postscale;
+}
+
+Response response_for(const Request& q) {
+  Response r;
+  copy_terms(q, r);
   r.names = {q.name};
   r.shapes = {q.shape};
   return r;

@@ -99,6 +99,9 @@ struct ResponseList {
 
 // The op response for one request: its parameters, name and shape.
 Response response_for(const Request& request);
+// The parameters only (op, dtype, reduction, set, root, scale factors), as every name of a
+// response shares them.
+void copy_terms(const Request& request, Response& response);
 
 std::vector<uint8_t> encode(const RequestList& list);
 RequestList decode_request_list(const std::vector<uint8_t>& bytes);

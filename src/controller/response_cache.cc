@@ -72,14 +72,7 @@ const Request& ResponseCache::at(uint32_t id) const {
 
 void ResponseCache::expand(Response& r, bool names) const {
   if (r.cache_ids.empty()) return;
-  const Request& first = at(r.cache_ids[0]);
-  r.op = first.op;
-  r.dtype = first.dtype;
-  r.reduce_op = first.reduce_op;
-  r.process_set = first.process_set;
-  r.root = first.root;
-  r.prescale = first.prescale;
-  r.postscale = first.postscale;
+  copy_terms(at(r.cache_ids[0]), r);
   r.from_cache = true;
   if (!names || !r.names.empty()) return;
   r.names.reserve(r.cache_ids.size());
