@@ -137,6 +137,67 @@ TEST_F(NegotiatorTest, SteadyStateUsesTheCache) {
   EXPECT_EQ(decoded.responses[0].cache_ids, second[0].cache_ids);
 }
 
+// Cache hits are counted per id while nothing else is pending. Whatever else arrives (a new
+// name, a join) moves them into the general table first: nothing is lost, the order of first
+// arrival holds, and stalls name the missing ranks either way.
+TEST_F(NegotiatorTest, CountedHitsMeetTheGeneralPathWithoutLosingAnything) {
+  Negotiator n(3, 1 << 20, cache);
+  std::vector<Request> reqs = {allreduce("a", 2), allreduce("b", 3, DataType::kInt32),
+                               allreduce("c", 4)};
+  for (int rank = 0; rank < 3; ++rank) n.add(from(rank, reqs), now);
+  auto first = n.compute();
+  ASSERT_EQ(first.size(), 2u);  // a+c fused, b alone
+  const uint32_t a = 0, b = 2, c = 1;  // ids follow the fused list: a, c, then b
+  ASSERT_EQ(first[0].cache_ids, (std::vector<uint32_t>{a, c}));
+  ASSERT_EQ(first[1].cache_ids, (std::vector<uint32_t>{b}));
+
+  auto hits = [](int rank, std::vector<uint32_t> ids) {
+    RequestList l;
+    l.rank = rank;
+    l.cache_hits = std::move(ids);
+    return l;
+  };
+  // Counted: c and a from ranks 0 and 2; rank 1 is late.
+  n.add(hits(0, {c, a}), now);
+  n.add(hits(2, {c, a}), now);
+  EXPECT_TRUE(n.has_pending());
+  EXPECT_TRUE(n.compute().empty());
+  auto stalls = n.stalls(now + std::chrono::seconds(61), 60);
+  ASSERT_EQ(stalls.size(), 2u);
+  EXPECT_EQ(stalls[0].name, "c");
+  EXPECT_EQ(stalls[0].missing_ranks, std::vector<int32_t>{1});
+  EXPECT_EQ(stalls[0].ready_ranks, (std::vector<int32_t>{0, 2}));
+
+  // A new name arrives: the counted hits move into the general table, then rank 1 catches up
+  // with hits and the new name, and everything completes in first-arrival order (c, a, new).
+  n.add(from(0, {allreduce("new", 5)}), now);
+  n.add(hits(1, {a, c}), now);
+  n.add(from(1, {allreduce("new", 5)}), now);
+  n.add(from(2, {allreduce("new", 5)}), now);
+  auto second = n.compute();
+  std::vector<std::string> names;
+  for (auto& r : second) {
+    cache.expand(r);
+    names.insert(names.end(), r.names.begin(), r.names.end());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"c", "a", "new"}));
+  EXPECT_FALSE(n.has_pending());
+
+  // Counted again, then a rank joins: the counted allreduce still completes, with rank 2
+  // contributing zeros.
+  n.add(hits(0, {b}), now);
+  n.add(hits(1, {b}), now);
+  Request join;
+  join.name = "__join";
+  join.op = OpType::kJoin;
+  n.add(from(2, {join}), now);
+  auto third = n.compute();
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_EQ(third[0].cache_ids, std::vector<uint32_t>{b});
+  EXPECT_EQ(third[0].dtype, DataType::kInt32);
+  EXPECT_FALSE(n.has_pending());
+}
+
 TEST_F(NegotiatorTest, NewCacheIdsIncreaseAlongTheFusedList) {
   // Fusion pulls a later float32 tensor into the first response; ids must still follow the
   // list order, which is the order every rank inserts them.
