@@ -244,8 +244,8 @@ bool mpi_threads_supported() {
 
 Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
                        const Shape& shape, const ReduceOptions& options) {
-  return submit(tensor_args(reduce_request(name, OpType::kAllreduce, dtype, shape, options), input,
-                            output));
+  return submit(
+      tensor_args(reduce_request(name, OpType::kAllreduce, dtype, shape, options), input, output));
 }
 
 void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
@@ -301,15 +301,15 @@ Handle reducescatter_async(const std::string& name, const void* input, DataType 
 }
 
 void barrier(ProcessSet process_set) {
-  submit(tensor_args(make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {},
-                                  process_set.id),
-                     nullptr, nullptr))
+  submit(
+      tensor_args(make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {}, process_set.id),
+                  nullptr, nullptr))
       .wait();
 }
 
 Handle join_async() {
-  return submit(
-      tensor_args(make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr, nullptr));
+  return submit(tensor_args(make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr,
+                            nullptr));
 }
 
 int join() {

@@ -94,8 +94,8 @@ class Negotiator {
   // The hits counted by add_cached, by cache id (entries are reused from step to step). While
   // any is pending, table_ is empty.
   struct CachedPending {
-    std::vector<uint64_t> ranks;                 // bit per global rank that sent the hit
-    std::vector<Clock::time_point> arrived_at;   // with track_readiness(): per global rank
+    std::vector<uint64_t> ranks;                // bit per global rank that sent the hit
+    std::vector<Clock::time_point> arrived_at;  // with track_readiness(): per global rank
     int count = 0;
     bool pending = false;
     uint64_t arrival = 0;

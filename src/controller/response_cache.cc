@@ -40,11 +40,10 @@ Request cache_form(const Response& r, size_t index) {
 
 bool same_as_cached(const Request& c, const Request& q) {
   return c.name == q.name && c.op == q.op && c.dtype == q.dtype && c.reduce_op == q.reduce_op &&
-         c.process_set == q.process_set &&
-         c.root == (q.op == OpType::kBroadcast ? q.root : 0) && c.prescale == q.prescale &&
-         c.postscale == q.postscale && c.shape == q.shape && c.splits.empty() &&
-         c.set_ranks.empty() && c.target_process_set == 0 && c.group == q.group &&
-         c.group_size == q.group_size;
+         c.process_set == q.process_set && c.root == (q.op == OpType::kBroadcast ? q.root : 0) &&
+         c.prescale == q.prescale && c.postscale == q.postscale && c.shape == q.shape &&
+         c.splits.empty() && c.set_ranks.empty() && c.target_process_set == 0 &&
+         c.group == q.group && c.group_size == q.group_size;
 }
 
 bool ResponseCache::cacheable(OpType op) {

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <fstream>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -12,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -22,8 +21,8 @@
 #include "collectives/adasum.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical/hierarchical_communicator.h"
-#include "collectives/shm/shm_communicator.h"
 #include "collectives/mpi/mpi_backend.h"
+#include "collectives/shm/shm_communicator.h"
 #include "common/huge_pages.h"
 #include "common/log.h"
 #include "controller/negotiator.h"
@@ -228,8 +227,8 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // Entries sent as cache hits, by id: a cached response finds its tensors without a name.
   // Pointers into table_'s nodes, which stay put until erased (finish clears the slot).
   std::vector<TableSlot*> by_id_;
-  std::vector<Table::node_type> finished_;  // finish_slots' scratch
-  std::vector<LocalEntry> arrived_;         // absorb_queue's
+  std::vector<Table::node_type> finished_;   // finish_slots' scratch
+  std::vector<LocalEntry> arrived_;          // absorb_queue's
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
   std::vector<LocalEntry*> allreduce_entries_;
   std::vector<size_t> allreduce_counts_;
@@ -519,7 +518,8 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
   if (waiters_drive_) handle->set_driver(weak_from_this());
   std::vector<std::string> keys;  // table keys, built once per tensor, outside the lock
   keys.reserve(tensors.size());
-  for (const auto& t : tensors) keys.push_back(controller::table_key(t.request.process_set, t.request.name));
+  for (const auto& t : tensors)
+    keys.push_back(controller::table_key(t.request.process_set, t.request.name));
   std::lock_guard lock(mu_);
   if (!failure_.empty()) return fail(failure_);
   if (shutdown_requested_)
@@ -1001,10 +1001,9 @@ void Engine::Impl::process(ResponseList list) {
           moved += controller::response_bytes(r);
       }
     } catch (const std::exception& e) {
-      std::string message = root_cause(
-          fmt::format("{} of [{}] (process set {}) failed on rank {} ({}): {}",
-                      controller::op_name(r.op), fmt::join(names_of(r), ", "), r.process_set,
-                      config_.rank, config_.hostname, e.what()));
+      std::string message = root_cause(fmt::format(
+          "{} of [{}] (process set {}) failed on rank {} ({}): {}", controller::op_name(r.op),
+          fmt::join(names_of(r), ", "), r.process_set, config_.rank, config_.hostname, e.what()));
       fail_names(r, message);
       fatal(message, true);
       return;
@@ -1232,7 +1231,8 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
         timeline_end(r.names[i], phase);
         timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
       }
-      if (entries[i] && bytes > 0) reduce::copy(entries[i]->args.output, fusion_.data() + offset, bytes);
+      if (entries[i] && bytes > 0)
+        reduce::copy(entries[i]->args.output, fusion_.data() + offset, bytes);
       if (timeline_) timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
       offset += bytes;
     }

@@ -196,7 +196,8 @@ TEST(EngineThreadsCache, SteadyStateStepsOfEveryCachedOpStayCorrect) {
       for (int t = 0; t < 40; ++t) {
         expect_ok(handles[t]);
         const float sum = float(3 + 3 * t + 3 * step);
-        for (float v : grads[t]) ASSERT_EQ(v, t % 2 ? sum / 3 : sum) << "step " << step << " t " << t;
+        for (float v : grads[t])
+          ASSERT_EQ(v, t % 2 ? sum / 3 : sum) << "step " << step << " t " << t;
       }
       expect_ok(hb);
       for (int64_t v : bcast) ASSERT_EQ(v, 100 + step) << "step " << step;

@@ -146,7 +146,7 @@ TEST_F(NegotiatorTest, CountedHitsMeetTheGeneralPathWithoutLosingAnything) {
                                allreduce("c", 4)};
   for (int rank = 0; rank < 3; ++rank) n.add(from(rank, reqs), now);
   auto first = n.compute();
-  ASSERT_EQ(first.size(), 2u);  // a+c fused, b alone
+  ASSERT_EQ(first.size(), 2u);         // a+c fused, b alone
   const uint32_t a = 0, b = 2, c = 1;  // ids follow the fused list: a, c, then b
   ASSERT_EQ(first[0].cache_ids, (std::vector<uint32_t>{a, c}));
   ASSERT_EQ(first[1].cache_ids, (std::vector<uint32_t>{b}));

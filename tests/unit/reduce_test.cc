@@ -312,8 +312,8 @@ std::vector<T> run(DataType dt, ReduceOp op, std::vector<T> a, const std::vector
 // alignment of either side and any length around the loop's 128-byte blocks, and nothing
 // outside the destination changes.
 TEST(ReduceCopy, CopiesEveryLengthAndAlignmentExactly) {
-  for (size_t bytes : {size_t{0}, size_t{1}, size_t{127}, size_t{2047}, size_t{2048},
-                       size_t{2049}, size_t{2048 + 127}, size_t{4096 + 77}, size_t{300001}}) {
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{127}, size_t{2047}, size_t{2048}, size_t{2049},
+                       size_t{2048 + 127}, size_t{4096 + 77}, size_t{300001}}) {
     for (size_t src_off : {0, 1, 16, 33, 64}) {
       for (size_t dst_off : {0, 3, 16, 48}) {
         std::vector<uint8_t> src(bytes + 128), dst(bytes + 256, 0xEE);

@@ -432,13 +432,14 @@ void ShmCommunicator::allgatherv(const void* in, void* out,
   guarded("allgather", [&] {
     for (size_t first = 0; first < largest; first += piece) {
       begin_step("allgather");
-      if (first < mine) reduce::copy(slot(step_, rank_), input + first, std::min(piece, mine - first));
+      if (first < mine)
+        reduce::copy(slot(step_, rank_), input + first, std::min(piece, mine - first));
       publish_filled();
       for (int m = 0; m < size_; ++m) {
         if (m == rank_ || first >= bytes_per_rank[m]) continue;
         wait_filled(m, "allgather");
         reduce::copy(output + offsets[m] + first, slot(step_, m),
-                    std::min(piece, bytes_per_rank[m] - first));
+                     std::min(piece, bytes_per_rank[m] - first));
       }
       publish_reduced();
       publish_done();
@@ -502,13 +503,13 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_
       for (int m = 0; m < size_; ++m)
         if (m != rank_ && first < send_bytes[m])
           reduce::copy(slot(step_, rank_) + m * box, input + send_offsets[m] + first,
-                      std::min(box, send_bytes[m] - first));
+                       std::min(box, send_bytes[m] - first));
       publish_filled();
       for (int m = 0; m < size_; ++m) {
         if (m == rank_ || first >= recv_bytes[m]) continue;
         wait_filled(m, "alltoall");
         reduce::copy(output + recv_offsets[m] + first, slot(step_, m) + rank_ * box,
-                    std::min(box, recv_bytes[m] - first));
+                     std::min(box, recv_bytes[m] - first));
       }
       publish_reduced();
       publish_done();

@@ -173,13 +173,12 @@ PYBIND11_MODULE(_torch_core, m) {
       .def("synchronize", &HandleTable::synchronize)
       .def("clear", &HandleTable::clear)
       // The per-call path of hvd.allreduce_async(_): the handle goes straight into the table.
-      .def("allreduce_async",
-           [](HandleTable& table, const std::string& name, const at::Tensor& input,
-              const at::Tensor& output, int op, double prescale, double postscale,
-              int process_set) {
-             return table.add(ta::allreduce_async(
-                 name, input, output, reduce_options(op, prescale, postscale, process_set)));
-           });
+      .def("allreduce_async", [](HandleTable& table, const std::string& name,
+                                 const at::Tensor& input, const at::Tensor& output, int op,
+                                 double prescale, double postscale, int process_set) {
+        return table.add(ta::allreduce_async(name, input, output,
+                                             reduce_options(op, prescale, postscale, process_set)));
+      });
 
   m.def("allreduce_async",
         [](const std::string& name, const at::Tensor& input, const at::Tensor& output, int op,
