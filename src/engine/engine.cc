@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -150,7 +151,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   void run_reducescatter(const Response& r, ProcessSetState& set, LocalEntry& e);
   void finish(const std::string& key, const std::string& error = {});
   // Completes the entries a collective ran (null: none here), taking mu_ once for all.
-  void finish_slots(const std::vector<TableSlot*>& slots);
+  void finish_slots(std::span<TableSlot* const> slots, const std::string& error = {});
   // The local entry a response's cache id stands for (null: none on this rank).
   TableSlot* slot_for_id(uint32_t id);
   void fail_names(const Response& r, const std::string& error);
@@ -230,7 +231,6 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   std::vector<Table::node_type> finished_;   // finish_slots' scratch
   std::vector<LocalEntry> arrived_;          // absorb_queue's
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
-  std::vector<LocalEntry*> allreduce_entries_;
   std::vector<size_t> allreduce_counts_;
   std::vector<collectives::FusedPart> allreduce_parts_;
   std::vector<Request> outgoing_;
@@ -1045,7 +1045,7 @@ Engine::Impl::TableSlot* Engine::Impl::slot_for_id(uint32_t id) {
   return it == table_.end() ? nullptr : &*it;
 }
 
-void Engine::Impl::finish_slots(const std::vector<TableSlot*>& slots) {
+void Engine::Impl::finish_slots(std::span<TableSlot* const> slots, const std::string& error) {
   finished_.clear();
   for (TableSlot* slot : slots) {
     if (!slot) continue;
@@ -1058,23 +1058,15 @@ void Engine::Impl::finish_slots(const std::vector<TableSlot*>& slots) {
     std::lock_guard lock(mu_);
     for (auto& node : finished_) in_flight_keys_.erase(node.key());
   }
-  for (auto& node : finished_) node.mapped().handle->complete_part();
+  for (auto& node : finished_) node.mapped().handle->complete_part(error);
   finished_.clear();
 }
 
 void Engine::Impl::finish(const std::string& key, const std::string& error) {
   auto it = table_.find(key);
   if (it == table_.end()) return;
-  if (it->second.cache_id >= 0) by_id_[static_cast<size_t>(it->second.cache_id)] = nullptr;
-  LocalEntry entry = std::move(it->second);
-  table_.erase(it);
-  --awaiting_response_;
-  if (awaiting_response_ < 0) awaiting_response_ = 0;
-  {
-    std::lock_guard lock(mu_);
-    in_flight_keys_.erase(key);
-  }
-  entry.handle->complete_part(error);
+  TableSlot* slot = &*it;
+  finish_slots({&slot, 1}, error);
 }
 
 void Engine::Impl::execute(const Response& r) {
@@ -1142,11 +1134,9 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
   const size_t n = by_id ? r.cache_ids.size() : r.names.size();
   // Members reused from response to response: a step allocates nothing of the fused size (on
   // glibc, an allocation of a kilobyte or more first consolidates every small free chunk).
-  auto& slots = allreduce_slots_;
-  auto& entries = allreduce_entries_;
+  auto& slots = allreduce_slots_;     // null: no tensor here (a joined rank contributes zeros)
   auto& counts = allreduce_counts_;  // per tensor: Adasum works tensor by tensor in a fused buffer
   slots.assign(n, nullptr);
-  entries.assign(n, nullptr);
   counts.assign(n, 0);
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -1158,7 +1148,6 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       slots[i] = it == table_.end() ? nullptr : &*it;
       counts[i] = static_cast<size_t>(elements(r.shapes[i]));
     }
-    entries[i] = slots[i] ? &slots[i]->second : nullptr;
     total += counts[i];
   }
   const bool adasum = r.reduce_op == ReduceOp::kAdasum;
@@ -1184,10 +1173,10 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
     // the scale factors are applied while each piece is in cache.
     auto& parts = allreduce_parts_;
     parts.clear();
-    for (size_t i = 0; i < entries.size(); ++i) {
-      parts.push_back(entries[i] ? collectives::FusedPart{entries[i]->args.input,
-                                                         entries[i]->args.output, counts[i]}
-                                 : collectives::FusedPart{nullptr, nullptr, counts[i]});
+    for (size_t i = 0; i < n; ++i) {
+      parts.push_back(slots[i] ? collectives::FusedPart{slots[i]->second.args.input,
+                                                       slots[i]->second.args.output, counts[i]}
+                               : collectives::FusedPart{nullptr, nullptr, counts[i]});
       if (timeline_) timeline_begin(r.names[i], phase);
     }
     set.comm->allreduce_parts(parts, r.dtype, kernel_op, r.prescale, post);
@@ -1196,9 +1185,9 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
     finish_slots(slots);
     return;
   }
-  if (entries.size() == 1 && entries[0]) {
+  if (n == 1 && slots[0]) {
     // One tensor: reduce in the user's output buffer, no fusion copies.
-    auto& a = entries[0]->args;
+    auto& a = slots[0]->second.args;
     if (timeline_) timeline_begin(r.names[0], phase);
     if (a.output != a.input && total > 0) reduce::copy(a.output, a.input, total * esize);
     reduce::scale(r.dtype, a.output, total, r.prescale);
@@ -1208,11 +1197,11 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
   } else {
     if (fusion_.size() < total * esize) fusion_.resize(total * esize);
     size_t offset = 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       size_t bytes = counts[i] * esize;
       if (timeline_) timeline_begin(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
-      if (entries[i] && bytes > 0)
-        reduce::copy(fusion_.data() + offset, entries[i]->args.input, bytes);
+      if (slots[i] && bytes > 0)
+        reduce::copy(fusion_.data() + offset, slots[i]->second.args.input, bytes);
       else if (bytes > 0)
         std::memset(fusion_.data() + offset, 0, bytes);  // a joined rank contributes zeros
       if (timeline_) {
@@ -1225,14 +1214,14 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
     reduce_in_place(fusion_.data());
     reduce::scale(r.dtype, fusion_.data(), total, post);
     offset = 0;
-    for (size_t i = 0; i < entries.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       size_t bytes = counts[i] * esize;
       if (timeline_) {
         timeline_end(r.names[i], phase);
         timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
       }
-      if (entries[i] && bytes > 0)
-        reduce::copy(entries[i]->args.output, fusion_.data() + offset, bytes);
+      if (slots[i] && bytes > 0)
+        reduce::copy(slots[i]->second.args.output, fusion_.data() + offset, bytes);
       if (timeline_) timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
       offset += bytes;
     }
