@@ -826,8 +826,5 @@ def join(device=-1):
     allreduces proceed with this rank contributing zeros. Returns the rank that joined last.
     ``device`` is accepted for compatibility (only CPU tensors exist in this build)."""
     _check_initialized()
-    h = _core.join_async()
-    while not h.wait_for(1.0):
-        pass
-    h.wait()
+    h = _handles.synchronize(_handles.add(_core.join_async()), False)
     return int(h.value())

@@ -156,11 +156,8 @@ PYBIND11_MODULE(_torch_core, m) {
   m.def("barrier", [](int id) { krug::barrier(ps(id)); },
         py::call_guard<py::gil_scoped_release>());
 
+  // A finished operation's results; waiting goes through Handles.synchronize.
   py::class_<ta::TorchHandle, ta::HandlePtr>(m, "Handle")
-      .def("poll", &ta::TorchHandle::poll)
-      .def("wait", &ta::TorchHandle::wait, py::call_guard<py::gil_scoped_release>())
-      .def("wait_for", &ta::TorchHandle::wait_for, py::call_guard<py::gil_scoped_release>())
-      .def("error", &ta::TorchHandle::error)
       .def("outputs", &ta::TorchHandle::outputs)
       .def("output", &ta::TorchHandle::output, py::arg("i") = 0)
       .def("received_splits", &ta::TorchHandle::received_splits)
@@ -180,12 +177,6 @@ PYBIND11_MODULE(_torch_core, m) {
                                              reduce_options(op, prescale, postscale, process_set)));
       });
 
-  m.def("allreduce_async",
-        [](const std::string& name, const at::Tensor& input, const at::Tensor& output, int op,
-           double prescale, double postscale, int process_set) {
-          return ta::allreduce_async(name, input, output,
-                                     reduce_options(op, prescale, postscale, process_set));
-        });
   m.def("grouped_allreduce_async",
         [](const std::string& name, const std::vector<at::Tensor>& inputs,
            const std::vector<at::Tensor>& outputs, int op, double prescale, double postscale,
