@@ -94,11 +94,7 @@ Handle submit(std::vector<TensorArgs> tensors) {
 }
 
 // One tensor, moved in (a braced list would copy it).
-Handle submit(TensorArgs tensor) {
-  std::vector<TensorArgs> tensors;
-  tensors.push_back(std::move(tensor));
-  return submit(std::move(tensors));
-}
+Handle submit(TensorArgs tensor) { return Handle(current()->enqueue(std::move(tensor))); }
 
 Request reduce_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
                        const ReduceOptions& o) {

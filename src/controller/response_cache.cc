@@ -5,13 +5,18 @@
 namespace krug::controller {
 
 std::string table_key(int32_t process_set, const std::string& name) {
+  std::string key;
+  assign_table_key(key, process_set, name);
+  return key;
+}
+
+void assign_table_key(std::string& key, int32_t process_set, const std::string& name) {
   char set[16];
   char* end = std::to_chars(set, set + sizeof(set) - 1, process_set).ptr;
   *end++ = '/';
-  std::string key;
-  key.reserve(static_cast<size_t>(end - set) + name.size());  // one allocation per operation
+  key.clear();
+  key.reserve(static_cast<size_t>(end - set) + name.size());  // at most one allocation
   key.append(set, end).append(name);
-  return key;
 }
 
 Request cache_form(const Request& r) {

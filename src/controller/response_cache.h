@@ -65,5 +65,7 @@ Request cache_form(const Response& response, size_t index);
 
 // Key of a request within the cache and the coordinator's table: names are per process set.
 std::string table_key(int32_t process_set, const std::string& name);
+// The same into `key`, reusing its capacity.
+void assign_table_key(std::string& key, int32_t process_set, const std::string& name);
 
 }  // namespace krug::controller

@@ -93,7 +93,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   ~Impl() override { shutdown(); }
 
   void shutdown();
-  std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
+  std::shared_ptr<HandleState> enqueue(std::span<TensorArgs> tensors);
   std::vector<int32_t> process_set_ranks(int32_t id) const;
   std::string allreduce_algorithm(int32_t id) const;
   std::pair<int64_t, double> tuned_parameters() const {
@@ -109,11 +109,13 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   struct LocalEntry {
     TensorArgs args;
     std::shared_ptr<HandleState> handle;
-    std::string key;        // table_key(set, name) while queued; the table's key afterwards
     int64_t cache_id = -1;  // the response cache id it was sent as, if any
   };
+  // Keyed by table_key(set, name). Entries travel as node handles: made (or reused) by enqueue,
+  // queued, inserted into the table, extracted when finished and kept for reuse.
   using Table = std::unordered_map<std::string, LocalEntry>;
   using TableSlot = Table::value_type;
+  using KeySet = std::unordered_set<std::string>;
   struct ProcessSetState {
     std::vector<int32_t> ranks;
     int my_index = -1;
@@ -138,6 +140,9 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   void set_wake_timer(std::chrono::microseconds delay);  // 0 disarms; with mu_ held
   void fail_loop(const std::exception& e);
   void absorb_queue();
+  // With mu_ held: a node for a new operation's entry and its in-flight key, reused if possible.
+  Table::node_type entry_node();
+  KeySet::node_type key_node();
   void send_requests(Clock::time_point now);
   void coordinate(Clock::time_point now);
   void on_readable(const std::vector<pollfd>& fds);  // the control plane's sockets, as polled
@@ -210,11 +215,17 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
 
   // Shared with user threads.
   mutable std::mutex mu_;
-  std::vector<LocalEntry> queue_;
+  std::vector<Table::node_type> queue_;
   // Set with queue_ or shutdown_requested_ (under mu_): a driving thread's rounds look at it
   // instead of taking mu_ from the threads enqueueing.
   std::atomic<bool> queue_changed_{false};
-  std::unordered_set<std::string> in_flight_keys_;
+  KeySet in_flight_keys_;
+  // Nodes of finished operations, for enqueue to reuse with the capacity of their strings: a
+  // step of many small tensors then allocates no table node, key or in-flight entry. (glibc
+  // caches 7 free chunks per size; a step frees hundreds, which then take its slow paths.)
+  std::vector<Table::node_type> spare_entries_;
+  std::vector<KeySet::node_type> spare_keys_;
+  static constexpr size_t kMaxSpareNodes = 4096;
   std::map<int32_t, std::vector<int32_t>> set_ranks_;  // mirror of sets_ for user threads
   std::map<int32_t, std::string> set_allreduce_;       // how each set this rank is in allreduces
   bool shutdown_requested_ = false;
@@ -229,7 +240,8 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // Pointers into table_'s nodes, which stay put until erased (finish clears the slot).
   std::vector<TableSlot*> by_id_;
   std::vector<Table::node_type> finished_;   // finish_slots' scratch
-  std::vector<LocalEntry> arrived_;          // absorb_queue's
+  std::vector<std::shared_ptr<HandleState>> finished_handles_;
+  std::vector<Table::node_type> arrived_;    // absorb_queue's
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
   std::vector<size_t> allreduce_counts_;
   std::vector<collectives::FusedPart> allreduce_parts_;
@@ -508,7 +520,7 @@ std::vector<int32_t> Engine::Impl::process_set_ranks(int32_t id) const {
   return it->second;
 }
 
-std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tensors) {
+std::shared_ptr<HandleState> Engine::Impl::enqueue(std::span<TensorArgs> tensors) {
   auto handle = std::make_shared<HandleState>(static_cast<int>(tensors.size()));
   auto fail = [&](const std::string& message) {
     for (size_t i = 0; i < tensors.size(); ++i) handle->complete_part(message);
@@ -516,10 +528,6 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
   };
   if (tensors.empty()) return handle;
   if (waiters_drive_) handle->set_driver(weak_from_this());
-  std::vector<std::string> keys;  // table keys, built once per tensor, outside the lock
-  keys.reserve(tensors.size());
-  for (const auto& t : tensors)
-    keys.push_back(controller::table_key(t.request.process_set, t.request.name));
   std::lock_guard lock(mu_);
   if (!failure_.empty()) return fail(failure_);
   if (shutdown_requested_)
@@ -547,23 +555,34 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
       q.splits.assign(n, rows / n);
     }
   }
-  // A grouped request must not name a tensor twice either: its second insert fails too.
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (in_flight_keys_.insert(keys[i]).second) continue;
-    for (size_t j = 0; j < i; ++j) in_flight_keys_.erase(keys[j]);
-    const Request& q = tensors[i].request;
-    return fail(fmt::format(
-        "{} '{}' (process set {}): an operation with this name is already in flight on rank "
-        "{}; wait for it before reusing the name",
-        controller::op_name(q.op), q.name, q.process_set, config_.rank));
-  }
   // The background thread takes the whole queue at once, so it needs waking only when the
   // queue was empty: otherwise an earlier enqueue's wake-up is still pending.
   // Nor while a waiting thread drives the loop: it takes the queue itself, and wakes the
   // background thread when it leaves with work left.
   const bool wake = queue_.empty() && drivers_.load() == 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    queue_.push_back(LocalEntry{std::move(tensors[i]), handle, std::move(keys[i])});
+  const size_t first = queue_.size();
+  for (auto& t : tensors) {
+    const Request& q = t.request;
+    KeySet::node_type key = key_node();
+    controller::assign_table_key(key.value(), q.process_set, q.name);
+    auto placed = in_flight_keys_.insert(std::move(key));
+    if (!placed.inserted) {
+      // A grouped request must not name a tensor twice either: its second insert fails too.
+      const std::string message = fmt::format(
+          "{} '{}' (process set {}): an operation with this name is already in flight on rank "
+          "{}; wait for it before reusing the name",
+          controller::op_name(q.op), q.name, q.process_set, config_.rank);
+      for (size_t j = first; j < queue_.size(); ++j)
+        in_flight_keys_.erase(queue_[j].key());
+      queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
+      return fail(message);
+    }
+    Table::node_type entry = entry_node();
+    entry.key() = *placed.position;  // into the reused node's capacity
+    entry.mapped().args = std::move(t);
+    entry.mapped().handle = handle;
+    entry.mapped().cache_id = -1;
+    queue_.push_back(std::move(entry));
   }
   queue_changed_.store(true, std::memory_order_release);
   if (wake && waiters_drive_) {
@@ -573,6 +592,26 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::vector<TensorArgs> tenso
     wake_background();
   }
   return handle;
+}
+
+Engine::Impl::Table::node_type Engine::Impl::entry_node() {
+  if (spare_entries_.empty()) {
+    Table one;
+    return one.extract(one.try_emplace(std::string()).first);
+  }
+  Table::node_type node = std::move(spare_entries_.back());
+  spare_entries_.pop_back();
+  return node;
+}
+
+Engine::Impl::KeySet::node_type Engine::Impl::key_node() {
+  if (spare_keys_.empty()) {
+    KeySet one;
+    return one.extract(one.emplace().first);
+  }
+  KeySet::node_type node = std::move(spare_keys_.back());
+  spare_keys_.pop_back();
+  return node;
 }
 
 void Engine::Impl::shutdown() {
@@ -762,7 +801,7 @@ int Engine::Impl::poll_timeout_ms(Clock::time_point now) const {
 
 void Engine::Impl::absorb_queue() {
   if (!queue_changed_.load(std::memory_order_acquire)) return;
-  std::vector<LocalEntry>& arrived = arrived_;
+  std::vector<Table::node_type>& arrived = arrived_;
   bool shutting_down;
   {
     std::lock_guard lock(mu_);
@@ -770,22 +809,22 @@ void Engine::Impl::absorb_queue() {
     arrived.swap(queue_);  // both keep their capacity from step to step
     shutting_down = shutdown_requested_;
   }
-  for (auto& e : arrived) {
+  for (auto& node : arrived) {
+    LocalEntry& e = node.mapped();
     const Request& q = e.args.request;
     int64_t hit = -1;
     if (controller::ResponseCache::cacheable(q))
-      if (auto id = cache_.find(e.key, q)) hit = *id;
+      if (auto id = cache_.find(node.key(), q)) hit = *id;
     if (hit >= 0)
       outgoing_hits_.push_back(static_cast<uint32_t>(hit));
     else
       outgoing_.push_back(q);
     if (timeline_) timeline_begin(q.name, "NEGOTIATE_" + upper(controller::op_name(q.op)));
-    std::string key = std::move(e.key);
     e.cache_id = hit;
-    auto [it, inserted] = table_.emplace(std::move(key), std::move(e));
-    if (hit >= 0 && inserted) {
+    auto placed = table_.insert(std::move(node));
+    if (hit >= 0 && placed.inserted) {
       if (by_id_.size() <= static_cast<size_t>(hit)) by_id_.resize(cache_.size(), nullptr);
-      by_id_[static_cast<size_t>(hit)] = &*it;
+      by_id_[static_cast<size_t>(hit)] = &*placed.position;
     }
   }
   arrived.clear();
@@ -1053,13 +1092,22 @@ void Engine::Impl::finish_slots(std::span<TableSlot* const> slots, const std::st
     finished_.push_back(table_.extract(slot->first));
   }
   awaiting_response_ = std::max(0, awaiting_response_ - static_cast<int>(finished_.size()));
+  for (auto& node : finished_) {
+    finished_handles_.push_back(std::move(node.mapped().handle));
+    node.mapped().args.allocate_output = nullptr;  // may hold a framework's state
+  }
   {
     // Before the handles complete: a thread woken by one may submit the same name at once.
     std::lock_guard lock(mu_);
-    for (auto& node : finished_) in_flight_keys_.erase(node.key());
+    for (auto& node : finished_) {
+      KeySet::node_type key = in_flight_keys_.extract(node.key());
+      if (key && spare_keys_.size() < kMaxSpareNodes) spare_keys_.push_back(std::move(key));
+      if (spare_entries_.size() < kMaxSpareNodes) spare_entries_.push_back(std::move(node));
+    }
   }
-  for (auto& node : finished_) node.mapped().handle->complete_part(error);
-  finished_.clear();
+  finished_.clear();  // what did not fit among the spares
+  for (auto& handle : finished_handles_) handle->complete_part(error);
+  finished_handles_.clear();
 }
 
 void Engine::Impl::finish(const std::string& key, const std::string& error) {
@@ -1364,14 +1412,14 @@ void Engine::Impl::fatal(std::string message, bool tell_peers, bool is_error) {
       // Peers will notice the closed connection instead.
     }
   }
-  std::vector<LocalEntry> queued;
+  std::vector<Table::node_type> queued;
   {
     std::lock_guard lock(mu_);
     failure_ = message;
     queued.swap(queue_);
     in_flight_keys_.clear();
   }
-  for (auto& e : queued) e.handle->complete_part(message);
+  for (auto& node : queued) node.mapped().handle->complete_part(message);
   for (auto& [key, e] : table_) e.handle->complete_part(message);
   table_.clear();
   by_id_.clear();
@@ -1392,7 +1440,10 @@ Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store)
 Engine::~Engine() { impl_->shutdown(); }
 void Engine::shutdown() { impl_->shutdown(); }
 std::shared_ptr<HandleState> Engine::enqueue(std::vector<TensorArgs> tensors) {
-  return impl_->enqueue(std::move(tensors));
+  return impl_->enqueue(tensors);
+}
+std::shared_ptr<HandleState> Engine::enqueue(TensorArgs tensor) {
+  return impl_->enqueue({&tensor, 1});
 }
 const Config& Engine::config() const { return impl_->config(); }
 int Engine::rank() const { return impl_->config().rank; }

@@ -55,6 +55,7 @@ class Engine {
   // Several tensors => one grouped request: executed together once all are ready everywhere.
   // Never throws for operation errors: they complete the returned handle with a message.
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
+  std::shared_ptr<HandleState> enqueue(TensorArgs tensor);  // one tensor, without a list
 
   const Config& config() const;
   int rank() const;
