@@ -127,7 +127,9 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   bool loop_once();  // false once the loop has stopped
   // With loop_mu_ held, on either thread: one round of local work (new operations, requests,
   // the coordinator's decisions and their execution), and whatever peers sent, without waiting.
-  void advance();
+  // `background`: the background thread's round, which leaves a burst of operations that is still
+  // being submitted to the thread that will wait for them (absorb_queue).
+  void advance(bool background = false);
   // `sockets` false: the mailboxes only (with mailboxes, the sockets carry only doorbells for a
   // sleeper, lists a mailbox had no room for, and a dead peer's hang-up: a driving thread looks
   // at them every 64th round).
@@ -139,7 +141,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   void wake_background();  // writes the eventfd the background thread polls
   void set_wake_timer(std::chrono::microseconds delay);  // 0 disarms; with mu_ held
   void fail_loop(const std::exception& e);
-  void absorb_queue();
+  void absorb_queue(bool background);
   // With mu_ held: a node for a new operation's entry and its in-flight key, reused if possible.
   Table::node_type entry_node();
   KeySet::node_type key_node();
@@ -212,6 +214,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // operation, more than the timer's one wake-up per cycle.
   net::Fd wake_timer_;
   bool wake_timer_armed_ = false;  // under mu_
+  Clock::time_point queue_since_{};  // under mu_: when queue_ last became non-empty
 
   // Shared with user threads.
   mutable std::mutex mu_;
@@ -560,6 +563,7 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(std::span<TensorArgs> tensors
   // Nor while a waiting thread drives the loop: it takes the queue itself, and wakes the
   // background thread when it leaves with work left.
   const bool wake = queue_.empty() && drivers_.load() == 0;
+  if (queue_.empty() && waiters_drive_) queue_since_ = Clock::now();
   const size_t first = queue_.size();
   for (auto& t : tensors) {
     const Request& q = t.request;
@@ -653,8 +657,8 @@ std::vector<pollfd> Engine::Impl::poll_fds() const {
   return fds;
 }
 
-void Engine::Impl::advance() {
-  absorb_queue();
+void Engine::Impl::advance(bool background) {
+  absorb_queue(background);
   const auto now = Clock::now();
   if (control_->is_coordinator())
     coordinate(now);
@@ -687,7 +691,7 @@ bool Engine::Impl::loop_once() {
   {
     std::lock_guard lock(loop_mu_);
     if (stopped_) return false;
-    advance();
+    advance(/*background=*/true);
     if (stopped_) return false;
     fds = poll_fds();
     timeout = poll_timeout_ms(Clock::now());
@@ -799,12 +803,26 @@ int Engine::Impl::poll_timeout_ms(Clock::time_point now) const {
   return timeout;
 }
 
-void Engine::Impl::absorb_queue() {
+void Engine::Impl::absorb_queue(bool background) {
   if (!queue_changed_.load(std::memory_order_acquire)) return;
   std::vector<Table::node_type>& arrived = arrived_;
   bool shutting_down;
   {
     std::lock_guard lock(mu_);
+    if (background && waiters_drive_ && !queue_.empty() && !shutdown_requested_) {
+      // Woken by the cycle timer of an earlier burst, or by a peer, while this one is still being
+      // submitted: taking part of it would split the step into several responses, each a
+      // round trip and a collective. The thread that waits for it takes it whole; this thread
+      // does only after the cycle time (Horovod's batching window too).
+      const auto due = queue_since_ + std::chrono::microseconds(
+                                          static_cast<int64_t>(tuned_.second * 1000));
+      const auto now = Clock::now();
+      if (now < due) {
+        if (!wake_timer_armed_)
+          set_wake_timer(std::chrono::ceil<std::chrono::microseconds>(due - now));
+        return;
+      }
+    }
     queue_changed_.store(false, std::memory_order_relaxed);
     arrived.swap(queue_);  // both keep their capacity from step to step
     shutting_down = shutdown_requested_;
