@@ -306,14 +306,52 @@ int64_t TorchHandle::value() const { return state_->result().value; }
 
 // ---- operations ----
 
+namespace {
+
+// One allreduce tensor: its slot in `shared` and its arguments for the engine. `output` null:
+// a new tensor.
+TensorArgs allreduce_args(std::string tname, const at::Tensor& in, const at::Tensor* output,
+                          const ReduceOptions& options, TorchHandle::Shared& shared) {
+  at::Tensor out;
+  if (!output) {
+    if (!usable(in)) check_tensor(in, describe(OpType::kAllreduce, tname));
+    out = at::empty(in.sizes(), in.options());
+  } else {
+    out = *output;
+    if (!usable(in) || !usable(out) || out.scalar_type() != in.scalar_type() ||
+        out.sizes() != in.sizes()) {
+      const std::string what = describe(OpType::kAllreduce, tname);
+      check_tensor(in, what);
+      check_same(in, out, what);
+    }
+  }
+  Request q = make_request(std::move(tname), OpType::kAllreduce, in, options.process_set.id);
+  set_reduce(q, options);
+  shared.slots.push_back(same_shape_slot(in, out));
+  const auto& slot = shared.slots.back();
+  return engine::tensor_args(std::move(q), slot.input.data_ptr(), slot.work.data_ptr());
+}
+
+// Every gradient of every step comes here: no lists for the one tensor.
+HandlePtr single_allreduce(const std::string& name, const at::Tensor& input,
+                           const at::Tensor* output, const ReduceOptions& options) {
+  auto shared = std::make_shared<TorchHandle::Shared>();
+  TensorArgs args = allreduce_args(name, input, output, options, *shared);
+  auto h = std::make_shared<TorchHandle>(std::move(shared));
+  h->state_ = current_engine()->enqueue(std::move(args));
+  return h;
+}
+
+}  // namespace
+
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
                           const at::Tensor& output, const ReduceOptions& options) {
-  return grouped_allreduce_async(name, {input}, {output}, options);
+  return single_allreduce(name, input, &output, options);
 }
 
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
                           const ReduceOptions& options) {
-  return grouped_allreduce_async(name, {input}, {}, options);
+  return single_allreduce(name, input, nullptr, options);
 }
 
 HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at::Tensor>& inputs,
@@ -330,28 +368,9 @@ HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at:
   std::vector<TensorArgs> args;
   shared->slots.reserve(inputs.size());
   args.reserve(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    std::string tname = grouped ? group_member(name, i) : name;
-    const at::Tensor& in = inputs[i];
-    at::Tensor out;
-    if (outputs.empty()) {
-      if (!usable(in)) check_tensor(in, describe(OpType::kAllreduce, tname));
-      out = at::empty(in.sizes(), in.options());
-    } else {
-      out = outputs[i];
-      if (!usable(in) || !usable(out) || out.scalar_type() != in.scalar_type() ||
-          out.sizes() != in.sizes()) {
-        const std::string what = describe(OpType::kAllreduce, tname);
-        check_tensor(in, what);
-        check_same(in, out, what);
-      }
-    }
-    Request q = make_request(std::move(tname), OpType::kAllreduce, in, options.process_set.id);
-    set_reduce(q, options);
-    shared->slots.push_back(same_shape_slot(inputs[i], out));
-    const auto& slot = shared->slots.back();
-    args.push_back(engine::tensor_args(std::move(q), slot.input.data_ptr(), slot.work.data_ptr()));
-  }
+  for (size_t i = 0; i < inputs.size(); ++i)
+    args.push_back(allreduce_args(grouped ? group_member(name, i) : name, inputs[i],
+                                  outputs.empty() ? nullptr : &outputs[i], options, *shared));
   if (grouped) set_group(args, name);
   return submit(std::move(shared), std::move(args));
 }
