@@ -77,9 +77,14 @@ rendezvous::elastic::Assignment join_round(rendezvous::Store& store, const Confi
   return a;
 }
 
+void check_name(const std::string& name, OpType op) {
+  if (name.empty())
+    throw Error(fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
+}
+
 Request make_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
                      int32_t process_set) {
-  if (name.empty()) throw Error(fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
+  check_name(name, op);
   Request q;
   q.name = name;
   q.op = op;
@@ -240,8 +245,17 @@ bool mpi_threads_supported() {
 
 Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
                        const Shape& shape, const ReduceOptions& options) {
-  return submit(
-      tensor_args(reduce_request(name, OpType::kAllreduce, dtype, shape, options), input, output));
+  check_name(name, OpType::kAllreduce);
+  return Handle(current()->enqueue(engine::TensorView{.name = name,
+                                                      .op = OpType::kAllreduce,
+                                                      .dtype = dtype,
+                                                      .shape = shape,
+                                                      .process_set = options.process_set.id,
+                                                      .reduce_op = options.op,
+                                                      .prescale = options.prescale_factor,
+                                                      .postscale = options.postscale_factor,
+                                                      .input = input,
+                                                      .output = output}));
 }
 
 void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
@@ -272,9 +286,15 @@ Handle allgather_async(const std::string& name, const void* input, DataType dtyp
 
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
                        int root, ProcessSet process_set) {
-  Request q = make_request(name, OpType::kBroadcast, dtype, shape, process_set.id);
-  q.root = root;
-  return submit(tensor_args(std::move(q), data, data));
+  check_name(name, OpType::kBroadcast);
+  return Handle(current()->enqueue(engine::TensorView{.name = name,
+                                                      .op = OpType::kBroadcast,
+                                                      .dtype = dtype,
+                                                      .shape = shape,
+                                                      .process_set = process_set.id,
+                                                      .root = root,
+                                                      .input = data,
+                                                      .output = data}));
 }
 
 void broadcast(const std::string& name, void* data, DataType dtype, const Shape& shape, int root,

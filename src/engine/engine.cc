@@ -94,6 +94,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
 
   void shutdown();
   std::shared_ptr<HandleState> enqueue(std::span<TensorArgs> tensors);
+  std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
   std::vector<int32_t> process_set_ranks(int32_t id) const;
   std::string allreduce_algorithm(int32_t id) const;
   std::pair<int64_t, double> tuned_parameters() const {
@@ -142,6 +143,12 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   void set_wake_timer(std::chrono::microseconds delay);  // 0 disarms; with mu_ held
   void fail_loop(const std::exception& e);
   void absorb_queue(bool background);
+  // With mu_ held: fills `count` entries (fill(i, args)), checks them and queues them under one
+  // handle, or none of them.
+  template <typename Fill>
+  std::shared_ptr<HandleState> enqueue_entries(size_t count, const Fill& fill);
+  // With mu_ held: why `q` cannot run on this rank, or empty (fills in alltoall's even splits).
+  std::string check_request(Request& q) const;
   // With mu_ held: a node for a new operation's entry and its in-flight key, reused if possible.
   Table::node_type entry_node();
   KeySet::node_type key_node();
@@ -524,70 +531,105 @@ std::vector<int32_t> Engine::Impl::process_set_ranks(int32_t id) const {
 }
 
 std::shared_ptr<HandleState> Engine::Impl::enqueue(std::span<TensorArgs> tensors) {
-  auto handle = std::make_shared<HandleState>(static_cast<int>(tensors.size()));
+  return enqueue_entries(tensors.size(),
+                         [&](size_t i, TensorArgs& args) { args = std::move(tensors[i]); });
+}
+
+std::shared_ptr<HandleState> Engine::Impl::enqueue(const TensorView& t) {
+  return enqueue_entries(1, [&](size_t, TensorArgs& args) {
+    // Assignments into the reused entry's capacity. Every field is set: the entry held another
+    // operation before.
+    Request& q = args.request;
+    q.name = t.name;
+    q.op = t.op;
+    q.dtype = t.dtype;
+    q.reduce_op = t.reduce_op;
+    q.process_set = t.process_set;
+    q.root = t.root;
+    q.prescale = t.prescale;
+    q.postscale = t.postscale;
+    q.shape.assign(t.shape.begin(), t.shape.end());
+    q.splits.clear();
+    q.set_ranks.clear();
+    q.target_process_set = 0;
+    q.group.clear();
+    q.group_size = 0;
+    args.input = t.input;
+    args.output = t.output;
+    args.allocate_output = nullptr;
+  });
+}
+
+std::string Engine::Impl::check_request(Request& q) const {
+  auto set = set_ranks_.find(q.process_set);
+  if (set == set_ranks_.end())
+    return fmt::format("{} '{}': process set {} does not exist on rank {}",
+                       controller::op_name(q.op), q.name, q.process_set, config_.rank);
+  if (!std::binary_search(set->second.begin(), set->second.end(), config_.rank))
+    return fmt::format("{} '{}': rank {} is not a member of process set {} (ranks [{}])",
+                       controller::op_name(q.op), q.name, config_.rank, q.process_set,
+                       fmt::join(set->second, ", "));
+  if (std::any_of(q.shape.begin(), q.shape.end(), [](int64_t d) { return d < 0; }))
+    return fmt::format("{} '{}': negative dimension in shape [{}]", controller::op_name(q.op),
+                       q.name, fmt::join(q.shape, ", "));
+  if (q.op == OpType::kAlltoall && q.splits.empty()) {
+    const int64_t n = static_cast<int64_t>(set->second.size());
+    const int64_t rows = q.shape.empty() ? 0 : q.shape[0];
+    if (q.shape.empty() || rows % n != 0)
+      return fmt::format("alltoall '{}': first dimension {} is not divisible by the {} ranks of "
+                         "process set {}; pass splits",
+                         q.name, rows, n, q.process_set);
+    q.splits.assign(n, rows / n);
+  }
+  return {};
+}
+
+template <typename Fill>
+std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const Fill& fill) {
+  auto handle = std::make_shared<HandleState>(static_cast<int>(count));
   auto fail = [&](const std::string& message) {
-    for (size_t i = 0; i < tensors.size(); ++i) handle->complete_part(message);
+    for (size_t i = 0; i < count; ++i) handle->complete_part(message);
     return handle;
   };
-  if (tensors.empty()) return handle;
+  if (count == 0) return handle;
   if (waiters_drive_) handle->set_driver(weak_from_this());
   std::lock_guard lock(mu_);
   if (!failure_.empty()) return fail(failure_);
   if (shutdown_requested_)
     return fail(fmt::format("krug is shutting down on rank {}: no new operations", config_.rank));
-  for (auto& t : tensors) {
-    Request& q = t.request;
-    auto set = set_ranks_.find(q.process_set);
-    if (set == set_ranks_.end())
-      return fail(fmt::format("{} '{}': process set {} does not exist on rank {}",
-                              controller::op_name(q.op), q.name, q.process_set, config_.rank));
-    if (!std::binary_search(set->second.begin(), set->second.end(), config_.rank))
-      return fail(fmt::format("{} '{}': rank {} is not a member of process set {} (ranks [{}])",
-                              controller::op_name(q.op), q.name, config_.rank, q.process_set,
-                              fmt::join(set->second, ", ")));
-    if (std::any_of(q.shape.begin(), q.shape.end(), [](int64_t d) { return d < 0; }))
-      return fail(fmt::format("{} '{}': negative dimension in shape [{}]",
-                              controller::op_name(q.op), q.name, fmt::join(q.shape, ", ")));
-    if (q.op == OpType::kAlltoall && q.splits.empty()) {
-      const int64_t n = static_cast<int64_t>(set->second.size());
-      const int64_t rows = q.shape.empty() ? 0 : q.shape[0];
-      if (q.shape.empty() || rows % n != 0)
-        return fail(fmt::format("alltoall '{}': first dimension {} is not divisible by the {} "
-                                "ranks of process set {}; pass splits",
-                                q.name, rows, n, q.process_set));
-      q.splits.assign(n, rows / n);
-    }
-  }
   // The background thread takes the whole queue at once, so it needs waking only when the
   // queue was empty: otherwise an earlier enqueue's wake-up is still pending.
   // Nor while a waiting thread drives the loop: it takes the queue itself, and wakes the
   // background thread when it leaves with work left.
   const bool wake = queue_.empty() && drivers_.load() == 0;
-  if (queue_.empty() && waiters_drive_) queue_since_ = Clock::now();
   const size_t first = queue_.size();
-  for (auto& t : tensors) {
-    const Request& q = t.request;
+  // A grouped request is all or nothing: a bad tensor takes the ones before it out again.
+  auto reject = [&](const std::string& message) {
+    for (size_t j = first; j < queue_.size(); ++j) in_flight_keys_.erase(queue_[j].key());
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
+    return fail(message);
+  };
+  for (size_t i = 0; i < count; ++i) {
+    Table::node_type entry = entry_node();
+    LocalEntry& e = entry.mapped();
+    fill(i, e.args);
+    const Request& q = e.args.request;
+    if (std::string why = check_request(e.args.request); !why.empty()) return reject(why);
     KeySet::node_type key = key_node();
     controller::assign_table_key(key.value(), q.process_set, q.name);
     auto placed = in_flight_keys_.insert(std::move(key));
-    if (!placed.inserted) {
-      // A grouped request must not name a tensor twice either: its second insert fails too.
-      const std::string message = fmt::format(
+    // A grouped request must not name a tensor twice either: its second insert fails too.
+    if (!placed.inserted)
+      return reject(fmt::format(
           "{} '{}' (process set {}): an operation with this name is already in flight on rank "
           "{}; wait for it before reusing the name",
-          controller::op_name(q.op), q.name, q.process_set, config_.rank);
-      for (size_t j = first; j < queue_.size(); ++j)
-        in_flight_keys_.erase(queue_[j].key());
-      queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
-      return fail(message);
-    }
-    Table::node_type entry = entry_node();
+          controller::op_name(q.op), q.name, q.process_set, config_.rank));
     entry.key() = *placed.position;  // into the reused node's capacity
-    entry.mapped().args = std::move(t);
-    entry.mapped().handle = handle;
-    entry.mapped().cache_id = -1;
+    e.handle = handle;
+    e.cache_id = -1;
     queue_.push_back(std::move(entry));
   }
+  if (first == 0 && waiters_drive_) queue_since_ = Clock::now();  // a burst begins
   queue_changed_.store(true, std::memory_order_release);
   if (wake && waiters_drive_) {
     if (!wake_timer_armed_)
@@ -1462,6 +1504,9 @@ std::shared_ptr<HandleState> Engine::enqueue(std::vector<TensorArgs> tensors) {
 }
 std::shared_ptr<HandleState> Engine::enqueue(TensorArgs tensor) {
   return impl_->enqueue({&tensor, 1});
+}
+std::shared_ptr<HandleState> Engine::enqueue(const TensorView& tensor) {
+  return impl_->enqueue(tensor);
 }
 const Config& Engine::config() const { return impl_->config(); }
 int Engine::rank() const { return impl_->config().rank; }

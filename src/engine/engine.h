@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,23 @@ struct TensorArgs {
   // call this with the output shape to get memory for it (a framework tensor, say). Without it
   // the output lives in the handle's OpResult::data.
   std::function<void*(const std::vector<int64_t>& shape)> allocate_output;
+};
+
+// One allreduce or broadcast tensor, described by reference: the engine copies it into storage
+// it reuses from finished operations, so submitting a step's gradients allocates nothing for
+// them in the steady state (no name, shape or argument list of the caller's).
+struct TensorView {
+  const std::string& name;
+  controller::OpType op = controller::OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::span<const int64_t> shape;
+  int32_t process_set = 0;
+  ReduceOp reduce_op = ReduceOp::kSum;  // allreduce
+  double prescale = 1.0;                // allreduce
+  double postscale = 1.0;               // allreduce
+  int32_t root = 0;                     // broadcast
+  const void* input = nullptr;
+  void* output = nullptr;
 };
 
 inline TensorArgs tensor_args(controller::Request request, const void* input, void* output) {
@@ -56,6 +74,7 @@ class Engine {
   // Never throws for operation errors: they complete the returned handle with a message.
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
   std::shared_ptr<HandleState> enqueue(TensorArgs tensor);  // one tensor, without a list
+  std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
 
   const Config& config() const;
   int rank() const;

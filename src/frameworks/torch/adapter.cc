@@ -308,10 +308,10 @@ int64_t TorchHandle::value() const { return state_->result().value; }
 
 namespace {
 
-// One allreduce tensor: its slot in `shared` and its arguments for the engine. `output` null:
-// a new tensor.
-TensorArgs allreduce_args(std::string tname, const at::Tensor& in, const at::Tensor* output,
-                          const ReduceOptions& options, TorchHandle::Shared& shared) {
+// One allreduce tensor's slot in `shared` (its input and the tensor it reduces into), its
+// arguments checked. `output` null: a new tensor.
+const TorchHandle::Slot& allreduce_slot(const std::string& tname, const at::Tensor& in,
+                                        const at::Tensor* output, TorchHandle::Shared& shared) {
   at::Tensor out;
   if (!output) {
     if (!usable(in)) check_tensor(in, describe(OpType::kAllreduce, tname));
@@ -325,20 +325,31 @@ TensorArgs allreduce_args(std::string tname, const at::Tensor& in, const at::Ten
       check_same(in, out, what);
     }
   }
-  Request q = make_request(std::move(tname), OpType::kAllreduce, in, options.process_set.id);
-  set_reduce(q, options);
   shared.slots.push_back(same_shape_slot(in, out));
-  const auto& slot = shared.slots.back();
-  return engine::tensor_args(std::move(q), slot.input.data_ptr(), slot.work.data_ptr());
+  return shared.slots.back();
 }
 
-// Every gradient of every step comes here: no lists for the one tensor.
+// Every gradient of every step comes here: the engine copies name and shape into an entry it
+// reuses; no request or list is built.
 HandlePtr single_allreduce(const std::string& name, const at::Tensor& input,
                            const at::Tensor* output, const ReduceOptions& options) {
+  if (name.empty())
+    throw UnsupportedTensor("allreduce: the tensor name must not be empty");
   auto shared = std::make_shared<TorchHandle::Shared>();
-  TensorArgs args = allreduce_args(name, input, output, options, *shared);
+  const TorchHandle::Slot& slot = allreduce_slot(name, input, output, *shared);
+  const auto sizes = input.sizes();
+  engine::TensorView view{.name = name,
+                          .op = OpType::kAllreduce,
+                          .dtype = to_krug_dtype(input.scalar_type()),
+                          .shape = {sizes.data(), sizes.size()},
+                          .process_set = options.process_set.id,
+                          .reduce_op = options.op,
+                          .prescale = options.prescale_factor,
+                          .postscale = options.postscale_factor,
+                          .input = slot.input.data_ptr(),
+                          .output = slot.work.data_ptr()};
   auto h = std::make_shared<TorchHandle>(std::move(shared));
-  h->state_ = current_engine()->enqueue(std::move(args));
+  h->state_ = current_engine()->enqueue(view);
   return h;
 }
 
@@ -368,9 +379,15 @@ HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at:
   std::vector<TensorArgs> args;
   shared->slots.reserve(inputs.size());
   args.reserve(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i)
-    args.push_back(allreduce_args(grouped ? group_member(name, i) : name, inputs[i],
-                                  outputs.empty() ? nullptr : &outputs[i], options, *shared));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string tname = grouped ? group_member(name, i) : name;
+    const auto& slot = allreduce_slot(tname, inputs[i], outputs.empty() ? nullptr : &outputs[i],
+                                      *shared);
+    Request q = make_request(std::move(tname), OpType::kAllreduce, inputs[i],
+                             options.process_set.id);
+    set_reduce(q, options);
+    args.push_back(engine::tensor_args(std::move(q), slot.input.data_ptr(), slot.work.data_ptr()));
+  }
   if (grouped) set_group(args, name);
   return submit(std::move(shared), std::move(args));
 }
