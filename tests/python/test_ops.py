@@ -136,6 +136,21 @@ def test_poll_and_synchronize():
     assert hvd.synchronize(h) is None
 
 
+def test_synchronized_handle_stays_unknown_when_its_slot_is_reused():
+    # The handle table reuses slots; a finished handle must not name the operation that took
+    # its slot, nor may two live handles share an id.
+    old = hvd.allreduce_async(torch.ones(4), name="ar.reuse.old", op=hvd.Sum)
+    hvd.synchronize(old)
+    live = [hvd.allreduce_async(torch.full((4,), float(k)), name="ar.reuse.%d" % k, op=hvd.Sum)
+            for k in range(3)]
+    assert len(set(live)) == 3 and old not in live
+    with pytest.raises(ValueError):
+        hvd.poll(old)
+    assert hvd.synchronize(old) is None
+    for k, h in enumerate(live):
+        assert torch.equal(hvd.synchronize(h), torch.full((4,), float(k * n())))
+
+
 def test_allreduce_scale_factors():
     x = torch.full((3,), float(contribution(r())), dtype=torch.float64)
     y = hvd.allreduce(x, name="ar.scaled", op=hvd.Sum, prescale_factor=2.0,

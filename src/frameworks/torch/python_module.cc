@@ -36,15 +36,28 @@ krug::ProcessSet ps(int id) { return krug::ProcessSet{id}; }
 // Horovod's handles are integers. This table maps them to the operations, so that the per-call
 // path (allreduce_async, synchronize) creates no Python object for a handle. One table per
 // krug.torch module (it owns it), shared by its threads.
+//
+// Slots are reused through a free list (a step's handles allocate nothing). An id is a slot and
+// the slot's generation, which each reuse bumps: an id already synchronized finds nothing,
+// however often its slot has been reused since.
 class HandleTable {
  public:
   int64_t add(ta::HandlePtr h) {
     std::lock_guard lock(mu_);
-    handles_.emplace(next_, std::move(h));
-    return next_++;
+    uint32_t index;
+    if (free_.empty()) {
+      index = static_cast<uint32_t>(slots_.size());
+      slots_.emplace_back();
+    } else {
+      index = free_.back();
+      free_.pop_back();
+    }
+    Slot& slot = slots_[index];
+    slot.handle = std::move(h);
+    return static_cast<int64_t>(slot.generation) << 32 | index;
   }
 
-  bool poll(int64_t id) const { return find(id)->poll(); }
+  bool poll(int64_t id) { return find(id)->poll(); }
 
   // Waits for the operation, removes it, raises on failure. Returns its first output with
   // `first_output`, else the core handle (for results read from it); None for an unknown id.
@@ -52,10 +65,11 @@ class HandleTable {
     ta::HandlePtr h;
     {
       std::lock_guard lock(mu_);
-      auto it = handles_.find(id);
-      if (it == handles_.end()) return py::none();
-      h = std::move(it->second);
-      handles_.erase(it);
+      Slot* slot = slot_of(id);
+      if (!slot) return py::none();
+      h = std::move(slot->handle);
+      slot->generation = (slot->generation + 1) & 0x7fffffff;  // ids stay non-negative
+      free_.push_back(static_cast<uint32_t>(id));
     }
     // In slices with the GIL released, so that Ctrl-C reaches Python. An operation already
     // done (most of a step's handles) costs no GIL hand-off at all.
@@ -74,27 +88,48 @@ class HandleTable {
 
   // After shutdown: every operation has completed, so dropping them waits for none.
   void clear() {
-    std::unordered_map<int64_t, ta::HandlePtr> dropped;
+    std::vector<Slot> dropped;
     {
       std::lock_guard lock(mu_);
-      dropped.swap(handles_);
+      // Generations carry on in empty slots: ids handed out before stay unknown.
+      for (uint32_t i = 0; i < slots_.size(); ++i) {
+        if (!slots_[i].handle) continue;
+        dropped.push_back(std::move(slots_[i]));
+        slots_[i].handle = nullptr;
+        slots_[i].generation = (slots_[i].generation + 1) & 0x7fffffff;
+        free_.push_back(i);
+      }
     }
   }
 
  private:
-  ta::HandlePtr find(int64_t id) const {
+  struct Slot {
+    ta::HandlePtr handle;  // null: free
+    uint32_t generation = 0;
+  };
+
+  // With mu_ held: the slot of a live id, or null.
+  Slot* slot_of(int64_t id) {
+    const auto index = static_cast<uint64_t>(id) & 0xffffffffu;
+    if (id < 0 || index >= slots_.size()) return nullptr;
+    Slot& slot = slots_[index];
+    if (!slot.handle || slot.generation != static_cast<uint64_t>(id) >> 32) return nullptr;
+    return &slot;
+  }
+
+  ta::HandlePtr find(int64_t id) {
     std::lock_guard lock(mu_);
-    auto it = handles_.find(id);
-    if (it == handles_.end())
+    Slot* slot = slot_of(id);
+    if (!slot)
       throw py::value_error("unknown handle " + std::to_string(id) +
                             ": it was not returned by an *_async call, or was already "
                             "synchronized");
-    return it->second;
+    return slot->handle;
   }
 
-  mutable std::mutex mu_;
-  std::unordered_map<int64_t, ta::HandlePtr> handles_;
-  int64_t next_ = 0;
+  std::mutex mu_;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_;
 };
 
 }  // namespace
