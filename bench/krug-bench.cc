@@ -432,11 +432,16 @@ class Bench {
   Bench(const Options& o, int rank, int size) : o_(o), rank_(rank), size_(size) {
     esize_ = static_cast<int64_t>(krug::dtype_size(o.dtype));
     int64_t max_elems = std::max<int64_t>(1, o.max_bytes / esize_);
-    // Allgather: this rank's share; the gathered result lives in the handle.
-    if (o.collective == Collective::kAllgather) max_elems = std::max<int64_t>(1, max_elems / size);
-    bufs_.input.reset(new uint8_t[static_cast<size_t>(max_elems * esize_)]);
-    if (o.collective == Collective::kAllreduce && !o.inplace)
-      bufs_.output.reset(new uint8_t[static_cast<size_t>(max_elems * esize_)]);
+    // Allgather: this rank's share in, the whole gathered tensor out (into one buffer reused
+    // from call to call, as MPI_Allgather's receive buffer is).
+    const bool gather = o.collective == Collective::kAllgather;
+    if (gather) max_elems = std::max<int64_t>(1, max_elems / size);
+    const auto bytes = [&](int64_t elems) { return static_cast<size_t>(elems * esize_); };
+    bufs_.input = std::make_unique_for_overwrite<uint8_t[]>(bytes(max_elems));
+    if (gather)
+      bufs_.output = std::make_unique_for_overwrite<uint8_t[]>(bytes(max_elems * size));
+    else if (o.collective == Collective::kAllreduce && !o.inplace)
+      bufs_.output = std::make_unique_for_overwrite<uint8_t[]>(bytes(max_elems));
     reduce_options_.op = o.op;
   }
 
@@ -496,11 +501,14 @@ class Bench {
 
   krug::Shape shape() const { return {elems_}; }
   size_t bytes() const { return static_cast<size_t>(elems_ * esize_); }
+  size_t output_bytes() const {
+    return o_.collective == Collective::kAllgather ? bytes() * static_cast<size_t>(size_) : bytes();
+  }
 
   void prepare_inputs() {
     int source = o_.collective == Collective::kBroadcast ? o_.root : rank_;
     fill(o_.dtype, bufs_.input.get(), static_cast<size_t>(elems_), rank_pattern(o_.op, source));
-    if (bufs_.output) std::memset(bufs_.output.get(), 0, bytes());
+    if (bufs_.output) std::memset(bufs_.output.get(), 0, output_bytes());
   }
 
   void once() {
@@ -511,7 +519,13 @@ class Bench {
         break;
       }
       case Collective::kAllgather:
-        last_gather_ = krug::allgather_async(name_, bufs_.input.get(), o_.dtype, shape());
+        last_gather_ = krug::allgather_async(
+            name_, bufs_.input.get(), o_.dtype, shape(), krug::kGlobalProcessSet,
+            [this](const krug::Shape& gathered) -> void* {
+              if (gathered.empty() || gathered[0] != elems_ * size_)
+                throw std::runtime_error("krug-bench: allgather gathered an unexpected shape");
+              return bufs_.output.get();
+            });
         last_gather_.wait();
         break;
       case Collective::kBroadcast:
@@ -534,14 +548,13 @@ class Bench {
         return count_wrong(o_.dtype, o_.op, out, n, reduced_pattern(o_.op, size_));
       }
       case Collective::kAllgather: {
-        const auto& out = last_gather_.output();
         const auto& out_shape = last_gather_.output_shape();
-        if (out.size() != bytes() * static_cast<size_t>(size_) || out_shape.empty() ||
-            out_shape[0] != elems_ * size_)
+        if (out_shape.empty() || out_shape[0] != elems_ * size_)
           return static_cast<int64_t>(n) * size_;  // wrong size: everything is wrong
         int64_t wrong = 0;
         for (int r = 0; r < size_; ++r)
-          wrong += count_wrong(o_.dtype, o_.op, out.data() + static_cast<size_t>(r) * bytes(), n,
+          wrong += count_wrong(o_.dtype, o_.op,
+                               bufs_.output.get() + static_cast<size_t>(r) * bytes(), n,
                                rank_pattern(o_.op, r));
         return wrong;
       }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,10 +121,21 @@ struct GroupTensor {
 Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupTensor>& tensors,
                                const ReduceOptions& options = {});
 
+// Memory for a result whose shape only negotiation decides (allgather, alltoall,
+// reducescatter). Called once, on one of krug's threads, with the result's shape; it returns
+// room for that many elements of the op's dtype, valid and untouched until the handle
+// completes. With it a caller reuses one buffer from call to call, as MPI's receive buffers
+// are (a fresh result of megabytes costs page faults as long as the collective), or places the
+// result in a framework's tensor. An exception it throws is a failed collective: krug stops,
+// and this and every pending operation fail with its message on every rank. Without it the
+// result lives in Handle::output() (Handle::output_shape() is set either way).
+using OutputAllocator = std::function<void*(const Shape& shape)>;
+
 // Concatenates every rank's tensor along the first dimension (which may differ per rank).
-// The result is in Handle::output() with Handle::output_shape().
+// The result is in Handle::output() with Handle::output_shape(), or where `allocate` said.
 Handle allgather_async(const std::string& name, const void* input, DataType dtype,
-                       const Shape& shape, ProcessSet process_set = kGlobalProcessSet);
+                       const Shape& shape, ProcessSet process_set = kGlobalProcessSet,
+                       OutputAllocator allocate = {});
 
 // In place: `data` of rank `root` (index within the process set) is copied to every rank.
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
@@ -132,17 +144,18 @@ void broadcast(const std::string& name, void* data, DataType dtype, const Shape&
                ProcessSet process_set = kGlobalProcessSet);
 
 // Sends splits[r] rows (first dimension) to rank r; empty splits = an even split. The rows
-// received from every rank are concatenated in Handle::output(); Handle::received_splits()
-// says how many came from each rank.
+// received from every rank are concatenated in Handle::output() (or where `allocate` said);
+// Handle::received_splits() says how many came from each rank.
 Handle alltoall_async(const std::string& name, const void* input, DataType dtype,
                       const Shape& shape, const std::vector<int64_t>& splits = {},
-                      ProcessSet process_set = kGlobalProcessSet);
+                      ProcessSet process_set = kGlobalProcessSet, OutputAllocator allocate = {});
 
 // Reduces every rank's tensor and leaves rank r with rows [start_r, start_r + n_r) of the
 // result, where the first dimension is split as evenly as possible (lower ranks get the extra
-// rows). The result is in Handle::output().
+// rows). The result is in Handle::output(), or where `allocate` said.
 Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
-                           const Shape& shape, const ReduceOptions& options = {});
+                           const Shape& shape, const ReduceOptions& options = {},
+                           OutputAllocator allocate = {});
 
 // Returns once every rank of the process set has called barrier.
 void barrier(ProcessSet process_set = kGlobalProcessSet);

@@ -279,9 +279,11 @@ Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupT
 }
 
 Handle allgather_async(const std::string& name, const void* input, DataType dtype,
-                       const Shape& shape, ProcessSet process_set) {
-  return submit(tensor_args(make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
-                            input, nullptr));
+                       const Shape& shape, ProcessSet process_set, OutputAllocator allocate) {
+  auto args = tensor_args(make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
+                          input, nullptr);
+  args.allocate_output = std::move(allocate);
+  return submit(std::move(args));
 }
 
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
@@ -304,16 +306,21 @@ void broadcast(const std::string& name, void* data, DataType dtype, const Shape&
 
 Handle alltoall_async(const std::string& name, const void* input, DataType dtype,
                       const Shape& shape, const std::vector<int64_t>& splits,
-                      ProcessSet process_set) {
+                      ProcessSet process_set, OutputAllocator allocate) {
   Request q = make_request(name, OpType::kAlltoall, dtype, shape, process_set.id);
   q.splits = splits;
-  return submit(tensor_args(std::move(q), input, nullptr));
+  auto args = tensor_args(std::move(q), input, nullptr);
+  args.allocate_output = std::move(allocate);
+  return submit(std::move(args));
 }
 
 Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
-                           const Shape& shape, const ReduceOptions& options) {
-  return submit(tensor_args(reduce_request(name, OpType::kReducescatter, dtype, shape, options),
-                            input, nullptr));
+                           const Shape& shape, const ReduceOptions& options,
+                           OutputAllocator allocate) {
+  auto args = tensor_args(reduce_request(name, OpType::kReducescatter, dtype, shape, options),
+                          input, nullptr);
+  args.allocate_output = std::move(allocate);
+  return submit(std::move(args));
 }
 
 void barrier(ProcessSet process_set) {

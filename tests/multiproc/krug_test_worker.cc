@@ -594,6 +594,72 @@ void ops_grouped(int n) {
   wait_all(pending);
 }
 
+// Results that only negotiation sizes, written where the caller's allocator says: twice into the
+// same buffers (the second time without growing them), with Handle::output() left empty.
+void ops_output_allocator(int n) {
+  std::vector<float> buffer;
+  Shape asked;
+  int calls = 0;
+  auto into_buffer = [&](const Shape& shape) -> void* {
+    asked = shape;
+    ++calls;
+    buffer.resize(static_cast<size_t>(elements(shape)));
+    return buffer.data();
+  };
+  for (int round = 0; round < 2; ++round) {
+    const std::string tag = " (round " + std::to_string(round) + ")";
+    const float* before = buffer.data();
+    // allgather: rank r gives r + 1 rows of 3, each row's cells 10 r + row.
+    std::vector<float> in(static_cast<size_t>(3 * (g_rank + 1)));
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(10 * g_rank + i / 3);
+    auto h = krug::allgather_async("alloc.allgather", in.data(), DataType::kFloat32,
+                                   {g_rank + 1, 3}, krug::kGlobalProcessSet, into_buffer);
+    h.wait();
+    std::vector<float> want;
+    for (int r = 0; r < n; ++r)
+      for (int row = 0; row <= r; ++row)
+        for (int c = 0; c < 3; ++c) want.push_back(static_cast<float>(10 * r + row));
+    check_shape("allgather into the caller's memory" + tag, h.output_shape(),
+                {n * (n + 1) / 2, 3});
+    expect(asked == h.output_shape(), "allgather's allocator was asked for " + str(asked));
+    expect(h.output().empty(), "allgather with an allocator also filled Handle::output()");
+    expect(buffer == want, "allgather into the caller's memory" + tag + ": expected " +
+                               str(want) + ", got " + str(buffer));
+    if (round == 1) expect(buffer.data() == before, "the allgather buffer moved" + tag);
+    // alltoall, even: row j goes to rank j with value 100 r + j.
+    std::vector<float> rows(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) rows[j] = static_cast<float>(100 * g_rank + j);
+    std::vector<float> all_to_all;
+    auto a = krug::alltoall_async("alloc.alltoall", rows.data(), DataType::kFloat32, {n}, {},
+                                  krug::kGlobalProcessSet, [&](const Shape& shape) -> void* {
+                                    all_to_all.resize(static_cast<size_t>(elements(shape)));
+                                    return all_to_all.data();
+                                  });
+    a.wait();
+    std::vector<float> from_each(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) from_each[r] = static_cast<float>(100 * r + g_rank);
+    expect(all_to_all == from_each && a.output().empty(),
+           "alltoall into the caller's memory" + tag + ": expected " + str(from_each) +
+               ", got " + str(all_to_all));
+    // reducescatter, sum: n rows of 2 of r + 1 leave each rank one row of n (n + 1) / 2.
+    std::vector<float> ones(static_cast<size_t>(2 * n), static_cast<float>(g_rank + 1));
+    std::vector<float> mine;
+    krug::ReduceOptions sum;
+    sum.op = ReduceOp::kSum;
+    auto s = krug::reducescatter_async("alloc.reducescatter", ones.data(), DataType::kFloat32,
+                                       {n, 2}, sum, [&](const Shape& shape) -> void* {
+                                         mine.resize(static_cast<size_t>(elements(shape)));
+                                         return mine.data();
+                                       });
+    s.wait();
+    const std::vector<float> total(2, static_cast<float>(n * (n + 1) / 2));
+    expect(mine == total && s.output().empty(), "reducescatter into the caller's memory" + tag +
+                                                    ": expected " + str(total) + ", got " +
+                                                    str(mine));
+  }
+  expect(calls == 2, "the allgather allocator ran " + std::to_string(calls) + " times, not 2");
+}
+
 void scenario_ops() {
   const int n = krug::size();
   ops_allreduce(n);
@@ -602,6 +668,7 @@ void scenario_ops() {
   ops_alltoall(n);
   ops_reducescatter(n);
   ops_grouped(n);
+  ops_output_allocator(n);
   for (int i = 0; i < 3; ++i) krug::barrier();
   // Synchronous calls too.
   float x = static_cast<float>(g_rank + 1);
