@@ -13,6 +13,16 @@ namespace krug::reduce {
 // where the CPU has AVX, memcpy otherwise and for small sizes.
 void copy(void* dst, const void* src, size_t bytes);
 
+// copy() into memory that is not read again soon and belongs to an output larger than the
+// caches (a gathered tensor of megabytes): non-temporal stores, which skip reading each
+// destination line before writing it and leave the caches to what is still being worked on.
+// The caller decides from the whole output's size. Ranges must not overlap.
+void copy_streaming(void* dst, const void* src, size_t bytes);
+
+// Outputs from this size on are written with copy_streaming: beyond what one core's share of
+// the last-level cache keeps (this machine: 32 MiB L3 for 2 cores).
+inline constexpr size_t kStreamingOutputBytes = size_t{8} << 20;
+
 // memmove with copy()'s speed when the two ranges do not overlap.
 void move(void* dst, const void* src, size_t bytes);
 

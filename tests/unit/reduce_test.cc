@@ -311,14 +311,18 @@ std::vector<T> run(DataType dt, ReduceOp op, std::vector<T> a, const std::vector
 // The data plane's copy takes a vector loop from 2 KiB on: every byte arrives, for any
 // alignment of either side and any length around the loop's 128-byte blocks, and nothing
 // outside the destination changes.
-TEST(ReduceCopy, CopiesEveryLengthAndAlignmentExactly) {
+// copy() and copy_streaming(), whose vector loops start at different points (copy_streaming
+// aligns the destination to 32 bytes first).
+class ReduceCopy : public ::testing::TestWithParam<void (*)(void*, const void*, size_t)> {};
+
+TEST_P(ReduceCopy, CopiesEveryLengthAndAlignmentExactly) {
   for (size_t bytes : {size_t{0}, size_t{1}, size_t{127}, size_t{2047}, size_t{2048}, size_t{2049},
                        size_t{2048 + 127}, size_t{4096 + 77}, size_t{300001}}) {
     for (size_t src_off : {0, 1, 16, 33, 64}) {
-      for (size_t dst_off : {0, 3, 16, 48}) {
+      for (size_t dst_off : {0, 3, 16, 31, 48}) {
         std::vector<uint8_t> src(bytes + 128), dst(bytes + 256, 0xEE);
         for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
-        reduce::copy(dst.data() + dst_off, src.data() + src_off, bytes);
+        GetParam()(dst.data() + dst_off, src.data() + src_off, bytes);
         for (size_t i = 0; i < dst_off; ++i) ASSERT_EQ(dst[i], 0xEE);
         ASSERT_EQ(std::memcmp(dst.data() + dst_off, src.data() + src_off, bytes), 0)
             << bytes << " bytes, offsets " << src_off << "/" << dst_off;
@@ -328,9 +332,13 @@ TEST(ReduceCopy, CopiesEveryLengthAndAlignmentExactly) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Kernels, ReduceCopy,
+                         ::testing::Values(&reduce::copy, &reduce::copy_streaming),
+                         [](const auto& info) { return info.index == 0 ? "copy" : "streaming"; });
+
 // move() takes the copy loop only for ranges that do not overlap; overlapping ones (either
 // direction, by less than a vector) come out as memmove's.
-TEST(ReduceCopy, MoveHandlesOverlapInBothDirections) {
+TEST(ReduceMove, HandlesOverlapInBothDirections) {
   for (size_t bytes : {size_t{100}, size_t{5000}, size_t{70000}}) {
     for (long shift : {-4097L, -3L, 0L, 1L, 31L, 4096L, 80000L}) {
       std::vector<uint8_t> a(bytes + 90000), b;

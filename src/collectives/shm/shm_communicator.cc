@@ -424,22 +424,34 @@ void ShmCommunicator::allgatherv(const void* in, void* out,
   const auto* input = static_cast<const uint8_t*>(in);
   auto* output = static_cast<uint8_t*>(out);
   const size_t mine = bytes_per_rank[rank_];
-  if (mine > 0 && output + offsets[rank_] != input)
-    reduce::move(output + offsets[rank_], input, mine);
+  uint8_t* own = output + offsets[rank_];
+  const auto o = reinterpret_cast<uintptr_t>(own), i = reinterpret_cast<uintptr_t>(input);
+  const bool overlapping = o < i + mine && i < o + mine;
+  // This rank's own rows go piece by piece beside its slot copy (the input is read once), unless
+  // they overlap the input: then first, as a memmove.
+  const bool own_by_piece = size_ > 1 && !overlapping;
+  if (mine > 0 && own != input && !own_by_piece) reduce::move(own, input, mine);
   if (size_ == 1) return;
   const size_t largest = *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
   const size_t piece = options_.slot_bytes;
+  // A gathered tensor beyond the caches is written past them: nothing reads it before the
+  // collective ends, and each line would otherwise be read from memory first.
+  const auto write_out =
+      offsets.back() >= reduce::kStreamingOutputBytes ? reduce::copy_streaming : reduce::copy;
   guarded("allgather", [&] {
     for (size_t first = 0; first < largest; first += piece) {
       begin_step("allgather");
-      if (first < mine)
-        reduce::copy(slot(step_, rank_), input + first, std::min(piece, mine - first));
+      if (first < mine) {
+        const size_t n = std::min(piece, mine - first);
+        reduce::copy(slot(step_, rank_), input + first, n);
+        if (own_by_piece) write_out(own + first, input + first, n);
+      }
       publish_filled();
       for (int m = 0; m < size_; ++m) {
         if (m == rank_ || first >= bytes_per_rank[m]) continue;
         wait_filled(m, "allgather");
-        reduce::copy(output + offsets[m] + first, slot(step_, m),
-                     std::min(piece, bytes_per_rank[m] - first));
+        write_out(output + offsets[m] + first, slot(step_, m),
+                  std::min(piece, bytes_per_rank[m] - first));
       }
       publish_reduced();
       publish_done();
@@ -451,6 +463,9 @@ void ShmCommunicator::broadcast(void* data, size_t bytes, int root) {
   if (size_ == 1 || bytes == 0) return;
   auto* buffer = static_cast<uint8_t*>(data);
   const size_t piece = options_.slot_bytes;
+  // As allgather's: a tensor beyond the caches is written past them.
+  const auto write_out =
+      bytes >= reduce::kStreamingOutputBytes ? reduce::copy_streaming : reduce::copy;
   guarded("broadcast", [&] {
     for (size_t first = 0; first < bytes; first += piece) {
       const size_t n = std::min(piece, bytes - first);
@@ -459,7 +474,7 @@ void ShmCommunicator::broadcast(void* data, size_t bytes, int root) {
       publish_filled();
       if (rank_ != root) {
         wait_filled(root, "broadcast");
-        reduce::copy(buffer + first, slot(step_, root), n);
+        write_out(buffer + first, slot(step_, root), n);
       }
       publish_reduced();
       publish_done();
