@@ -143,8 +143,8 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   void set_wake_timer(std::chrono::microseconds delay);  // 0 disarms; with mu_ held
   void fail_loop(const std::exception& e);
   void absorb_queue(bool background);
-  // With mu_ held: fills `count` entries (fill(i, args)), checks them and queues them under one
-  // handle, or none of them.
+  // Takes mu_: fills `count` entries (fill(i, args)), checks them and queues them under one
+  // handle, or none of them (the handle then fails with the reason).
   template <typename Fill>
   std::shared_ptr<HandleState> enqueue_entries(size_t count, const Fill& fill);
   // With mu_ held: why `q` cannot run on this rank, or empty (fills in alltoall's even splits).
