@@ -992,32 +992,44 @@ void Engine::Impl::inspect_stalls(Clock::time_point now) {
 
 void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
   const auto control_fds = control_->fds();
+  // A peer that closed its socket may have written its last lists into the mailbox just before
+  // (a coordinator's final responses and shutdown notice, a worker's shutdown): those are read
+  // first, and the closed socket counts only when nothing of the peer's is left.
   if (!control_->is_coordinator()) {
+    std::string lost;
     for (bool first = true;; first = false) {
       std::optional<ResponseList> list;
       try {
         if (first && !fds.empty() && fds[0].revents) control_->read_socket(0);
+      } catch (const net::NetError& e) {
+        lost = e.what();
+      }
+      try {
         list = control_->next_response_list();
       } catch (const net::NetError& e) {
-        fatal(fmt::format("rank {} lost its connection to the coordinator (rank 0 on {}): {}; "
-                          "rank 0 probably exited or was killed: see its output",
-                          config_.rank, control_->host_of(0), e.what()),
-              false);
+        lost = e.what();
+      }
+      if (!list) {
+        if (!lost.empty())
+          fatal(fmt::format("rank {} lost its connection to the coordinator (rank 0 on {}): {}; "
+                            "rank 0 probably exited or was killed: see its output",
+                            config_.rank, control_->host_of(0), lost),
+                false);
         return;
       }
-      if (!list) return;
       ++lists_seen_;
       process(std::move(*list));
       if (stopped_) return;
     }
   }
-  auto disconnected = [&](int rank, const net::NetError& e) {
+  auto disconnected = [&](int rank, const std::string& why) {
     control_->close_worker(rank);
     fatal(fmt::format("rank {} on {} disconnected from the coordinator ({}): it probably "
                       "exited or was killed; see its output for the cause",
-                      rank, control_->host_of(rank), e.what()),
+                      rank, control_->host_of(rank), why),
           true);
   };
+  std::map<int, std::string> lost;  // ranks whose socket failed, and why
   for (size_t i = 0; i < fds.size(); ++i) {
     if (!fds[i].revents) continue;
     const int rank = static_cast<int>(
@@ -1025,8 +1037,7 @@ void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
     try {
       control_->read_socket(rank);
     } catch (const net::NetError& e) {
-      disconnected(rank, e);
-      return;
+      lost[rank] = e.what();
     }
   }
   const auto now = Clock::now();
@@ -1036,10 +1047,15 @@ void Engine::Impl::on_readable(const std::vector<pollfd>& fds) {
       try {
         list = control_->next_request_list(rank);
       } catch (const net::NetError& e) {
-        disconnected(rank, e);
-        return;
+        lost[rank] = e.what();
       }
-      if (!list) break;
+      if (!list) {
+        if (auto it = lost.find(rank); it != lost.end()) {
+          disconnected(rank, it->second);
+          return;
+        }
+        break;
+      }
       ++lists_seen_;
       if (!list->fatal_error.empty()) {
         fatal(list->fatal_error, true);
