@@ -68,8 +68,7 @@ class HandleTable {
       Slot* slot = slot_of(id);
       if (!slot) return py::none();
       h = std::move(slot->handle);
-      slot->generation = (slot->generation + 1) & 0x7fffffff;  // ids stay non-negative
-      free_.push_back(static_cast<uint32_t>(id));
+      release(static_cast<uint32_t>(id));
     }
     // In slices with the GIL released, so that Ctrl-C reaches Python. An operation already
     // done (most of a step's handles) costs no GIL hand-off at all.
@@ -95,9 +94,7 @@ class HandleTable {
       for (uint32_t i = 0; i < slots_.size(); ++i) {
         if (!slots_[i].handle) continue;
         dropped.push_back(std::move(slots_[i]));
-        slots_[i].handle = nullptr;
-        slots_[i].generation = (slots_[i].generation + 1) & 0x7fffffff;
-        free_.push_back(i);
+        release(i);
       }
     }
   }
@@ -107,6 +104,13 @@ class HandleTable {
     ta::HandlePtr handle;  // null: free
     uint32_t generation = 0;
   };
+
+  // With mu_ held: empties slot `index` for reuse under its next generation.
+  void release(uint32_t index) {
+    slots_[index].handle = nullptr;
+    slots_[index].generation = (slots_[index].generation + 1) & 0x7fffffff;  // ids stay >= 0
+    free_.push_back(index);
+  }
 
   // With mu_ held: the slot of a live id, or null.
   Slot* slot_of(int64_t id) {
