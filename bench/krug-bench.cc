@@ -436,12 +436,14 @@ class Bench {
     // from call to call, as MPI_Allgather's receive buffer is).
     const bool gather = o.collective == Collective::kAllgather;
     if (gather) max_elems = std::max<int64_t>(1, max_elems / size);
-    const auto bytes = [&](int64_t elems) { return static_cast<size_t>(elems * esize_); };
-    bufs_.input = std::make_unique_for_overwrite<uint8_t[]>(bytes(max_elems));
+    const auto buffer = [&](int64_t elems) {
+      return std::make_unique_for_overwrite<uint8_t[]>(static_cast<size_t>(elems * esize_));
+    };
+    bufs_.input = buffer(max_elems);
     if (gather)
-      bufs_.output = std::make_unique_for_overwrite<uint8_t[]>(bytes(max_elems * size));
+      bufs_.output = buffer(max_elems * size);
     else if (o.collective == Collective::kAllreduce && !o.inplace)
-      bufs_.output = std::make_unique_for_overwrite<uint8_t[]>(bytes(max_elems));
+      bufs_.output = buffer(max_elems);
     reduce_options_.op = o.op;
   }
 

@@ -43,10 +43,14 @@ std::string describe(OpType op, const std::string& name) {
   return fmt::format("{} '{}'", controller::op_name(op), name);
 }
 
-Request make_request(std::string name, OpType op, const at::Tensor& t, int32_t process_set) {
+void check_name(const std::string& name, OpType op) {
   if (name.empty())
     throw UnsupportedTensor(
         fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
+}
+
+Request make_request(std::string name, OpType op, const at::Tensor& t, int32_t process_set) {
+  check_name(name, op);
   Request q;
   q.name = std::move(name);
   q.op = op;
@@ -333,8 +337,7 @@ const TorchHandle::Slot& allreduce_slot(const std::string& tname, const at::Tens
 // reuses; no request or list is built.
 HandlePtr single_allreduce(const std::string& name, const at::Tensor& input,
                            const at::Tensor* output, const ReduceOptions& options) {
-  if (name.empty())
-    throw UnsupportedTensor("allreduce: the tensor name must not be empty");
+  check_name(name, OpType::kAllreduce);
   auto shared = std::make_shared<TorchHandle::Shared>();
   const TorchHandle::Slot& slot = allreduce_slot(name, input, output, *shared);
   const auto sizes = input.sizes();
