@@ -194,7 +194,9 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // then reports the data plane the global process set uses.
   std::string requested_operations_;
   std::shared_ptr<rendezvous::Store> store_;
-  std::shared_ptr<gloo::transport::Device> device_;
+  std::string advertise_;  // the address peers reach this rank's TCP transports at
+  std::once_flag device_once_;
+  std::shared_ptr<gloo::transport::Device> device_;  // made by the first make_gloo
   std::unique_ptr<ControlPlane> control_;
   controller::ResponseCache cache_;
   std::unique_ptr<controller::Negotiator> negotiator_;  // coordinator only
@@ -307,9 +309,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
                                             config_.hostname, *store_, config_.secret, timeout,
                                             mailboxes, mailbox_segment);
-  // Gloo also carries what shared memory does not: sets across hosts, point-to-point messages.
-  if (requested_operations_ != "mpi")
-    device_ = collectives::make_gloo_device(advertise, config_.iface);
+  advertise_ = advertise;
   hierarchical_allreduce_ = agree_on_hierarchical_allreduce();
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
@@ -374,6 +374,11 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_gloo(int32_t id,
                                                                     int rank, int size) {
   auto prefixed = std::make_shared<rendezvous::PrefixStore>(
       scope.empty() ? fmt::format("gloo/{}/", id) : fmt::format("gloo/{}/{}/", id, scope), store_);
+  // Gloo carries what shared memory does not: sets across hosts, point-to-point messages. Its
+  // device starts an event-loop thread that wakes every 10 ms, so it is made on first use: a
+  // job whose sets all use shared memory never wakes the cores its training runs on.
+  std::call_once(device_once_,
+                 [&] { device_ = collectives::make_gloo_device(advertise_, config_.iface); });
   return std::make_unique<collectives::GlooCommunicator>(
       rank, size, std::move(prefixed), device_, seconds_to_ms(config_.timeout_seconds));
 }
@@ -446,7 +451,7 @@ std::unique_ptr<collectives::Communicator> Engine::Impl::make_communicator(
   const bool use_shm = requested_operations_ != "gloo";
   if (use_shm && one_host) {
     auto shm = make_shm(id, "", index, size);
-    shm->set_point_to_point(make_gloo(id, "", index, size));  // for Adasum's sendrecv
+    shm->set_point_to_point([this, id, index, size] { return make_gloo(id, "", index, size); });
     return shm;
   }
   auto layout = collectives::HostLayout::from_host_names(hosts);

@@ -187,62 +187,7 @@ void ShmCommunicator::wait_reduced_all(const char* op) {
 }
 
 void ShmCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  if (size_ == 1 || count == 0) return;
-  const size_t element = dtype_size(dtype);
-  guarded("allreduce", [&] {
-    if (count * element <= options_.small_allreduce_bytes)
-      allreduce_small(static_cast<uint8_t*>(data), count, element, dtype, op);
-    else
-      allreduce_large(static_cast<uint8_t*>(data), count, element, dtype, op);
-  });
-}
-
-void ShmCommunicator::allreduce_small(uint8_t* data, size_t count, size_t element, DataType dtype,
-                                      ReduceOp op) {
-  const size_t per_step = options_.slot_bytes / element;
-  for (size_t first = 0; first < count; first += per_step) {
-    const size_t n = std::min(per_step, count - first);
-    uint8_t* out = data + first * element;
-    begin_step("allreduce");
-    reduce::copy(slot(step_, rank_), out, n * element);
-    publish_filled();
-    wait_filled_all("allreduce");
-    // Rank order, whole piece: out = s0 op s1 op ... (out's own input is already in its slot).
-    reduce_in_rank_order(dtype, op, out, size_, n, [&](int m) { return slot(step_, m); });
-    publish_reduced();
-    publish_done();
-  }
-}
-
-void ShmCommunicator::allreduce_large(uint8_t* data, size_t count, size_t element, DataType dtype,
-                                      ReduceOp op) {
-  const size_t per_step = options_.slot_bytes / element;
-  for (size_t first = 0; first < count; first += per_step) {
-    const size_t n = std::min(per_step, count - first);
-    const auto slices = split_counts(n, size_);
-    const auto offsets = prefix_offsets(slices);
-    uint8_t* piece = data + first * element;
-    begin_step("allreduce");
-    reduce::copy(slot(step_, rank_), piece, n * element);
-    publish_filled();
-    wait_filled_all("allreduce");
-    // This member's slice, in rank order, written back into its own slot. Its own input is read
-    // from `piece` (still unchanged), because its slot's slice is the destination.
-    const size_t at = offsets[rank_] * element;
-    const size_t len = slices[rank_];
-    auto source = [&](int m) -> const uint8_t* {
-      return m == rank_ ? piece + at : slot(step_, m) + at;
-    };
-    uint8_t* result = slot(step_, rank_) + at;
-    if (len > 0) reduce_in_rank_order(dtype, op, result, size_, len, source);
-    publish_reduced();
-    wait_reduced_all("allreduce");
-    for (int m = 0; m < size_; ++m) {
-      const size_t from = offsets[m] * element;
-      reduce::copy(piece + from, slot(step_, m) + from, slices[m] * element);
-    }
-    publish_done();
-  }
+  allreduce_parts({FusedPart{data, data, count}}, dtype, op, 1.0, 1.0);
 }
 
 // The parts of a fused allreduce seen as one buffer of elements: a step gathers its piece of
@@ -274,14 +219,15 @@ class ShmCommunicator::Parts {
     });
     reduce::scale(dtype_, dst, n, pre_);
   }
-  // Result elements [first, first + n), held in `src`, into the outputs, scaled by the
-  // postscale.
+  // The postscale, applied to `n` reduced elements before they are scattered: once per
+  // element by the member that reduced it, not by every member on its copy.
+  void finish(uint8_t* reduced, size_t n) const { reduce::scale(dtype_, reduced, n, post_); }
+  // Result elements [first, first + n), held in `src` (finished), into the outputs.
   void scatter(size_t first, size_t n, const uint8_t* src) const {
     walk(first, n, [&](const FusedPart& p, size_t offset, size_t count, size_t at) {
-      if (!p.out) return;
-      uint8_t* to = static_cast<uint8_t*>(p.out) + offset * element_;
-      reduce::copy(to, src + at * element_, count * element_);
-      reduce::scale(dtype_, to, count, post_);
+      if (p.out)
+        reduce::copy(static_cast<uint8_t*>(p.out) + offset * element_, src + at * element_,
+                     count * element_);
     });
   }
 
@@ -343,6 +289,7 @@ void ShmCommunicator::allreduce_parts_small(const Parts& parts, DataType dtype, 
     publish_filled();
     wait_filled_all("allreduce");
     reduce_in_rank_order(dtype, op, scratch_.data(), size_, n, [&](int m) { return slot(step_, m); });
+    parts.finish(scratch_.data(), n);
     publish_reduced();
     publish_done();
     parts.scatter(first, n, scratch_.data());
@@ -375,7 +322,10 @@ void ShmCommunicator::allreduce_parts_large(const Parts& parts, DataType dtype, 
     auto source = [&](int m) -> const uint8_t* {
       return m == rank_ ? own : slot(step_, m) + at;
     };
-    if (len > 0) reduce_in_rank_order(dtype, op, mine + at, size_, len, source);
+    if (len > 0) {
+      reduce_in_rank_order(dtype, op, mine + at, size_, len, source);
+      parts.finish(mine + at, len);
+    }
     publish_reduced();
     wait_reduced_all("allreduce");
     for (int m = 0; m < size_; ++m)
@@ -545,6 +495,7 @@ void ShmCommunicator::barrier() {
 
 void ShmCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
                                void* recv_data, size_t recv_bytes, int recv_from) {
+  if (!point_to_point_ && make_point_to_point_) point_to_point_ = make_point_to_point_();
   if (!point_to_point_)
     throw Error("shared-memory communicator: point-to-point messages need a TCP communicator, "
                 "and none was attached");

@@ -13,13 +13,14 @@
 // element is reduced in rank order (r0 op r1 op ...), the same association as the Gloo and MPI
 // communicators, so results are bitwise identical across backends and fusion layouts.
 //
-// Point-to-point messages (sendrecv, used by Adasum) go over a TCP communicator attached after
-// construction (set_point_to_point). A failing member marks the segment aborted and wakes everyone, so peers fail
+// Point-to-point messages (sendrecv, used by Adasum) go over a TCP communicator, made on the
+// first sendrecv by a factory attached after construction (set_point_to_point). A failing member marks the segment aborted and wakes everyone, so peers fail
 // within milliseconds rather than at the timeout; a member that dies is noticed by its pid.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,9 +47,14 @@ class ShmCommunicator : public Communicator {
   // Collective over the `size` members that share `store`'s namespace, all on this host.
   ShmCommunicator(int rank, int size, rendezvous::Store& store, const Options& options);
   ~ShmCommunicator() override;
-  // The communicator sendrecv goes over; without one, sendrecv throws.
-  void set_point_to_point(std::unique_ptr<Communicator> point_to_point) {
-    point_to_point_ = std::move(point_to_point);
+  // Makes the communicator sendrecv goes over, on the first sendrecv. Every member of the set
+  // sends in the same operation (Adasum's exchanges), so the factory may be collective; made
+  // only then, a job that never sends starts no TCP transport (Gloo's event loop wakes its
+  // thread every 10 ms, which takes the core from training on a busy host). Without a
+  // factory, sendrecv throws.
+  using PointToPointFactory = std::function<std::unique_ptr<Communicator>()>;
+  void set_point_to_point(PointToPointFactory factory) {
+    make_point_to_point_ = std::move(factory);
   }
 
   int rank() const override { return rank_; }
@@ -92,8 +98,6 @@ class ShmCommunicator : public Communicator {
   void wait_filled_all(const char* op);
   void wait_reduced_all(const char* op);
 
-  void allreduce_small(uint8_t* data, size_t count, size_t element, DataType dtype, ReduceOp op);
-  void allreduce_large(uint8_t* data, size_t count, size_t element, DataType dtype, ReduceOp op);
   // The parts path (allreduce_parts): each step gathers its piece of the parts straight into
   // this member's slot and scatters the result straight out of the slots.
   class Parts;
@@ -111,6 +115,7 @@ class ShmCommunicator : public Communicator {
   Options options_;
   std::chrono::nanoseconds spin_;
   Segment segment_;
+  PointToPointFactory make_point_to_point_;
   std::unique_ptr<Communicator> point_to_point_;
   std::vector<uint8_t> scratch_;  // a piece's result or own slice, when it cannot stay in a slot
   uint32_t step_ = 0;  // steps this member has begun; the same on every member between calls
