@@ -5,6 +5,7 @@
 // float16 and bfloat16 included), checks it, and prints one line per wrong element (rank,
 // operation, tensor, element, expected, got). Exit status: 0 when everything held, 1 when a
 // check failed, 2 for a usage error. The last line of a passing rank is "rank R: <scenario> OK".
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -1071,6 +1072,18 @@ void scenario_topology() {
   expect(krug::local_size() == n, "local_size() " + std::to_string(krug::local_size()));
   expect(krug::cross_rank() == 0, "cross_rank() " + std::to_string(krug::cross_rank()));
   expect(krug::cross_size() == 1, "cross_size() " + std::to_string(krug::cross_size()));
+  // Every set of a one-host job exchanges through shared memory, so the job starts no TCP
+  // transport: only this thread and the engine's run (Gloo's event loop would wake the core
+  // every 10 ms).
+  if (std::string(krug::cpu_operations()) == "shm") {
+    int threads = 0;
+    if (DIR* dir = ::opendir("/proc/self/task")) {
+      while (const dirent* e = ::readdir(dir)) threads += e->d_name[0] != '.';
+      ::closedir(dir);
+    }
+    expect(threads == 2, "threads of a shared-memory job: " + std::to_string(threads) +
+                             " (this one and the engine's expected)");
+  }
 }
 
 // Full-mantissa float32 values with exponents from 2^-3 to 2^3, so that sums round.
