@@ -273,8 +273,9 @@ _TOTAL = re.compile(r"Total img/sec on (\d+) rank\(s\): ([\d.]+)")
 def run_training(r, args):
     """Every configuration once per round, rounds interleaved, so a slow spell of this shared
     machine hits all of them alike; each figure is the median over rounds. "plain_x2" is two
-    plain processes at once without communication: the most two ranks can train on this machine
-    (they share its memory bandwidth and caches), the ceiling of any scaling efficiency."""
+    plain processes at once without communication (they share this machine's memory bandwidth
+    and caches). "lockstep_np2" is two ranks that also wait for each other once per step, with
+    no gradients: the ceiling of any synchronous data-parallel training here."""
     iters = ["--num-warmup-batches", "3", "--num-batches-per-iter", "5",
              "--num-iters", str(args.train_iters)]
     example = os.path.join(ROOT, "examples", "torch_synthetic_benchmark.py")
@@ -293,6 +294,7 @@ def run_training(r, args):
         if r.have_krug_torch:
             runs["krug_np%d" % np_] = r.krug(np_, PYTHON, example, *TRAIN_MODEL, *iters)
         runs["ddp_np%d" % np_] = [PYTHON, ddp, "--np", str(np_)] + TRAIN_MODEL + iters
+    runs["lockstep_np2"] = [PYTHON, ddp, "--np", "2", "--lockstep"] + TRAIN_MODEL + iters
     samples = {key: [] for key in runs}
     for rnd in range(max(1, args.train_rounds)):
         for key, cmd in runs.items():
@@ -404,8 +406,11 @@ def training_table(res):
         return fmt(v / (n * plain) if v and plain else None)
 
     rows = [["one plain process (no distribution)", "1", fmt(plain, "%.1f"), "1.00", ""],
-            ["two plain processes at once, no communication (the ceiling)", "2",
-             fmt(res.get("plain_x2"), "%.1f"), eff(res.get("plain_x2"), 2), ""]]
+            ["two plain processes at once, no communication", "2",
+             fmt(res.get("plain_x2"), "%.1f"), eff(res.get("plain_x2"), 2), ""],
+            ["two ranks in lock-step: a barrier per step, no gradients (synchronous training's "
+             "ceiling)", "2", fmt(res.get("lockstep_np2"), "%.1f"),
+             eff(res.get("lockstep_np2"), 2), ""]]
     for np_ in (1, 2):
         k, d = res.get("krug_np%d" % np_), res.get("ddp_np%d" % np_)
         rows.append(["krug (examples/torch_synthetic_benchmark.py)", str(np_), fmt(k, "%.1f"),
@@ -459,12 +464,14 @@ def targets(results):
         "%.2fx")
     e = k / (2 * plain) if k and plain else None
     add("ResNet-18 2 ranks: scaling efficiency >= 0.90", e, e is not None and e >= 0.90, "%.2f")
-    ceiling = train.get("plain_x2")
-    c = ceiling / (2 * plain) if ceiling and plain else None
-    if c is not None:
-        out.append(("ResNet-18 2 ranks: this machine's ceiling (two plain processes at once, "
-                    "no communication)", "efficiency %.2f; krug reaches %.0f%% of it"
-                    % (c, 100 * k / ceiling if k else 0), "INFO"))
+    for key, what in (("plain_x2", "two plain processes at once, no communication"),
+                      ("lockstep_np2", "two ranks in lock-step, no gradients")):
+        ceiling = train.get(key)
+        c = ceiling / (2 * plain) if ceiling and plain else None
+        if c is not None:
+            out.append(("ResNet-18 2 ranks: this machine's ceiling (%s)" % what,
+                        "efficiency %.2f, %.2fx DDP; krug reaches %.0f%% of it"
+                        % (c, ceiling / d if d else 0, 100 * k / ceiling if k else 0), "INFO"))
     return out
 
 

@@ -4,12 +4,15 @@
     /usr/bin/python3 bench/peers/ddp_synthetic.py --np 2 --model resnet18 --batch-size 16 \
         --image-size 64
     /usr/bin/python3 bench/peers/ddp_synthetic.py --plain --model resnet18 ...   # no DDP
+    /usr/bin/python3 bench/peers/ddp_synthetic.py --np 2 --lockstep ...   # a barrier, no data
 
 The same model, fixed random batch, SGD step, warm-up and timed iterations as the krug example
 (same options and defaults), with gradients averaged by DDP over Gloo instead of
 hvd.DistributedOptimizer. --np ranks are started here (torch's env:// rendezvous on a free
 port), --threads intra-op threads each (default 1). --plain trains in this one process with no
-distribution at all: the baseline of scaling efficiency. Rank 0 prints the same result lines as
+distribution at all: the baseline of scaling efficiency. --lockstep starts the ranks without
+DDP: each trains alone and only waits for the others once per step (a Gloo barrier, no
+gradients), the most any synchronous data-parallel training reaches here. Rank 0 prints the same result lines as
 the example ("Img/sec per rank", "Total img/sec on N rank(s)").
 """
 import argparse
@@ -25,6 +28,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--np", type=int, default=2, help="ranks to start (default 2)")
     p.add_argument("--plain", action="store_true", help="one process, no distribution")
+    p.add_argument("--lockstep", action="store_true",
+                   help="ranks without DDP that wait for each other once per step")
     p.add_argument("--model", default="resnet50", help="torchvision model name, e.g. resnet18")
     p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
     p.add_argument("--image-size", type=int, default=224)
@@ -39,8 +44,9 @@ def parse_args():
     return p.parse_args()
 
 
-def train(args, rank, size, wrap, label):
-    """Times the training steps; returns this rank's mean img/sec and its 1.96-sigma spread."""
+def train(args, rank, size, wrap, label, after_step=None):
+    """Times the training steps; returns this rank's mean img/sec and its 1.96-sigma spread.
+    after_step, if given, runs at the end of every step."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -60,6 +66,8 @@ def train(args, rank, size, wrap, label):
         loss = F.cross_entropy(model(data), target)
         loss.backward()
         optimizer.step()
+        if after_step:
+            after_step()
 
     def log(message):
         if rank == 0:
@@ -106,7 +114,14 @@ def worker(args):
         # DDP's constructor broadcasts rank 0's parameters.
         return DDP(model)
 
-    mean, conf = train(args, rank, size, wrap, "DDP (gloo) average")
+    if args.lockstep:
+        # Synchronous training without its data: every step ends when the slowest rank's does,
+        # and the ranks' steps run side by side. What is left for gradients to cost is the gap
+        # between this and a data-parallel run.
+        mean, conf = train(args, rank, size, _identity, "none (a barrier per step)",
+                           after_step=dist.barrier)
+    else:
+        mean, conf = train(args, rank, size, wrap, "DDP (gloo) average")
     gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(size)]
     dist.all_gather(gathered, torch.tensor([mean, conf], dtype=torch.float64))
     if rank == 0:
