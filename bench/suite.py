@@ -58,6 +58,9 @@ def parse_args():
                    help="timed seconds per size and tool (default 0.2)")
     p.add_argument("--step-seconds", type=float, default=0.5,
                    help="timed seconds per small-op measure (default 0.5)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of the sweeps and small-op measures, the tools interleaved; "
+                        "each figure is the median of its rounds (default 3)")
     p.add_argument("--train-iters", type=int, default=5,
                    help="timed iterations of 5 steps per training run (default 5)")
     p.add_argument("--train-rounds", type=int, default=2,
@@ -74,9 +77,10 @@ def parse_args():
     args = p.parse_args()
     if args.quick:
         args.np, args.factor, args.train_iters, args.train_rounds = "2", 4, 3, 1
+        args.rounds = 1
     if args.smoke:
         args.np, args.ops, args.max_bytes, args.factor = "2", "allreduce", "64K", 4
-        args.target_seconds, args.step_seconds = 0.02, 0.05
+        args.target_seconds, args.step_seconds, args.rounds = 0.02, 0.05, 1
         args.no_train = args.no_python_ops = True
     args.nps = [int(n) for n in args.np.split()]
     args.ops = args.ops.split()
@@ -197,13 +201,43 @@ def sweep_rows(text):
              else None} for f in parse_rows(text, 10)]
 
 
-def step_row(text):
+def step_rows(text):
+    """The last row of a step tool's table, as a list of one (or none)."""
     rows = parse_rows(text, 5)
     if not rows:  # parsed() reports it
-        return None
+        return []
     f = rows[-1]
-    return {"tensors": int(f[0]), "bytes": int(f[1]), "iters": int(f[2]),
-            "time_us": float(f[3]), "wrong": int(f[4])}
+    return [{"tensors": int(f[0]), "bytes": int(f[1]), "iters": int(f[2]),
+             "time_us": float(f[3]), "wrong": int(f[4])}]
+
+
+def median_rows(rounds):
+    """One row per size from the rows of every round: the round with the median time (its
+    other fields with it), and every round's time under "rounds_us"."""
+    by_size = {}
+    for rows in rounds:
+        for row in rows or []:
+            by_size.setdefault(row["bytes"], []).append(row)
+    out = []
+    for size in sorted(by_size):
+        rows = sorted(by_size[size], key=lambda row: row["time_us"])
+        row = dict(rows[(len(rows) - 1) // 2])
+        row["rounds_us"] = [x["time_us"] for x in by_size[size]]
+        out.append(row)
+    return out or None
+
+
+def interleaved(r, args, tools):
+    """tools: [(key, tag, cmd, parse)]. Runs every tool once per round, rounds interleaved, so a
+    slow spell of this shared machine hits the peers alike; {key: median rows}."""
+    rounds = {key: [] for key, _, _, _ in tools}
+    n = max(1, args.rounds)
+    for i in range(n):
+        for key, tag, cmd, parse in tools:
+            rows = r.parsed(tag if n == 1 else "%s.r%d" % (tag, i + 1), cmd, parse)
+            if rows:
+                rounds[key].append(rows)
+    return {key: median_rows(v) for key, v in rounds.items()}
 
 
 def run_sweeps(r, args, np_):
@@ -211,14 +245,15 @@ def run_sweeps(r, args, np_):
              "--factor", str(args.factor), "--target-seconds", str(args.target_seconds)]
     result = {}
     for op in args.ops:
-        res = {"krug": r.parsed("krug-bench.%s.np%d" % (op, np_),
-                                r.krug(np_, r.bin["krug-bench"], op, *sizes), sweep_rows)}
+        tools = [("krug", "krug-bench.%s.np%d" % (op, np_),
+                  r.krug(np_, r.bin["krug-bench"], op, *sizes), sweep_rows)]
         if r.have_mpi:
-            res["mpi"] = r.parsed("mpi_bench.%s.np%d" % (op, np_), r.mpi(np_, op, *sizes),
-                                  sweep_rows)
+            tools.append(("mpi", "mpi_bench.%s.np%d" % (op, np_), r.mpi(np_, op, *sizes),
+                          sweep_rows))
         if r.have_torch:
-            res["gloo"] = r.parsed("torch_gloo_bench.%s.np%d" % (op, np_),
-                                   r.gloo(np_, op, *sizes), sweep_rows)
+            tools.append(("gloo", "torch_gloo_bench.%s.np%d" % (op, np_), r.gloo(np_, op, *sizes),
+                          sweep_rows))
+        res = interleaved(r, args, tools)
         # The tools print 3 decimals; recompute from the time so small sizes keep their value.
         for rows in res.values():
             for row in [r for r in rows or [] if r["time_us"] > 0]:
@@ -243,20 +278,20 @@ def run_small_ops(r, args, np_):
     for key, _, spec in SMALL_MEASURES:
         if args.smoke and key == "step_resnet50":
             continue
-        res = {"krug_cpp": r.parsed("krug-step.%s.np%d" % (key, np_),
-                                    r.krug(np_, r.bin["krug-step"], *spec, *t), step_row)}
+        tools = [("krug_cpp", "krug-step.%s.np%d" % (key, np_),
+                  r.krug(np_, r.bin["krug-step"], *spec, *t), step_rows)]
         if not args.no_python_ops and r.have_krug_torch:
-            res["krug_py"] = r.parsed(
-                "krug_small_ops.%s.np%d" % (key, np_),
-                r.krug(np_, PYTHON, os.path.join(HERE, "krug_small_ops.py"), *spec, *t),
-                step_row)
+            tools.append(("krug_py", "krug_small_ops.%s.np%d" % (key, np_),
+                          r.krug(np_, PYTHON, os.path.join(HERE, "krug_small_ops.py"), *spec,
+                                 *t), step_rows))
         if r.have_mpi:
-            res["mpi"] = r.parsed("mpi_bench.step.%s.np%d" % (key, np_),
-                                  r.mpi(np_, "step", *spec, *t), step_row)
+            tools.append(("mpi", "mpi_bench.step.%s.np%d" % (key, np_),
+                          r.mpi(np_, "step", *spec, *t), step_rows))
         if not args.no_python_ops and r.have_torch:
-            res["gloo"] = r.parsed("torch_gloo_bench.step.%s.np%d" % (key, np_),
-                                   r.gloo(np_, "step", *spec, *t), step_row)
-        out[key] = res
+            tools.append(("gloo", "torch_gloo_bench.step.%s.np%d" % (key, np_),
+                          r.gloo(np_, "step", *spec, *t), step_rows))
+        out[key] = {tool: rows[0] if rows else None
+                    for tool, rows in interleaved(r, args, tools).items()}
     return out
 
 
@@ -329,6 +364,12 @@ def size_label(b):
     return pybench.human_bytes(b).replace(" ", "\u00a0") if b >= 1024 else "%d B" % b
 
 
+def rounds_note(rows):
+    """", median of N interleaved rounds" when the rows came from several rounds."""
+    n = max([len(row.get("rounds_us", [])) for row in rows if row] or [1])
+    return ", median of %d interleaved rounds" % n if n > 1 else ""
+
+
 def sweep_table(op, np_, res):
     tools = [t for t in TOOLS if res.get(t)]  # None: the tool failed (see Errors)
     by_size = {}
@@ -354,8 +395,9 @@ def sweep_table(op, np_, res):
             cols.append(fmt(p["time_us"] / k["time_us"] if p and k and k["time_us"] else None,
                             "%.3g"))
         rows.append(cols)
+    note = rounds_note([row for v in res.values() for row in v or []])
     return ("### %s, %d ranks (time per op in µs; busbw in GB/s; ratio = krug busbw / peer "
-            "busbw, above 1 krug is faster)\n\n" % (op, np_)) + table(headers, rows)
+            "busbw, above 1 krug is faster%s)\n\n" % (op, np_, note)) + table(headers, rows)
 
 
 def small_ops_table(np_, res):
@@ -367,9 +409,10 @@ def small_ops_table(np_, res):
         if key in res:
             rows.append([label] + [fmt_us(res[key].get(t) and res[key][t]["time_us"])
                                    for t, _ in tools])
+    note = rounds_note([row for v in res.values() for row in v.values()])
     return ("### Small messages, %d ranks (C++: krug-step, mpi_bench; Python: krug_small_ops.py, "
             "torch_gloo_bench.py; a step submits every tensor asynchronously and waits for all, "
-            "MPI makes one blocking call per tensor)\n\n" % np_) + table(headers, rows)
+            "MPI makes one blocking call per tensor%s)\n\n" % (np_, note)) + table(headers, rows)
 
 
 def at_size(rows, nbytes, key="busbw"):
