@@ -12,8 +12,8 @@ hvd.DistributedOptimizer. --np ranks are started here (torch's env:// rendezvous
 port), --threads intra-op threads each (default 1). --plain trains in this one process with no
 distribution at all: the baseline of scaling efficiency. --lockstep starts the ranks without
 DDP: each trains alone and only waits for the others once per step (a Gloo barrier, no
-gradients), the most any synchronous data-parallel training reaches here. Rank 0 prints the same result lines as
-the example ("Img/sec per rank", "Total img/sec on N rank(s)").
+gradients), the most any synchronous data-parallel training reaches here. Rank 0 prints the
+same result lines as the example ("Img/sec per rank", "Total img/sec on N rank(s)").
 """
 import argparse
 import os

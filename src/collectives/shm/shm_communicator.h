@@ -14,8 +14,9 @@
 // communicators, so results are bitwise identical across backends and fusion layouts.
 //
 // Point-to-point messages (sendrecv, used by Adasum) go over a TCP communicator, made on the
-// first sendrecv by a factory attached after construction (set_point_to_point). A failing member marks the segment aborted and wakes everyone, so peers fail
-// within milliseconds rather than at the timeout; a member that dies is noticed by its pid.
+// first sendrecv by a factory attached after construction (set_point_to_point). A failing
+// member marks the segment aborted and wakes everyone, so peers fail within milliseconds rather
+// than at the timeout; a member that dies is noticed by its pid.
 #pragma once
 
 #include <chrono>
