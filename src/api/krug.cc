@@ -101,6 +101,13 @@ Handle submit(std::vector<TensorArgs> tensors) {
 // One tensor, moved in (a braced list would copy it).
 Handle submit(TensorArgs tensor) { return Handle(current()->enqueue(std::move(tensor))); }
 
+// An op whose result negotiation sizes: in Handle::output(), or where `allocate` says.
+Handle submit_sized_by_negotiation(Request q, const void* input, OutputAllocator allocate) {
+  auto args = tensor_args(std::move(q), input, nullptr);
+  args.allocate_output = std::move(allocate);
+  return submit(std::move(args));
+}
+
 Request reduce_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
                        const ReduceOptions& o) {
   Request q = make_request(name, op, dtype, shape, o.process_set.id);
@@ -280,10 +287,9 @@ Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupT
 
 Handle allgather_async(const std::string& name, const void* input, DataType dtype,
                        const Shape& shape, ProcessSet process_set, OutputAllocator allocate) {
-  auto args = tensor_args(make_request(name, OpType::kAllgather, dtype, shape, process_set.id),
-                          input, nullptr);
-  args.allocate_output = std::move(allocate);
-  return submit(std::move(args));
+  return submit_sized_by_negotiation(
+      make_request(name, OpType::kAllgather, dtype, shape, process_set.id), input,
+      std::move(allocate));
 }
 
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
@@ -309,18 +315,15 @@ Handle alltoall_async(const std::string& name, const void* input, DataType dtype
                       ProcessSet process_set, OutputAllocator allocate) {
   Request q = make_request(name, OpType::kAlltoall, dtype, shape, process_set.id);
   q.splits = splits;
-  auto args = tensor_args(std::move(q), input, nullptr);
-  args.allocate_output = std::move(allocate);
-  return submit(std::move(args));
+  return submit_sized_by_negotiation(std::move(q), input, std::move(allocate));
 }
 
 Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
                            const Shape& shape, const ReduceOptions& options,
                            OutputAllocator allocate) {
-  auto args = tensor_args(reduce_request(name, OpType::kReducescatter, dtype, shape, options),
-                          input, nullptr);
-  args.allocate_output = std::move(allocate);
-  return submit(std::move(args));
+  return submit_sized_by_negotiation(
+      reduce_request(name, OpType::kReducescatter, dtype, shape, options), input,
+      std::move(allocate));
 }
 
 void barrier(ProcessSet process_set) {

@@ -41,33 +41,39 @@ __attribute__((target("avx"))) void copy_avx(uint8_t* dst, const uint8_t* src, s
 }
 #endif
 
-}  // namespace
-
-void copy(void* dst, const void* src, size_t bytes) {
+// The vector loop where it pays (AVX, at least kVectorLoopBytes), memcpy otherwise.
+template <bool Streaming>
+void copy_with(void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
   if (bytes >= kVectorLoopBytes && has_avx()) {
-    copy_avx<false>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
+    copy_avx<Streaming>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
     return;
   }
 #endif
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
+}  // namespace
+
+void copy(void* dst, const void* src, size_t bytes) { copy_with<false>(dst, src, bytes); }
+
 void copy_streaming(void* dst, const void* src, size_t bytes) {
-#if defined(__x86_64__)
-  if (bytes >= kVectorLoopBytes && has_avx()) {
-    copy_avx<true>(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), bytes);
-    return;
-  }
-#endif
-  copy(dst, src, bytes);
+  copy_with<true>(dst, src, bytes);
+}
+
+CopyFn copy_for_output(size_t output_bytes) {
+  return output_bytes >= kStreamingOutputBytes ? copy_streaming : copy;
+}
+
+bool overlaps(const void* a, const void* b, size_t bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bytes && y < x + bytes;
 }
 
 void move(void* dst, const void* src, size_t bytes) {
-  const auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
-  if (d + bytes <= s || s + bytes <= d)
+  if (!overlaps(dst, src, bytes))
     copy(dst, src, bytes);
-  else if (bytes > 0 && d != s)
+  else if (dst != src)
     std::memmove(dst, src, bytes);
 }
 

@@ -23,6 +23,14 @@ void copy_streaming(void* dst, const void* src, size_t bytes);
 // the last-level cache keeps (this machine: 32 MiB L3 for 2 cores).
 inline constexpr size_t kStreamingOutputBytes = size_t{8} << 20;
 
+// The copy for pieces of an output of `output_bytes` in all: copy_streaming from
+// kStreamingOutputBytes on, copy below.
+using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+CopyFn copy_for_output(size_t output_bytes);
+
+// Whether [a, a + bytes) and [b, b + bytes) share a byte.
+bool overlaps(const void* a, const void* b, size_t bytes);
+
 // memmove with copy()'s speed when the two ranges do not overlap.
 void move(void* dst, const void* src, size_t bytes);
 

@@ -375,19 +375,16 @@ void ShmCommunicator::allgatherv(const void* in, void* out,
   auto* output = static_cast<uint8_t*>(out);
   const size_t mine = bytes_per_rank[rank_];
   uint8_t* own = output + offsets[rank_];
-  const auto o = reinterpret_cast<uintptr_t>(own), i = reinterpret_cast<uintptr_t>(input);
-  const bool overlapping = o < i + mine && i < o + mine;
   // This rank's own rows go piece by piece beside its slot copy (the input is read once), unless
   // they overlap the input: then first, as a memmove.
-  const bool own_by_piece = size_ > 1 && !overlapping;
+  const bool own_by_piece = size_ > 1 && !reduce::overlaps(own, input, mine);
   if (mine > 0 && own != input && !own_by_piece) reduce::move(own, input, mine);
   if (size_ == 1) return;
   const size_t largest = *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end());
   const size_t piece = options_.slot_bytes;
   // A gathered tensor beyond the caches is written past them: nothing reads it before the
   // collective ends, and each line would otherwise be read from memory first.
-  const auto write_out =
-      offsets.back() >= reduce::kStreamingOutputBytes ? reduce::copy_streaming : reduce::copy;
+  const auto write_out = reduce::copy_for_output(offsets.back());
   guarded("allgather", [&] {
     for (size_t first = 0; first < largest; first += piece) {
       begin_step("allgather");
@@ -414,8 +411,7 @@ void ShmCommunicator::broadcast(void* data, size_t bytes, int root) {
   auto* buffer = static_cast<uint8_t*>(data);
   const size_t piece = options_.slot_bytes;
   // As allgather's: a tensor beyond the caches is written past them.
-  const auto write_out =
-      bytes >= reduce::kStreamingOutputBytes ? reduce::copy_streaming : reduce::copy;
+  const auto write_out = reduce::copy_for_output(bytes);
   guarded("broadcast", [&] {
     for (size_t first = 0; first < bytes; first += piece) {
       const size_t n = std::min(piece, bytes - first);
