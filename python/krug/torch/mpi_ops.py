@@ -144,12 +144,6 @@ def _check_initialized():
         raise ValueError("krug has not been initialized; use hvd.init().")
 
 
-def _reset_names():
-    global _name_counters
-    with _lock:
-        _name_counters = {}
-
-
 def init(comm=None, process_sets=None):
     """Initializes krug from the environment krugrun sets (a job of one without krugrun).
 
@@ -160,7 +154,6 @@ def init(comm=None, process_sets=None):
     Calling init() again while initialized does nothing."""
     if not _core.is_initialized():
         _core.init()
-        _reset_names()
         _register_atexit()
         global_process_set.process_set_id = 0
         global_process_set.ranks = list(range(_core.size()))
@@ -288,19 +281,13 @@ def rocm_built():
 # ---------------------------------------------------------------------------------------------
 # Names and handles
 
-_name_counters = {}
-
-
 def _name(kind, name, process_set):
-    """The user's name, or "<kind>.noname.<n>": a counter per op kind and process set, so the
-    same sequence of unnamed calls gets the same names on every rank."""
+    """The user's name, or the core's "<kind>.noname.<n>" (krug::unnamed_op_name): a counter per
+    op kind and process set that every init() starts again, so the same sequence of unnamed calls
+    gets the same names on every rank, also after an elastic reset."""
     if name is not None:
         return str(name)
-    key = (kind, process_set.process_set_id)
-    with _lock:
-        n = _name_counters.get(key, 0)
-        _name_counters[key] = n + 1
-    return "{}.noname.{}".format(kind, n)
+    return _core.unnamed_op_name(kind, _set_id(process_set))
 
 
 # Handles are integers (as Horovod's), mapped to their operations by the core's table, which

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "frameworks/torch/adapter.h"
+#include "krug/binding_rules.h"
 #include "krug/elastic.h"
 #include "krug/krug.h"
 #include "krug/types.h"
@@ -185,6 +186,11 @@ PYBIND11_MODULE(_torch_core, m) {
   m.def("mpi_threads_supported", &krug::mpi_threads_supported);
   m.def("adasum_available", &ta::adasum_available);
   m.def("adasum_op", &ta::adasum_op);
+
+  // What every binding takes from the core (krug/binding_rules.h).
+  m.def("unnamed_op_name", [](const std::string& kind, int process_set) {
+    return krug::unnamed_op_name(kind, ps(process_set));
+  });
 
   m.def("add_process_set", [](std::vector<int> ranks) {
     return krug::add_process_set(std::move(ranks)).id;

@@ -1,0 +1,30 @@
+// What every framework binding takes from the core besides the operations themselves (the
+// Python torch module, the LibTorch API and the frontends to come): names for unnamed
+// operations, argument checks, Horovod's reduction-op names with krug's values, and telling the
+// job that a wait was interrupted. Written once here, so that no binding keeps a copy that
+// could drift from the others.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "krug/krug.h"
+#include "krug/types.h"
+
+namespace krug {
+
+// The name of an operation submitted without one: "<kind>.noname.<n>", where n counts this
+// rank's unnamed `kind` operations on `process_set` since the last init() ("allreduce.noname.0"
+// first). Ranks that make the same unnamed calls in the same order get the same names. The
+// counters belong to the initialization: every init() starts them again at 0, so after an
+// elastic reset the survivors and a newly added worker agree. Thread-safe; throws krug::Error
+// when krug is not initialized.
+std::string unnamed_op_name(std::string_view kind, ProcessSet process_set = kGlobalProcessSet);
+
+// `name`, or unnamed_op_name(kind, process_set) when it is empty.
+std::string name_or_unnamed(const std::string& name, std::string_view kind,
+                            ProcessSet process_set = kGlobalProcessSet);
+
+}  // namespace krug
