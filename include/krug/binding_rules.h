@@ -15,6 +15,13 @@
 
 namespace krug {
 
+// A bad argument found before anything was enqueued (bindings raise it as their language's
+// argument error: ValueError in Python).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
 // The name of an operation submitted without one: "<kind>.noname.<n>", where n counts this
 // rank's unnamed `kind` operations on `process_set` since the last init() ("allreduce.noname.0"
 // first). Ranks that make the same unnamed calls in the same order get the same names. The
@@ -26,5 +33,19 @@ std::string unnamed_op_name(std::string_view kind, ProcessSet process_set = kGlo
 // `name`, or unnamed_op_name(kind, process_set) when it is empty.
 std::string name_or_unnamed(const std::string& name, std::string_view kind,
                             ProcessSet process_set = kGlobalProcessSet);
+
+// Throws InvalidArgument unless `splits` (rows sent to each rank of `process_set`, in rank
+// order) has one non-negative entry per rank and sums to `rows`, the tensor's first dimension.
+// Empty splits mean an even split: accepted here, the engine checks that it divides. The
+// negotiator applies the same rule to every rank's splits.
+void check_alltoall_splits(std::span<const int64_t> splits, int64_t rows, ProcessSet process_set);
+
+// Horovod's reduction-op names with krug's values, in Horovod's order: Average, Sum, Adasum, Min,
+// Max, Product.
+struct NamedReduceOp {
+  std::string_view name;
+  ReduceOp op;
+};
+std::span<const NamedReduceOp> reduce_ops();
 
 }  // namespace krug

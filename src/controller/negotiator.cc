@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "collectives/adasum.h"
+#include "controller/alltoall_splits.h"
 
 namespace krug::controller {
 int64_t response_bytes(const Response& r) {
@@ -264,16 +265,10 @@ std::string Negotiator::validate(const std::string& key, const Pending& p) const
         return fmt::format("{} '{}' needs a tensor with at least one dimension",
                            op_name(first.op), first.name);
       if (first.op == OpType::kAlltoall) {
-        for (const auto& [rank, r] : p.by_rank) {
-          int64_t total = 0;
-          for (int64_t s : r.splits) total += s;
-          if (r.splits.size() != set.size() || total != r.shape[0] ||
-              std::any_of(r.splits.begin(), r.splits.end(), [](int64_t s) { return s < 0; }))
-            return fmt::format(
-                "alltoall '{}' on rank {}: splits [{}] must have one non-negative entry per rank "
-                "of the process set ({}) summing to the first dimension ({})",
-                first.name, rank, fmt::join(r.splits, ", "), set.size(), r.shape[0]);
-        }
+        for (const auto& [rank, r] : p.by_rank)
+          if (auto problem = alltoall_splits_problem(r.splits, r.shape[0], set.size());
+              !problem.empty())
+            return fmt::format("alltoall '{}' on rank {}: {}", first.name, rank, problem);
       }
       break;
     }

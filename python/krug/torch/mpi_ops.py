@@ -16,21 +16,16 @@ from krug.torch.compression import Compression
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from krug.torch import _torch_core as _core
 
-# Reduction ops (the values are krug::ReduceOp's; Adasum's is the core's kAdasum when the build
-# has it, see _core_op).
-Sum = 0
-Average = 1
-Min = 2
-Max = 3
-Product = 4
-Adasum = 5
-
-
-def _core_op(op):
-    return _core.adasum_op() if op == Adasum else op
-
-_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
-             Adasum: "Adasum"}
+# Reduction ops: the core's names and values (krug::reduce_ops(), krug/binding_rules.h), the
+# same for every binding.
+_OP_VALUES = dict(_core.reduce_ops())
+Average = _OP_VALUES["Average"]
+Sum = _OP_VALUES["Sum"]
+Adasum = _OP_VALUES["Adasum"]
+Min = _OP_VALUES["Min"]
+Max = _OP_VALUES["Max"]
+Product = _OP_VALUES["Product"]
+_OP_NAMES = {value: name for name, value in _OP_VALUES.items()}
 
 
 # Horovod's default for the compression= argument.
@@ -367,7 +362,6 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     # (and their messages) handle the rest.
     if op not in _PLAIN_OPS:
         _check_op(op)
-        op = _core_op(op)
     if isinstance(process_set, ProcessSet) and process_set.process_set_id is not None:
         set_id = process_set.process_set_id
     else:
@@ -455,7 +449,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     name = _name("grouped_allreduce", name, process_set)
     if outputs is None:
         outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    h = _core.grouped_allreduce_async(name, tensors, list(outputs), _core_op(op),
+    h = _core.grouped_allreduce_async(name, tensors, list(outputs), op,
                                       float(prescale_factor),
                                       float(postscale_factor), set_id)
     return _register(h, _all_outputs)
@@ -638,21 +632,13 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 # Alltoall
 
 
-def _splits_list(splits, tensor, process_set):
+def _splits_list(splits):
+    # The core checks them (krug::check_alltoall_splits: ValueError before anything is sent).
     if splits is None:
         return []
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
-    splits = [int(s) for s in splits]
-    n = process_set.size()
-    rows = tensor.shape[0] if tensor.dim() > 0 else 0
-    if len(splits) != n:
-        raise ValueError("alltoall: splits has {} entries but the process set has {} ranks"
-                         .format(len(splits), n))
-    if any(s < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError("alltoall: splits {} must be non-negative and sum to the first "
-                         "dimension of the tensor ({})".format(splits, rows))
-    return splits
+    return [int(s) for s in splits]
 
 
 def _alltoall_result(h):
@@ -663,7 +649,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Starts an alltoall: splits[r] rows of ``tensor`` (first dimension) go to rank r; without
     splits the rows are divided evenly. synchronize() returns (output, received_splits)."""
     set_id = _set_id(process_set)
-    split_list = _splits_list(splits, tensor, process_set)
+    split_list = _splits_list(splits)
     h = _core.alltoall_async(_name("alltoall", name, process_set), tensor, split_list, set_id)
     return _register(h, _alltoall_result)
 

@@ -3,7 +3,8 @@
 // defaults, autograd, handle maps) is built in Python on top of it.
 //
 // Exceptions: krug::Error becomes krug.common.exceptions.HorovodInternalError (a RuntimeError),
-// torch_adapter::UnsupportedTensor (a bad argument found before enqueueing) becomes ValueError.
+// torch_adapter::UnsupportedTensor and krug::InvalidArgument (a bad argument found before
+// enqueueing) become ValueError.
 // Every call that may block releases the GIL.
 #include <torch/extension.h>
 
@@ -149,6 +150,8 @@ PYBIND11_MODULE(_torch_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const ta::UnsupportedTensor& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const krug::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const krug::elastic::WorkerRemoved& e) {
       py::object cls = py::module_::import("krug.common.exceptions").attr("WorkerRemoved");
       PyErr_SetString(cls.ptr(), e.what());
@@ -185,9 +188,13 @@ PYBIND11_MODULE(_torch_core, m) {
   m.def("mpi_built", &krug::mpi_built);
   m.def("mpi_threads_supported", &krug::mpi_threads_supported);
   m.def("adasum_available", &ta::adasum_available);
-  m.def("adasum_op", &ta::adasum_op);
 
   // What every binding takes from the core (krug/binding_rules.h).
+  m.def("reduce_ops", [] {
+    std::vector<std::pair<std::string, int>> ops;
+    for (const auto& o : krug::reduce_ops()) ops.emplace_back(o.name, static_cast<int>(o.op));
+    return ops;
+  });
   m.def("unnamed_op_name", [](const std::string& kind, int process_set) {
     return krug::unnamed_op_name(kind, ps(process_set));
   });
@@ -242,6 +249,7 @@ PYBIND11_MODULE(_torch_core, m) {
         });
   m.def("alltoall_async", [](const std::string& name, const at::Tensor& input,
                              const std::vector<int64_t>& splits, int process_set) {
+    krug::check_alltoall_splits(splits, input.dim() > 0 ? input.size(0) : 0, ps(process_set));
     return ta::alltoall_async(name, input, splits, ps(process_set));
   });
   m.def("reducescatter_async",
