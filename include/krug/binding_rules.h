@@ -48,4 +48,11 @@ struct NamedReduceOp {
 };
 std::span<const NamedReduceOp> reduce_ops();
 
+// For a binding whose user interrupted a wait (Ctrl-C in Python): stops krug on this rank and
+// tells every other rank, whose pending and later operations then fail with a message naming
+// this rank, its host and `what` it was waiting in ("synchronize (KeyboardInterrupt in
+// Python)"), instead of waiting for it until the timeout. shutdown() and init() may follow.
+// Does nothing when krug is not initialized.
+void report_interrupted(std::string_view what);
+
 }  // namespace krug

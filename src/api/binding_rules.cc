@@ -36,4 +36,18 @@ std::span<const NamedReduceOp> reduce_ops() {
   return kOps;
 }
 
+void report_interrupted(std::string_view what) {
+  std::shared_ptr<engine::Engine> engine;
+  try {
+    engine = current_engine();
+  } catch (const Error&) {
+    return;  // not initialized (or shut down meanwhile): nobody is left to tell
+  }
+  const Config& c = engine->config();
+  engine->abort(fmt::format(
+      "rank {} ({}) was interrupted while waiting in {} and stopped krug on that rank; end the "
+      "job, or (elastic) start a new round",
+      c.rank, c.hostname, what));
+}
+
 }  // namespace krug

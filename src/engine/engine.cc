@@ -93,6 +93,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   ~Impl() override { shutdown(); }
 
   void shutdown();
+  void abort(const std::string& reason);
   std::shared_ptr<HandleState> enqueue(std::span<TensorArgs> tensors);
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
   std::vector<int32_t> process_set_ranks(int32_t id) const;
@@ -673,6 +674,16 @@ void Engine::Impl::shutdown() {
   }
   if (wake_.valid()) wake_background();
   if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Impl::abort(const std::string& reason) {
+  {
+    // The loop's state is ours while we hold loop_mu_ (as a waiting thread's drive() does).
+    std::lock_guard lock(loop_mu_);
+    fatal(reason, true);
+  }
+  // The background thread finds the loop stopped and ends.
+  if (wake_.valid()) wake_background();
 }
 
 void Engine::Impl::run() {
@@ -1520,6 +1531,9 @@ Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store)
 // A thread still driving a handle keeps the rest of Impl alive until it returns.
 Engine::~Engine() { impl_->shutdown(); }
 void Engine::shutdown() { impl_->shutdown(); }
+void Engine::abort(const std::string& reason) {
+  impl_->abort(reason);
+}
 std::shared_ptr<HandleState> Engine::enqueue(std::vector<TensorArgs> tensors) {
   return impl_->enqueue(tensors);
 }

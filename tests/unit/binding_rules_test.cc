@@ -79,5 +79,26 @@ TEST(CheckAlltoallSplits, ThrowsInvalidArgumentForSplitsThatDoNotFit) {
   shutdown();
 }
 
+TEST(ReportInterrupted, StopsKrugOnThisRankWithTheReason) {
+  report_interrupted("nothing");  // not initialized: nobody to tell, no error
+  init();
+  report_interrupted("synchronize (KeyboardInterrupt in Python)");
+  std::vector<float> v(4, 1.0f);
+  try {
+    allreduce("after", v.data(), v.data(), DataType::kFloat32, {4});
+    ADD_FAILURE() << "an allreduce after the interruption succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 ("), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("was interrupted while waiting in synchronize"),
+              std::string::npos)
+        << e.what();
+  }
+  shutdown();
+  init();  // a new initialization works again
+  allreduce("again", v.data(), v.data(), DataType::kFloat32, {4});
+  EXPECT_EQ(v[0], 1.0f);
+  shutdown();
+}
+
 }  // namespace
 }  // namespace krug
