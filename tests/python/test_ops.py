@@ -470,7 +470,7 @@ def test_process_sets():
         assert torch.equal(y, torch.full((3,), float(sum(contribution(k) for k in evens.ranks))))
         g = hvd.allgather(torch.full((1,), r()), name="ps.ag", process_set=ps)
         assert g.tolist() == evens.ranks
-        b = hvd.broadcast(torch.full((2,), r()), root_rank=len(evens.ranks) - 1,
+        b = hvd.broadcast(torch.full((2,), r()), root_rank=evens.ranks[-1],
                           name="ps.bc", process_set=ps)
         assert b.tolist() == [evens.ranks[-1]] * 2
         a, received = hvd.alltoall(torch.full((len(evens.ranks),), r()),

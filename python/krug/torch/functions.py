@@ -7,13 +7,7 @@ import pickle
 import torch
 
 from krug.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
-                                global_process_set, synchronize)
-
-
-def _set_rank(process_set):
-    # Roots are rank indices within the process set (as in the core API).
-    r = process_set.rank()
-    return r
+                                global_process_set, rank, synchronize)
 
 
 def _dumps(obj):
@@ -68,7 +62,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         # A fixed default (Horovod derives it from type(obj), which makes non-root ranks
         # that pass None hang); the call is synchronous so reusing the name is safe.
         name = 'broadcast_object'
-    if _set_rank(process_set) == root_rank:
+    if rank() == root_rank:
         payload = _dumps(obj)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
@@ -78,7 +72,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     if payload is None:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
     broadcast_(payload, root_rank, name=name + '.t', process_set=process_set)
-    if _set_rank(process_set) == root_rank:
+    if rank() == root_rank:
         return obj
     return _loads(payload)
 
@@ -164,7 +158,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
 
     if len(root_options) != len(optimizer.param_groups):
         raise ValueError('broadcast_optimizer_state: rank %s has %d param groups, root has %d'
-                         % (_set_rank(process_set), len(optimizer.param_groups),
+                         % (rank(), len(optimizer.param_groups),
                             len(root_options)))
     for group, opts in zip(optimizer.param_groups, root_options):
         group.update(opts)

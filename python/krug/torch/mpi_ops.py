@@ -603,12 +603,26 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # Broadcast
 
 
+def _root_index(root_rank, process_set):
+    """The position of ``root_rank`` (a global rank, as in Horovod) within ``process_set``: the
+    core numbers roots within their set."""
+    root_rank = int(root_rank)
+    if process_set is global_process_set and 0 <= root_rank < size():
+        return root_rank
+    try:
+        return process_set.ranks.index(root_rank)
+    except ValueError:
+        raise ValueError("root_rank {} is not a member of {}: with process_set=, root_rank is a "
+                         "global rank of one of the set's members".format(root_rank,
+                                                                         process_set)) from None
+
+
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts an in-place broadcast of ``tensor`` from ``root_rank`` (a rank of the process
-    set)."""
+    """Starts an in-place broadcast of ``tensor`` from ``root_rank`` (a global rank, which must
+    be a member of ``process_set``)."""
     set_id = _set_id(process_set)
-    h = _core.broadcast_async(_name("broadcast", name, process_set), tensor, int(root_rank),
-                              set_id)
+    h = _core.broadcast_async(_name("broadcast", name, process_set), tensor,
+                              _root_index(root_rank, process_set), set_id)
     return _register(h, _first_output)
 
 
@@ -632,7 +646,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        if ctx.process_set.rank() != ctx.root_rank:
+        if rank() != ctx.root_rank:
             grad_reduced = grad_reduced * 0
         return grad_reduced, None, None, None
 

@@ -1,0 +1,72 @@
+"""Horovod 0.28.1 semantics that ported scripts rely on (issue 16), run inside every rank of
+`krugrun -np N python3 -m pytest`. Every test uses its own tensor names."""
+
+import pytest
+import torch
+
+import krug.torch as hvd
+
+
+def n():
+    return hvd.size()
+
+
+def r():
+    return hvd.rank()
+
+
+# ---- process sets take global ranks as roots ----
+
+@pytest.fixture(scope="module")
+def split_sets():
+    """The even and odd ranks as two process sets (the global set in a job of one)."""
+    if n() == 1:
+        yield [hvd.global_process_set]
+        return
+    sets = [hvd.add_process_set(list(range(0, n(), 2))),
+            hvd.add_process_set(list(range(1, n(), 2)))]
+    yield sets
+    for ps in sets:
+        assert hvd.remove_process_set(ps)
+
+
+def own_set(sets):
+    return next(ps for ps in sets if ps.included())
+
+
+def test_broadcast_root_is_a_global_rank(split_sets):
+    ps = own_set(split_sets)
+    root = ps.ranks[-1]  # a global rank; its position in the set differs for odd sets
+    x = torch.full((3,), float(r()))
+    assert hvd.broadcast(x, root, name="ps.root.bc", process_set=ps).tolist() == [root] * 3
+    y = x.clone()
+    hvd.broadcast_(y, root, name="ps.root.bc_", process_set=ps)
+    assert y.tolist() == [root] * 3
+    h = hvd.broadcast_async(x, root, name="ps.root.bca", process_set=ps)
+    assert hvd.synchronize(h).tolist() == [root] * 3
+    z = x.clone()
+    hvd.synchronize(hvd.broadcast_async_(z, root, name="ps.root.bca_", process_set=ps))
+    assert z.tolist() == [root] * 3
+    obj = hvd.broadcast_object({"from": r()} if r() == root else None, root_rank=root,
+                               name="ps.root.obj", process_set=ps)
+    assert obj == {"from": root}
+
+
+def test_broadcast_gradient_root_is_a_global_rank(split_sets):
+    ps = own_set(split_sets)
+    root = ps.ranks[-1]
+    x = torch.full((2,), float(r()), requires_grad=True)
+    y = hvd.broadcast(x, root, name="ps.root.grad", process_set=ps)
+    (y * (r() + 1)).sum().backward()
+    avg = sum(k + 1 for k in ps.ranks) / len(ps.ranks)
+    assert x.grad.tolist() == [avg if r() == root else 0.0] * 2
+
+
+def test_broadcast_root_outside_the_set_raises_value_error(split_sets):
+    ps = own_set(split_sets)
+    outsider = next((k for k in range(n()) if k not in ps.ranks), n())
+    with pytest.raises(ValueError, match="not a member"):
+        hvd.broadcast(torch.ones(1), outsider, name="ps.root.outside", process_set=ps)
+    # Nothing was submitted: the name is free.
+    assert hvd.broadcast(torch.ones(1), ps.ranks[0], name="ps.root.outside",
+                         process_set=ps).tolist() == [1.0]
