@@ -70,3 +70,36 @@ def test_broadcast_root_outside_the_set_raises_value_error(split_sets):
     # Nothing was submitted: the name is free.
     assert hvd.broadcast(torch.ones(1), ps.ranks[0], name="ps.root.outside",
                          process_set=ps).tolist() == [1.0]
+
+
+# ---- reducescatter's gradient ----
+
+def rows_of(j, total):
+    """Rows of a first dimension `total` that rank j keeps (lower ranks get the extra ones)."""
+    return total // n() + (1 if j < total % n() else 0)
+
+
+@pytest.mark.parametrize("op", ["sum", "average"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_reducescatter_gradient_as_horovod(op, grouped):
+    # Horovod: the output's gradient times the scale factors, and times the set's size for
+    # Sum, allgathered.
+    hop = hvd.Sum if op == "sum" else hvd.Average
+    pre, post = 2.0, 0.5 if op == "sum" else 3.0
+    factor = pre * post * (n() if op == "sum" else 1)
+    total = 2 * n() + 1
+    xs = [torch.ones(total, 2, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    name = "rs.grad.{}.{}".format(op, grouped)
+    if grouped:
+        ys = hvd.grouped_reducescatter(xs, op=hop, name=name, prescale_factor=pre,
+                                       postscale_factor=post)
+    else:
+        ys = [hvd.reducescatter(x, op=hop, name="{}.{}".format(name, i), prescale_factor=pre,
+                                postscale_factor=post) for i, x in enumerate(xs)]
+    weight = r() + 1
+    sum(((y * weight * (i + 1)).sum() for i, y in enumerate(ys))).backward()
+    for i, x in enumerate(xs):
+        want = torch.cat([torch.full((rows_of(j, total), 2), (j + 1) * (i + 1) * factor,
+                                     dtype=torch.float64) for j in range(n())])
+        assert torch.allclose(x.grad, want)
+

@@ -438,7 +438,8 @@ def test_alltoall_gradient():
 
 
 def test_reducescatter_gradient():
-    for op, factor in [(hvd.Sum, 1.0), (hvd.Average, 1.0 / n())]:
+    # Horovod's rule: Sum scales the allgathered gradient by the set's size, Average does not.
+    for op, factor in [(hvd.Sum, float(n())), (hvd.Average, 1.0)]:
         x = torch.ones(2 * n() + 1, 2, dtype=torch.float64, requires_grad=True)
         y = hvd.reducescatter(x, op=op, name="grad.rs.{}".format(op))
         (y * weight()).sum().backward()

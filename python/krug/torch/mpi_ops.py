@@ -748,19 +748,24 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 def _reducescatter_backward(grad_output, op, prescale_factor, postscale_factor, process_set):
+    # Horovod's rule, kept for parity (it matches the gradient of allreduce's Average, where
+    # every rank's loss counts once): Sum scales the output's gradient by the set's size,
+    # Average does not; both apply the scale factors; then every rank gets every share.
     if op not in (Sum, Average):
         raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
                                   "Average, not {}".format(_OP_NAMES.get(op, op)))
-    grad = allgather(grad_output.contiguous(), process_set=process_set)
     scale = float(prescale_factor) * float(postscale_factor)
-    if op == Average:
-        scale /= process_set.size()
-    return grad * scale if scale != 1.0 else grad
+    if op == Sum:
+        scale *= process_set.size()
+    grad = grad_output.contiguous()
+    if scale != 1.0:
+        grad = grad * scale
+    return allgather(grad, process_set=process_set)
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Differentiable reducescatter: the gradient is the allgather of the output's gradient
-    (divided by the set size for Average, times the scale factors)."""
+    """Differentiable reducescatter: the gradient is the allgather of the output's gradient,
+    times the scale factors, and for Sum times the set's size (as Horovod)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
