@@ -103,3 +103,31 @@ def test_reducescatter_gradient_as_horovod(op, grouped):
                                      dtype=torch.float64) for j in range(n())])
         assert torch.allclose(x.grad, want)
 
+
+# ---- broadcast_optimizer_state with parameters that have no gradient ----
+
+@pytest.mark.parametrize("make", ["sgd_momentum", "adam"])
+@pytest.mark.parametrize("distributed", [False, True])
+def test_broadcast_optimizer_state_with_params_without_gradient(make, distributed):
+    torch.manual_seed(r())
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1),
+                                torch.nn.Linear(3, 3))
+    model[0].weight.requires_grad_(False)  # frozen everywhere
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if make == "sgd_momentum"
+           else torch.optim.Adam(model.parameters(), lr=0.1))
+    if distributed:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)  # fresh: state made by a zero step
+    loss = model[1](model[0](torch.ones(1, 2))).sum()
+    if r() == 0 and not distributed:
+        loss = loss + model[2](torch.ones(3)).sum()  # model[2] is used on the root only
+    loss.backward()
+    opt.step()
+    root = n() - 1
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    # Every rank now has the root's state: the same parameters, keys and values.
+    state = {i: {k: v.tolist() if torch.is_tensor(v) else v for k, v in s.items()}
+             for i, s in opt.state_dict()["state"].items()}
+    assert hvd.allgather_object(state, name="bos.state.{}.{}".format(make, distributed)) == \
+        [state] * n()
+
