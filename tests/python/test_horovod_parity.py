@@ -131,3 +131,45 @@ def test_broadcast_optimizer_state_with_params_without_gradient(make, distribute
     assert hvd.allgather_object(state, name="bos.state.{}.{}".format(make, distributed)) == \
         [state] * n()
 
+
+# ---- sparse allreduce ----
+
+@pytest.mark.parametrize("op", ["sum", "average"])
+def test_sparse_allreduce_async(op, split_sets):
+    hop = hvd.Sum if op == "sum" else hvd.Average
+    for ps in (hvd.global_process_set, own_set(split_sets)):
+        # Rank k sets rows k and k+1 of a 5x2 matrix to k+1.
+        dense = torch.zeros(n() + 1, 2)
+        dense[r()] = r() + 1
+        dense[r() + 1] = r() + 1
+        handle = hvd.sparse_allreduce_async(dense.to_sparse(), name="sparse.{}.{}".format(
+            op, ps.process_set_id), op=hop, process_set=ps)
+        result = hvd.synchronize(handle)
+        assert result.is_sparse
+        want = torch.zeros(n() + 1, 2)
+        for k in ps.ranks:
+            want[k] += k + 1
+            want[k + 1] += k + 1
+        if hop == hvd.Average:
+            want /= len(ps.ranks)
+        assert torch.allclose(result.to_dense(), want)
+
+
+def test_distributed_optimizer_sparse_gradients():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(n() + 2, 3, sparse=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=1.0),
+                                   named_parameters=emb.named_parameters(),
+                                   sparse_as_dense=False)
+    before = emb.weight.detach().clone()
+    emb(torch.tensor([r(), r() + 1])).sum().backward()
+    opt.synchronize()
+    assert emb.weight.grad.is_sparse
+    want = torch.zeros(n() + 2, 3)
+    for k in range(n()):
+        want[k] += 1.0 / n()
+        want[k + 1] += 1.0 / n()
+    assert torch.allclose(emb.weight.grad.to_dense(), want)
+    with opt.skip_synchronize():
+        opt.step()
+    assert torch.allclose(emb.weight.detach(), before - want)

@@ -327,9 +327,12 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the operation of ``handle`` and returns its output: the output tensor (the
     input itself for in-place ops), a list of tensors for grouped ops, and
-    ``(output, received_splits)`` for alltoall. Raises HorovodInternalError if it failed."""
+    ``(output, received_splits)`` for alltoall, the reduced sparse tensor for
+    sparse_allreduce_async. Raises HorovodInternalError if it failed."""
     # The core waits with the GIL released, in slices so that Ctrl-C reaches Python; an unknown
     # handle (already synchronized) gives None.
+    if callable(handle):
+        return handle()  # sparse_allreduce_async's
     result = _results.pop(handle, None)
     if result is None:
         return _handles.synchronize(handle, True)
@@ -527,6 +530,36 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     """In-place grouped allreduce; returns the (reduced) input tensors."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts the reduction of a sparse COO ``tensor`` over the ranks of ``process_set``, as
+    Horovod does: an allgather of its indices and of its values (a sum of sparse tensors is the
+    concatenation of their entries). ``op`` is Average (values divided by the set's size) or
+    Sum. Returns a callable: ``handle()`` (or ``synchronize(handle)``) waits and returns the
+    reduced sparse tensor, coalesced."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("sparse allreduce supports only op=Average or op=Sum, not {}; "
+                                  "reduce the tensor dense instead".format(_OP_NAMES.get(op, op)))
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use allreduce_async "
+                         "for dense tensors")
+    t = tensor.coalesce()
+    name = _name("sparse_allreduce", name, process_set)
+    # allgather concatenates along the first dimension: indices travel as (nnz, sparse_dim).
+    indices_handle = allgather_async(t.indices().t().contiguous(), name=name + ".indices",
+                                     process_set=process_set)
+    values_handle = allgather_async(t.values().contiguous(), name=name + ".values",
+                                    process_set=process_set)
+
+    def handle():
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if op == Average:
+            values = values / process_set.size()
+        return torch.sparse_coo_tensor(indices.t(), values, t.size()).coalesce()
+
+    return handle
 
 
 # ---------------------------------------------------------------------------------------------
