@@ -173,3 +173,42 @@ def test_distributed_optimizer_sparse_gradients():
     with opt.skip_synchronize():
         opt.step()
     assert torch.allclose(emb.weight.detach(), before - want)
+
+
+# ---- integer pre/postscale as Horovod: per element in float64, toward zero ----
+
+def horovod_scaled(t, factor):
+    """Horovod's CPU scaling of an integer tensor: the product in float64, cast toward zero."""
+    return torch.trunc(t.double() * factor).to(t.dtype)
+
+
+INT_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=[str(d)[6:] for d in INT_DTYPES])
+@pytest.mark.parametrize("op", ["sum", "average"])
+def test_integer_scaling_truncates_like_horovod(dtype, op):
+    hop = hvd.Sum if op == "sum" else hvd.Average
+    pre, post = 0.7, 1.3
+    rows = 2 * n()
+
+    def value(k):  # rank k's input: small, positive for uint8, and not multiples of anything
+        return (torch.arange(rows * 3).reshape(rows, 3) * (k + 3) % 23 + (0 if dtype ==
+                torch.uint8 else -5)).to(dtype)
+
+    total = sum(horovod_scaled(value(k), pre).long() for k in range(n()))
+    want = horovod_scaled(total, post / (n() if op == "average" else 1)).to(dtype)
+    x = value(r())
+    name = "scale.{}.{}".format(str(dtype)[6:], op)
+    got = hvd.allreduce(x, op=hop, prescale_factor=pre, postscale_factor=post, name=name)
+    assert torch.equal(got, want)
+    got = hvd.grouped_allreduce([x, x[:1]], op=hop, prescale_factor=pre, postscale_factor=post,
+                                name=name + ".grouped")
+    assert torch.equal(got[0], want) and torch.equal(got[1], want[:1])
+    mine = slice(2 * r(), 2 * r() + 2)
+    got = hvd.reducescatter(x, op=hop, prescale_factor=pre, postscale_factor=post,
+                            name=name + ".rs")
+    assert torch.equal(got, want[mine])
+    got = hvd.grouped_reducescatter([x, x], op=hop, prescale_factor=pre, postscale_factor=post,
+                                    name=name + ".grs")
+    assert torch.equal(got[0], want[mine]) and torch.equal(got[1], want[mine])
