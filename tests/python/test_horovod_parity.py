@@ -212,3 +212,43 @@ def test_integer_scaling_truncates_like_horovod(dtype, op):
     got = hvd.grouped_reducescatter([x, x], op=hop, prescale_factor=pre, postscale_factor=post,
                                     name=name + ".grs")
     assert torch.equal(got[0], want[mine]) and torch.equal(got[1], want[mine])
+
+
+# ---- join after names are in the response cache ----
+
+JOIN_DTYPES = [torch.int32, torch.int64, torch.float32, torch.float64]
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["fresh", "cached"])
+@pytest.mark.parametrize("first", [0, 1, 2], ids=["first0", "first1", "first2"])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("dtype", JOIN_DTYPES, ids=[str(d)[6:] for d in JOIN_DTYPES])
+def test_join_after_cached_names(dtype, dims, first, cached):
+    # Horovod's test_horovod_join_allreduce: the same two names in every case (their dtype and
+    # shape change from case to case), fused, averaged; one rank joins while the others reduce.
+    if first >= n():
+        pytest.skip("no such rank")
+    torch.manual_seed(1234)
+    a = torch.randint(-100, 100, (5,) * dims).to(dtype)
+    b = torch.randint(-100, 100, (17,) * dims).to(dtype)
+
+    def reduce_both():
+        handles = [hvd.allreduce_async(t, name="join.cache." + k, op=hvd.Average)
+                   for k, t in (("a", a), ("b", b))]
+        return [hvd.synchronize(h) for h in handles]
+
+    if cached:
+        reduce_both()
+    if r() == first:
+        last = hvd.join()
+    else:
+        averaged = reduce_both()
+        last = hvd.join()
+        for t, got in zip((a, b), averaged):
+            # The joined rank contributes zeros; the sum is divided by the set's size.
+            want = t.double() * (n() - 1) / n()
+            if not dtype.is_floating_point:
+                want = torch.trunc(want)
+            assert torch.allclose(got.double(), want, atol=1e-5)
+    assert n() == 1 or last != first
+    assert hvd.allgather_object(last, name="join.cache.last") == [last] * n()
