@@ -252,3 +252,33 @@ def test_join_after_cached_names(dtype, dims, first, cached):
             assert torch.allclose(got.double(), want, atol=1e-5)
     assert n() == 1 or last != first
     assert hvd.allgather_object(last, name="join.cache.last") == [last] * n()
+
+
+# ---- a name still in flight raises ValueError at the call ----
+
+def test_duplicate_name_in_flight_raises_value_error_at_once():
+    # Rank 0 submits four ops that cannot complete until the others submit them too, which
+    # they do only after the gate, which rank 0 reaches after its checks: the first ops are
+    # surely still in flight when rank 0 reuses their names.
+    if n() == 1:
+        pytest.skip("a lone rank completes the first op at once")
+    t = torch.full((n(), 2), float(r() + 1))
+    submit = {
+        "ar": lambda: hvd.allreduce_async(t, name="dup.ar", op=hvd.Sum),
+        "ag": lambda: hvd.allgather_async(t, name="dup.ag"),
+        "bc": lambda: hvd.broadcast_async(t, 0, name="dup.bc"),
+        "rs": lambda: hvd.reducescatter_async(t, name="dup.rs", op=hvd.Sum),
+    }
+    if r() == 0:
+        first = {k: f() for k, f in submit.items()}
+        for k, f in submit.items():
+            with pytest.raises(ValueError, match="already in flight"):
+                f()
+    hvd.allreduce(torch.ones(1), name="dup.gate")
+    if r() != 0:
+        first = {k: f() for k, f in submit.items()}
+    total = sum(k + 1 for k in range(n()))
+    assert torch.equal(hvd.synchronize(first["ar"]), torch.full((n(), 2), float(total)))
+    assert hvd.synchronize(first["ag"]).shape == (n() * n(), 2)
+    assert torch.equal(hvd.synchronize(first["bc"]), torch.full((n(), 2), 1.0))
+    assert torch.equal(hvd.synchronize(first["rs"]), torch.full((1, 2), float(total)))
