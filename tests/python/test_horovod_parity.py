@@ -282,3 +282,29 @@ def test_duplicate_name_in_flight_raises_value_error_at_once():
     assert hvd.synchronize(first["ag"]).shape == (n() * n(), 2)
     assert torch.equal(hvd.synchronize(first["bc"]), torch.full((n(), 2), 1.0))
     assert torch.equal(hvd.synchronize(first["rs"]), torch.full((1, 2), float(total)))
+
+
+# ---- bad arguments raise locally ----
+
+def test_bad_arguments_raise_before_enqueueing():
+    if n() > 1:
+        with pytest.raises(ValueError, match="not divisible"):
+            hvd.alltoall(torch.ones(n() + 1, 2), name="args.a2a")
+    with pytest.raises(ValueError, match="splits"):
+        hvd.alltoall(torch.ones(3), splits=[3] + [0] * n(), name="args.a2a.splits")
+    with pytest.raises(ValueError, match="supersedes"):
+        hvd.allreduce(torch.ones(1), average=True, op=hvd.Sum, name="args.average")
+    with pytest.raises(ValueError, match="at least one dimension"):
+        hvd.reducescatter(torch.tensor(1.0), name="args.rs.scalar")
+    with pytest.raises(ValueError):
+        hvd.grouped_allreduce([], name="args.grouped.empty")
+    with pytest.raises(ValueError, match="dtype"):
+        hvd.broadcast(torch.ones(2, dtype=torch.complex64), 0, name="args.bc.complex")
+    with pytest.raises(ValueError, match="not registered"):
+        hvd.allgather(torch.ones(1), name="args.ps", process_set=hvd.ProcessSet([0]))
+    if hvd._torch_core.adasum_available() and n() & (n() - 1):
+        with pytest.raises(NotImplementedError, match="power-of-two"):
+            hvd.allreduce(torch.ones(2), op=hvd.Adasum, name="args.adasum")
+    # Nothing was sent: the names are free, and every rank still agrees.
+    assert torch.equal(hvd.alltoall(torch.full((n(),), float(r())), name="args.a2a"),
+                       torch.arange(n(), dtype=torch.float32))

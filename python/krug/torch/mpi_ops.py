@@ -374,6 +374,16 @@ def _check_op(op):
         raise NotImplementedError("Adasum is not available in this build")
 
 
+def _check_adasum_size(op, process_set):
+    # Horovod refuses at the call what the engine would refuse only at synchronize.
+    if op != Adasum or not isinstance(process_set, ProcessSet):
+        return  # a bad process set gets _set_id's message
+    n = process_set.size()
+    if n is not None and n & (n - 1):
+        raise NotImplementedError("Adasum needs a power-of-two number of ranks; {} has {}"
+                                  .format(process_set, n))
+
+
 # The ops the core takes as they are (Adasum needs the build's check and code).
 _PLAIN_OPS = frozenset((Sum, Average, Min, Max, Product))
 
@@ -383,6 +393,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     # (and their messages) handle the rest.
     if op not in _PLAIN_OPS:
         _check_op(op)
+        _check_adasum_size(op, process_set)
         op = _core_op(op)
     if isinstance(process_set, ProcessSet) and process_set.process_set_id is not None:
         set_id = process_set.process_set_id
@@ -465,6 +476,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                              process_set):
     _check_op(op)
     set_id = _set_id(process_set)
+    _check_adasum_size(op, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce: no tensors")
