@@ -308,3 +308,38 @@ def test_bad_arguments_raise_before_enqueueing():
     # Nothing was sent: the names are free, and every rank still agrees.
     assert torch.equal(hvd.alltoall(torch.full((n(),), float(r())), name="args.a2a"),
                        torch.arange(n(), dtype=torch.float32))
+
+
+# ---- one rank's bad input fails that operation everywhere; the job goes on ----
+
+def test_bad_call_on_one_rank_fails_everywhere_then_training_works():
+    bad = n() - 1
+    calls = [
+        lambda: hvd.allreduce(torch.ones(4 if r() == bad else 3), name="bad.shape"),
+        lambda: hvd.broadcast(torch.ones(2), root_rank=0 if r() != bad else n() - 1,
+                              name="bad.root"),
+        lambda: hvd.allgather(torch.ones(2, 2 if r() != bad else 3), name="bad.trailing"),
+        lambda: hvd.reducescatter(torch.ones(n(), dtype=torch.float64 if r() == bad
+                                             else torch.float32), name="bad.dtype"),
+    ]
+    if n() > 1:
+        for i, call in enumerate(calls):
+            with pytest.raises(hvd.HorovodInternalError) as failure:
+                call()
+            messages = hvd.allgather_object(str(failure.value), name="bad.messages.%d" % i)
+            assert messages == [messages[0]] * n()  # the same message on every rank
+            assert "Mismatched" in messages[0] and "rank {}".format(bad) in messages[0]
+
+    # Training goes on: a few steps of a small model, and every rank ends with the same weights.
+    torch.manual_seed(r())
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    data = torch.randn(8, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(data), data.sum(1, keepdim=True)).backward()
+        opt.step()
+    weights = [p.detach().tolist() for p in model.parameters()]
+    assert hvd.allgather_object(weights, name="bad.after.weights") == [weights] * n()
