@@ -38,28 +38,45 @@ def krugrun():
     return path if os.access(path, os.X_OK) else None
 
 
-@pytest.mark.parametrize("np", [2, 3])
-@pytest.mark.parametrize("case", ["join", "barrier", "remove_process_set"])
-def test_stall_is_reported_and_ends_the_job(case, np, tmp_path):
+CASES = [(case, np) for case in ("join", "barrier", "remove_process_set") for np in (2, 3)]
+
+
+@pytest.fixture(scope="module")
+def finished_jobs(tmp_path_factory):
+    """Every case's job, started together (each mostly waits for its stall to be declared), as
+    {(case, np): (returncode, output)}."""
     if hvd.size() != 1:
         pytest.skip("runs its own jobs from the 1-rank run")
     launcher = krugrun()
     if launcher is None:
         pytest.skip("no krugrun beside the krug package (not a build tree)")
-    script = tmp_path / "stall.py"
+    script = tmp_path_factory.mktemp("stall") / "stall.py"
     script.write_text(SCRIPT)
-    # The job's own environment: none of this (outer) job's rank variables.
+    # The jobs' own environment: none of this (outer) job's rank variables.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KRUG_", "HOROVOD_"))}
     env.update(KRUG_STALL_CHECK_TIME_SECONDS="1", KRUG_STALL_SHUTDOWN_TIME_SECONDS="3")
-    done = subprocess.run([launcher, "-np", str(np), sys.executable, str(script), case],
-                          env=env, capture_output=True, text=True, timeout=90)
-    out = done.stdout + done.stderr
-    assert done.returncode != 0, out
+    jobs = {(case, np): subprocess.Popen(
+        [launcher, "-np", str(np), sys.executable, str(script), case], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for case, np in CASES}
+    results = {}
+    for key, job in jobs.items():
+        try:
+            out, _ = job.communicate(timeout=150)  # a hang guard: the jobs end in seconds
+        except subprocess.TimeoutExpired:
+            job.kill()
+            out, _ = job.communicate()
+        results[key] = (job.returncode, out)
+    return results
+
+
+@pytest.mark.parametrize("case,np", CASES)
+def test_stall_is_reported_and_ends_the_job(case, np, finished_jobs):
+    returncode, out = finished_jobs[(case, np)]
+    assert returncode not in (0, -9), out  # failed, and not by the hang guard's kill
     assert "rank 0 returned" not in out
     missing = ", ".join(str(k) for k in range(1, np))
     # The warning, then the shutdown, each naming the op, who waits and who never came.
-    described = "{} '".format(case)
     assert "stalled operations" in out, out
     assert "KRUG_STALL_SHUTDOWN_TIME_SECONDS" in out, out
-    assert out.count(described) >= 2, out
+    assert out.count("{} '".format(case)) >= 2, out
     assert "for ranks [{}]; ready on ranks [0]".format(missing) in out, out
