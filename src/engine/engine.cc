@@ -303,7 +303,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   const bool mailboxes = requested_operations_ != "gloo" && requested_operations_ != "mpi";
   auto mailbox_segment = [&](size_t bytes) {
     rendezvous::PrefixStore prefixed("control/", store_);
-    return std::make_unique<collectives::shm::Segment>(config_.rank, config_.size, bytes,
+    return std::make_unique<transport::Segment>(config_.rank, config_.size, bytes,
                                                        config_.job_id, prefixed, timeout);
   };
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
