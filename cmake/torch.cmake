@@ -76,8 +76,8 @@ if(KRUG_TORCH_ENABLED)
   add_library(krug_torch SHARED ${KRUG_TORCH_SOURCES})
   # A binding is a layer of its own (cmake/layers.cmake): it sees its folder and what it declares.
   krug_layer_view(frameworks_torch frameworks/torch)
-  target_link_libraries(krug_frameworks_torch_headers INTERFACE krug_api_headers
-    krug_controller_headers krug_engine_headers)
+  # No dependency on any core layer: a binding uses the frontend seam (include/krug/frontend.h)
+  # and the public API only, so including a header from src/engine or src/controller here fails.
   target_link_libraries(krug_torch PUBLIC krug torch PRIVATE krug_frameworks_torch_headers
     fmt::fmt)
   target_link_options(krug_torch PRIVATE -Wl,--no-undefined)

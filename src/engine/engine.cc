@@ -253,6 +253,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   std::vector<TableSlot*> by_id_;
   std::vector<Table::node_type> finished_;   // finish_slots' scratch
   std::vector<std::shared_ptr<HandleState>> finished_handles_;
+  std::vector<std::string> finished_names_;  // with an error only: the tensors it fails
   std::vector<Table::node_type> arrived_;    // absorb_queue's
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
   std::vector<size_t> allreduce_counts_;
@@ -562,6 +563,7 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(const TensorView& t) {
     args.input = t.input;
     args.output = t.output;
     args.allocate_output = nullptr;
+    args.ready = nullptr;
   });
 }
 
@@ -592,8 +594,8 @@ std::string Engine::Impl::check_request(Request& q) const {
 template <typename Fill>
 std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const Fill& fill) {
   auto handle = std::make_shared<HandleState>(static_cast<int>(count));
-  auto fail = [&](const std::string& message) {
-    for (size_t i = 0; i < count; ++i) handle->complete_part(message);
+  auto fail = [&](const std::string& message, std::string_view tensor = {}) {
+    for (size_t i = 0; i < count; ++i) handle->complete_part(message, tensor);
     return handle;
   };
   if (count == 0) return handle;
@@ -609,17 +611,17 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const F
   const bool wake = queue_.empty() && drivers_.load() == 0;
   const size_t first = queue_.size();
   // A grouped request is all or nothing: a bad tensor takes the ones before it out again.
-  auto reject = [&](const std::string& message) {
+  auto reject = [&](const std::string& message, std::string_view tensor) {
     for (size_t j = first; j < queue_.size(); ++j) in_flight_keys_.erase(queue_[j].key());
     queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
-    return fail(message);
+    return fail(message, tensor);
   };
   for (size_t i = 0; i < count; ++i) {
     Table::node_type entry = entry_node();
     LocalEntry& e = entry.mapped();
     fill(i, e.args);
     const Request& q = e.args.request;
-    if (std::string why = check_request(e.args.request); !why.empty()) return reject(why);
+    if (std::string why = check_request(e.args.request); !why.empty()) return reject(why, q.name);
     KeySet::node_type key = key_node();
     controller::assign_table_key(key.value(), q.process_set, q.name);
     auto placed = in_flight_keys_.insert(std::move(key));
@@ -628,7 +630,8 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const F
       return reject(fmt::format(
           "{} '{}' (process set {}): an operation with this name is already in flight on rank "
           "{}; wait for it before reusing the name",
-          controller::op_name(q.op), q.name, q.process_set, config_.rank));
+          controller::op_name(q.op), q.name, q.process_set, config_.rank),
+          q.name);
     entry.key() = *placed.position;  // into the reused node's capacity
     e.handle = handle;
     e.cache_id = -1;
@@ -1175,6 +1178,8 @@ void Engine::Impl::finish_slots(std::span<TableSlot* const> slots, const std::st
   awaiting_response_ = std::max(0, awaiting_response_ - static_cast<int>(finished_.size()));
   for (auto& node : finished_) {
     finished_handles_.push_back(std::move(node.mapped().handle));
+    if (!error.empty()) finished_names_.push_back(node.mapped().args.request.name);
+    node.mapped().args.ready = nullptr;
     node.mapped().args.allocate_output = nullptr;  // may hold a framework's state
   }
   {
@@ -1187,8 +1192,10 @@ void Engine::Impl::finish_slots(std::span<TableSlot* const> slots, const std::st
     }
   }
   finished_.clear();  // what did not fit among the spares
-  for (auto& handle : finished_handles_) handle->complete_part(error);
+  for (size_t i = 0; i < finished_handles_.size(); ++i)
+    finished_handles_[i]->complete_part(error, error.empty() ? "" : finished_names_[i]);
   finished_handles_.clear();
+  finished_names_.clear();
 }
 
 void Engine::Impl::finish(const std::string& key, const std::string& error) {
@@ -1240,6 +1247,7 @@ void Engine::Impl::execute(const Response& r) {
   if (it == table_.end())
     throw Error(fmt::format("no local tensor for {} '{}' (only allreduce runs on joined ranks)",
                             controller::op_name(r.op), r.names[0]));
+  wait_ready(it->second.args);
   const std::string phase = upper(controller::op_name(r.op));
   timeline_begin(r.names[0], phase);
   switch (r.op) {
@@ -1278,6 +1286,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       counts[i] = static_cast<size_t>(elements(r.shapes[i]));
     }
     total += counts[i];
+    if (slots[i]) wait_ready(slots[i]->second.args);
   }
   const bool adasum = r.reduce_op == ReduceOp::kAdasum;
   if (adasum) {
@@ -1500,8 +1509,9 @@ void Engine::Impl::fatal(std::string message, bool tell_peers, bool is_error) {
     queued.swap(queue_);
     in_flight_keys_.clear();
   }
-  for (auto& node : queued) node.mapped().handle->complete_part(message);
-  for (auto& [key, e] : table_) e.handle->complete_part(message);
+  for (auto& node : queued)
+    node.mapped().handle->complete_part(message, node.mapped().args.request.name);
+  for (auto& [key, e] : table_) e.handle->complete_part(message, e.args.request.name);
   table_.clear();
   by_id_.clear();
   stopped_ = true;

@@ -30,7 +30,18 @@ struct TensorArgs {
   // call this with the output shape to get memory for it (a framework tensor, say). Without it
   // the output lives in the handle's OpResult::data.
   std::function<void*(const std::vector<int64_t>& shape)> allocate_output;
+  // Blocks until the input is written (a device binding's ready event); called once, before
+  // the engine reads the input. Empty: ready at enqueue.
+  std::function<void()> ready;
 };
+
+// Runs and clears `args.ready`, if any.
+inline void wait_ready(TensorArgs& args) {
+  if (!args.ready) return;
+  auto ready = std::move(args.ready);
+  args.ready = nullptr;
+  ready();
+}
 
 // One allreduce or broadcast tensor, described by reference: the engine copies it into storage
 // it reuses from finished operations, so submitting a step's gradients allocates nothing for

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace krug::engine {
@@ -38,8 +40,9 @@ class HandleState {
   // A handle covering `parts` tensors (grouped ops) completes when every part has.
   explicit HandleState(int parts = 1) : remaining_(parts), done_(parts <= 0) {}
 
-  // Marks one part done; the first error wins. Returns true when the whole handle completed.
-  bool complete_part(const std::string& error = {});
+  // Marks one part done; the first error wins (with `tensor`, the name of the tensor it failed,
+  // when known). Returns true when the whole handle completed.
+  bool complete_part(const std::string& error = {}, std::string_view tensor = {});
   bool done() const;
   // Set by the engine before the handle is shared; waits then drive it first.
   void set_driver(std::weak_ptr<Driver> driver) { driver_ = std::move(driver); }
@@ -47,6 +50,11 @@ class HandleState {
   bool wait_until(std::chrono::steady_clock::time_point deadline) const;
   void wait() const;
   std::string error() const;
+  // After a failure: the tensor the first error named, or empty.
+  std::string failed_tensor() const;
+  // Runs `fn` once the handle completes: at once (on this thread) when it already has, else on
+  // the thread that completes it, after waiters are woken. One callback per handle.
+  void on_done(std::function<void()> fn);
   // Valid once done(); written only by the engine before completion.
   OpResult& result() { return result_; }
   const OpResult& result() const { return result_; }
@@ -60,6 +68,8 @@ class HandleState {
   // thread completing parts holds the mutex.
   std::atomic<bool> done_{false};
   std::string error_;
+  std::string failed_tensor_;
+  std::function<void()> on_done_;
   OpResult result_;
 };
 

@@ -3,7 +3,8 @@
 // defaults, autograd, handle maps) is built in Python on top of it.
 //
 // Exceptions: krug::Error becomes krug.common.exceptions.HorovodInternalError (a RuntimeError),
-// torch_adapter::UnsupportedTensor (a bad argument found before enqueueing) becomes ValueError.
+// frontend::InvalidArgument, torch_adapter::UnsupportedTensor among them (a bad argument found
+// before enqueueing), becomes ValueError.
 // Every call that may block releases the GIL.
 #include <torch/extension.h>
 
@@ -14,6 +15,7 @@
 
 #include "frameworks/torch/adapter.h"
 #include "krug/elastic.h"
+#include "krug/frontend.h"
 #include "krug/krug.h"
 #include "krug/types.h"
 
@@ -146,7 +148,7 @@ PYBIND11_MODULE(_torch_core, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const ta::UnsupportedTensor& e) {
+    } catch (const krug::frontend::InvalidArgument& e) {  // ta::UnsupportedTensor among them
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const krug::elastic::WorkerRemoved& e) {
       py::object cls = py::module_::import("krug.common.exceptions").attr("WorkerRemoved");
