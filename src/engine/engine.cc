@@ -29,6 +29,7 @@
 #include "controller/negotiator.h"
 #include "controller/response_cache.h"
 #include "engine/control_plane.h"
+#include "engine/executor.h"
 #include "net/socket.h"
 #include "observe/autotuner.h"
 #include "observe/timeline.h"
@@ -54,28 +55,19 @@ int64_t elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-int64_t row_elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 std::string upper(std::string_view s) {
   std::string u(s);
   for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return u;
 }
 
-// Memory for an output whose shape negotiation just decided.
-void* output_memory(TensorArgs& args, OpResult& out, size_t bytes) {
-  if (args.allocate_output) {
-    void* p = args.allocate_output(out.shape);
-    if (p == nullptr && bytes > 0) throw Error("the output allocator returned no memory");
-    advise_huge_pages(p, bytes);  // a framework's fresh tensor: not touched yet
-    return p;
-  }
-  resize_on_huge_pages(out.data, bytes);
-  return out.data.data();
+// What an allreduce or reducescatter response decided, as the executor takes it.
+Reduction reduction(const Response& r) {
+  return Reduction{.dtype = r.dtype,
+                   .op = r.reduce_op,
+                   .prescale = r.prescale,
+                   .postscale = r.postscale,
+                   .process_set = r.process_set};
 }
 
 std::chrono::milliseconds seconds_to_ms(double s) {
@@ -256,8 +248,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   std::vector<std::string> finished_names_;  // with an error only: the tensors it fails
   std::vector<Table::node_type> arrived_;    // absorb_queue's
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
-  std::vector<size_t> allreduce_counts_;
-  std::vector<collectives::FusedPart> allreduce_parts_;
+  std::vector<FusedTensor> allreduce_tensors_;
   std::vector<Request> outgoing_;
   std::vector<uint32_t> outgoing_hits_;
   int awaiting_response_ = 0;
@@ -268,7 +259,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   bool negotiation_dirty_ = false;
   Clock::time_point next_stall_check_{};
   Clock::time_point next_stall_warning_{};
-  std::vector<uint8_t> fusion_;
+  Executor executor_;
   uint64_t lists_seen_ = 0;  // request or response lists received: drive() polls on while they come
   std::thread thread_;
 };
@@ -330,6 +321,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   }
   if (config_.rank == 0 && !config_.timeline_path.empty())
     timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
+  executor_ = Executor(timeline_.get());
   tuned_ = {config_.fusion_threshold_bytes, config_.cycle_time_ms};
   if (control_->is_coordinator() && config_.autotune) start_autotuner();
   thread_ = std::thread([this] { run(); });
@@ -1262,34 +1254,29 @@ void Engine::Impl::execute(const Response& r) {
 }
 
 void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
-  const size_t esize = dtype_size(r.dtype);
-  const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  double post = r.postscale;
-  if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(set.ranks.size());
   // A response from the cache carries ids only (its names are expanded only for the timeline).
   const bool by_id = r.names.empty();
   const size_t n = by_id ? r.cache_ids.size() : r.names.size();
-  // Members reused from response to response: a step allocates nothing of the fused size (on
-  // glibc, an allocation of a kilobyte or more first consolidates every small free chunk).
-  auto& slots = allreduce_slots_;     // null: no tensor here (a joined rank contributes zeros)
-  auto& counts = allreduce_counts_;  // per tensor: Adasum works tensor by tensor in a fused buffer
+  auto& slots = allreduce_slots_;  // null: no tensor here (a joined rank contributes zeros)
+  auto& tensors = allreduce_tensors_;
   slots.assign(n, nullptr);
-  counts.assign(n, 0);
-  size_t total = 0;
+  tensors.assign(n, FusedTensor{});
   for (size_t i = 0; i < n; ++i) {
     if (by_id) {
       slots[i] = slot_for_id(r.cache_ids[i]);
-      counts[i] = static_cast<size_t>(cache_.elements(r.cache_ids[i]));
+      tensors[i].count = static_cast<size_t>(cache_.elements(r.cache_ids[i]));
     } else {
       auto it = table_.find(controller::table_key(r.process_set, r.names[i]));
       slots[i] = it == table_.end() ? nullptr : &*it;
-      counts[i] = static_cast<size_t>(elements(r.shapes[i]));
+      tensors[i].count = static_cast<size_t>(elements(r.shapes[i]));
     }
-    total += counts[i];
-    if (slots[i]) wait_ready(slots[i]->second.args);
+    if (slots[i]) {
+      wait_ready(slots[i]->second.args);
+      tensors[i].args = &slots[i]->second.args;
+    }
+    if (!r.names.empty()) tensors[i].name = &r.names[i];
   }
-  const bool adasum = r.reduce_op == ReduceOp::kAdasum;
-  if (adasum) {
+  if (r.reduce_op == ReduceOp::kAdasum) {
     // The coordinator rejects these already; every rank reaches the same verdict without
     // talking to the others, so failing the names here leaves the engine running.
     std::string why = collectives::adasum_unsupported(r.dtype, static_cast<int>(set.ranks.size()),
@@ -1299,144 +1286,24 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       return;
     }
   }
-  auto reduce_in_place = [&](void* buf) {
-    if (adasum)
-      collectives::adasum_allreduce(*set.comm, buf, r.dtype, counts, r.process_set);
-    else
-      set.comm->allreduce(buf, total, r.dtype, kernel_op);
-  };
-  const std::string phase = "ALLREDUCE";
-  if (!adasum && set.comm->has_allreduce_parts()) {
-    // The data plane reads the inputs and writes the outputs in place: no fusion buffer, and
-    // the scale factors are applied while each piece is in cache.
-    auto& parts = allreduce_parts_;
-    parts.clear();
-    for (size_t i = 0; i < n; ++i) {
-      parts.push_back(slots[i] ? collectives::FusedPart{slots[i]->second.args.input,
-                                                       slots[i]->second.args.output, counts[i]}
-                               : collectives::FusedPart{nullptr, nullptr, counts[i]});
-      if (timeline_) timeline_begin(r.names[i], phase);
-    }
-    set.comm->allreduce_parts(parts, r.dtype, kernel_op, r.prescale, post);
-    if (timeline_)
-      for (const auto& name : r.names) timeline_end(name, phase);
-    finish_slots(slots);
-    return;
-  }
-  if (n == 1 && slots[0]) {
-    // One tensor: reduce in the user's output buffer, no fusion copies.
-    auto& a = slots[0]->second.args;
-    if (timeline_) timeline_begin(r.names[0], phase);
-    if (a.output != a.input && total > 0) reduce::copy(a.output, a.input, total * esize);
-    reduce::scale(r.dtype, a.output, total, r.prescale);
-    reduce_in_place(a.output);
-    reduce::scale(r.dtype, a.output, total, post);
-    if (timeline_) timeline_end(r.names[0], phase);
-  } else {
-    if (fusion_.size() < total * esize) fusion_.resize(total * esize);
-    size_t offset = 0;
-    for (size_t i = 0; i < n; ++i) {
-      size_t bytes = counts[i] * esize;
-      if (timeline_) timeline_begin(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
-      if (slots[i] && bytes > 0)
-        reduce::copy(fusion_.data() + offset, slots[i]->second.args.input, bytes);
-      else if (bytes > 0)
-        std::memset(fusion_.data() + offset, 0, bytes);  // a joined rank contributes zeros
-      if (timeline_) {
-        timeline_end(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
-        timeline_begin(r.names[i], phase);
-      }
-      offset += bytes;
-    }
-    reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
-    reduce_in_place(fusion_.data());
-    reduce::scale(r.dtype, fusion_.data(), total, post);
-    offset = 0;
-    for (size_t i = 0; i < n; ++i) {
-      size_t bytes = counts[i] * esize;
-      if (timeline_) {
-        timeline_end(r.names[i], phase);
-        timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
-      }
-      if (slots[i] && bytes > 0)
-        reduce::copy(slots[i]->second.args.output, fusion_.data() + offset, bytes);
-      if (timeline_) timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
-      offset += bytes;
-    }
-  }
+  executor_.allreduce(*set.comm, reduction(r), tensors);
   finish_slots(slots);
 }
 
 void Engine::Impl::run_allgather(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const auto& shape = e.args.request.shape;
-  const size_t row_bytes = static_cast<size_t>(row_elements(shape)) * dtype_size(r.dtype);
-  std::vector<size_t> bytes(set.ranks.size());
-  int64_t rows = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    bytes[i] = static_cast<size_t>(r.rank_dims[i]) * row_bytes;
-    rows += r.rank_dims[i];
-  }
-  OpResult& out = e.handle->result();
-  out.shape = shape;
-  out.shape[0] = rows;
-  void* dst = output_memory(e.args, out, static_cast<size_t>(rows) * row_bytes);
-  set.comm->allgatherv(e.args.input, dst, bytes);
+  executor_.allgather(*set.comm, r.dtype, r.rank_dims, e.args, e.handle->result());
 }
 
 void Engine::Impl::run_broadcast(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const size_t bytes = static_cast<size_t>(elements(r.shapes[0])) * dtype_size(r.dtype);
-  if (e.args.output != e.args.input && bytes > 0) reduce::copy(e.args.output, e.args.input, bytes);
-  set.comm->broadcast(e.args.output, bytes, r.root);
+  executor_.broadcast(*set.comm, r.dtype, r.shapes[0], r.root, e.args);
 }
 
 void Engine::Impl::run_alltoall(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const auto& shape = e.args.request.shape;
-  const size_t n = set.ranks.size();
-  const size_t me = static_cast<size_t>(set.my_index);
-  const size_t row_bytes = static_cast<size_t>(row_elements(shape)) * dtype_size(r.dtype);
-  std::vector<size_t> send(n), recv(n);
-  OpResult& out = e.handle->result();
-  out.received_splits.assign(n, 0);
-  int64_t rows = 0;
-  for (size_t p = 0; p < n; ++p) {
-    send[p] = static_cast<size_t>(r.rank_dims[me * n + p]) * row_bytes;
-    out.received_splits[p] = r.rank_dims[p * n + me];
-    recv[p] = static_cast<size_t>(out.received_splits[p]) * row_bytes;
-    rows += out.received_splits[p];
-  }
-  out.shape = shape;
-  out.shape[0] = rows;
-  void* dst = output_memory(e.args, out, static_cast<size_t>(rows) * row_bytes);
-  set.comm->alltoallv(e.args.input, send, dst, recv);
+  executor_.alltoall(*set.comm, r.dtype, r.rank_dims, e.args, e.handle->result());
 }
 
 void Engine::Impl::run_reducescatter(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const auto& shape = e.args.request.shape;
-  const int64_t n = static_cast<int64_t>(set.ranks.size());
-  const int64_t row = row_elements(shape);
-  std::vector<size_t> counts(n);
-  for (int64_t i = 0; i < n; ++i)
-    counts[i] = static_cast<size_t>((shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row);
-  const size_t total = static_cast<size_t>(elements(shape));
-  const size_t esize = dtype_size(r.dtype);
-  const void* input = e.args.input;
-  if (r.prescale != 1.0 && total > 0) {
-    if (fusion_.size() < total * esize) fusion_.resize(total * esize);
-    reduce::copy(fusion_.data(), input, total * esize);
-    reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
-    input = fusion_.data();
-  }
-  OpResult& out = e.handle->result();
-  const size_t mine = counts[set.my_index];
-  out.shape = shape;
-  out.shape[0] = row == 0 ? shape[0] / n + (set.my_index < shape[0] % n ? 1 : 0)
-                          : static_cast<int64_t>(mine) / row;
-  void* dst = output_memory(e.args, out, mine * esize);
-  const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  set.comm->reducescatter(input, dst, counts, r.dtype, kernel_op);
-  double post = r.postscale;
-  if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(n);
-  reduce::scale(r.dtype, dst, mine, post);
+  executor_.reducescatter(*set.comm, reduction(r), e.args, e.handle->result());
 }
 
 std::string Engine::Impl::root_cause(const std::string& local_error) {
