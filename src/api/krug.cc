@@ -11,6 +11,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "api/elastic_health.h"
 #include "api/mpi_job.h"
 #include "api/request.h"
 #include "api/runtime.h"
@@ -184,7 +185,11 @@ void init() {
     rt.elastic = ElasticSession{store, a};
   }
   auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
-  rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped));
+  // The elastic driver's health record is elastic code's, fed by the engine's rounds.
+  std::vector<std::shared_ptr<engine::CycleObserver>> observers;
+  if (config.elastic)
+    observers.push_back(std::make_shared<api::HealthReporter>(scoped, config.rank));
+  rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped), std::move(observers));
 }
 
 void shutdown() {

@@ -81,7 +81,8 @@ std::chrono::milliseconds seconds_to_ms(double s) {
 // until the background thread has done the work and woken it.
 class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::Impl> {
  public:
-  Impl(const Config& config, std::shared_ptr<rendezvous::Store> store);
+  Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
+       std::vector<std::shared_ptr<CycleObserver>> observers);
   ~Impl() override { shutdown(); }
 
   void shutdown();
@@ -177,7 +178,6 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
                                                               int rank, int size);
   std::optional<bool> agree_on_hierarchical_allreduce();
   void wait_for_every_rank_to_connect();
-  void report_health(Clock::time_point now);
   void timeline_begin(const std::string& name, std::string_view phase);
   void timeline_end(const std::string& name, std::string_view phase);
 
@@ -186,6 +186,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // then reports the data plane the global process set uses.
   std::string requested_operations_;
   std::shared_ptr<rendezvous::Store> store_;
+  std::vector<std::shared_ptr<CycleObserver>> observers_;  // told after every negotiation round
   std::string advertise_;  // the address peers reach this rank's TCP transports at
   std::once_flag device_once_;
   std::shared_ptr<gloo::transport::Device> device_;  // made by the first make_gloo
@@ -205,7 +206,6 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   bool waiters_drive_ = false;
   std::atomic<int> drivers_{0};  // threads in drive(): the background loop does not busy-poll then
   std::atomic<bool> asleep_{false};  // the background thread is in its blocking poll()
-  Clock::time_point next_health_report_{};  // elastic coordinator: readiness to the driver
   net::Fd wake_;
   // With waiters_drive_, an enqueue arms this (if it is not armed) instead of writing wake_: a
   // thread that waits for the operation soon runs it itself, and the background thread wakes
@@ -264,8 +264,12 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   std::thread thread_;
 };
 
-Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store)
-    : config_(config), store_(std::move(store)), cache_(config.cache_capacity) {
+Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
+                   std::vector<std::shared_ptr<CycleObserver>> observers)
+    : config_(config),
+      store_(std::move(store)),
+      observers_(std::move(observers)),
+      cache_(config.cache_capacity) {
   if (config_.size < 1 || config_.rank < 0 || config_.rank >= config_.size)
     throw Error(fmt::format("krug: invalid rank {} / size {}: start the job with krugrun, or set "
                             "KRUG_RANK and KRUG_SIZE",
@@ -317,7 +321,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   if (control_->is_coordinator()) {
     negotiator_ = std::make_unique<controller::Negotiator>(
         config_.size, config_.fusion_threshold_bytes, cache_);
-    if (config_.elastic) negotiator_->track_readiness();  // report_health's source
+    if (config_.elastic) negotiator_->track_readiness();  // for the elastic health report
   }
   if (config_.rank == 0 && !config_.timeline_path.empty())
     timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
@@ -938,7 +942,7 @@ void Engine::Impl::coordinate(Clock::time_point now) {
   }
   inspect_stalls(now);
   if (stopped_) return;
-  if (config_.elastic) report_health(now);
+  for (const auto& observer : observers_) observer->on_cycle(now, negotiator_->readiness());
   if (list.responses.empty() && !list.shutdown) return;
   if (tuning_to_send_) {
     list.tuned_fusion_threshold = tuning_to_send_->fusion_threshold_bytes;
@@ -948,23 +952,6 @@ void Engine::Impl::coordinate(Clock::time_point now) {
   for (int r : control_->broadcast(list))
     log::at(log::Level::kWarning, 0, "could not send responses to rank {}", r);
   process(std::move(list));
-}
-
-// krugrun's elastic driver finds stragglers from these (docs/elastic.md). Once a second at most,
-// and only when cycles run: an idle job has nothing to report.
-void Engine::Impl::report_health(Clock::time_point now) {
-  if (now < next_health_report_) return;
-  next_health_report_ = now + std::chrono::seconds(1);
-  const auto& stats = negotiator_->readiness();
-  rendezvous::elastic::Health health{stats.elapsed_us(now), stats.tensors(), stats.steps(),
-                                     stats.lateness_us()};
-  const std::string text = rendezvous::elastic::encode(health);
-  try {
-    store_->set("health", rendezvous::Bytes(text.begin(), text.end()));
-  } catch (const Error& e) {
-    log::at(log::Level::kWarning, config_.rank, "could not report readiness to krugrun: {}",
-            e.what());
-  }
 }
 
 void Engine::Impl::inspect_stalls(Clock::time_point now) {
@@ -1392,8 +1379,9 @@ void Engine::Impl::timeline_end(const std::string& name, std::string_view phase)
   if (timeline_) timeline_->end(name, phase, Clock::now());
 }
 
-Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store)
-    : impl_(std::make_shared<Impl>(config, std::move(store))) {}
+Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store,
+               std::vector<std::shared_ptr<CycleObserver>> observers)
+    : impl_(std::make_shared<Impl>(config, std::move(store), std::move(observers))) {}
 // A thread still driving a handle keeps the rest of Impl alive until it returns.
 Engine::~Engine() { impl_->shutdown(); }
 void Engine::shutdown() { impl_->shutdown(); }

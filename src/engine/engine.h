@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "controller/message.h"
 #include "engine/handle_state.h"
+#include "engine/observer.h"
 #include "rendezvous/store.h"
 
 namespace krug::engine {
@@ -72,7 +73,9 @@ class Engine {
  public:
   // Connects to every rank of config.size through `store` (already namespaced for this
   // initialization) and starts the background thread. Throws krug::Error on failure.
-  Engine(const Config& config, std::shared_ptr<rendezvous::Store> store);
+  // `observers` are told of every negotiation round on the coordinator (observer.h).
+  Engine(const Config& config, std::shared_ptr<rendezvous::Store> store,
+         std::vector<std::shared_ptr<CycleObserver>> observers = {});
   ~Engine();  // shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
