@@ -19,8 +19,9 @@
 //
 // Errors: an argument that can never work (an empty name, a grouped op without tensors, a
 // device this build does not drive) throws InvalidArgument before anything is enqueued;
-// everything the engine finds (mismatched shapes across ranks, a dead peer, a timeout, a reused
-// name) completes the handle with a Status whose code is kFailed.
+// what the engine refuses at submission (a name still in flight, a process set this rank is not
+// in) completes the handle at once with code kRejected (Handle::rejected()); what it finds later
+// (mismatched shapes across ranks, a dead peer, a timeout) completes it with code kFailed.
 #pragma once
 
 #include <cstdint>
@@ -89,7 +90,9 @@ class InvalidArgument : public Error {
 struct Status {
   enum class Code : uint8_t {
     kOk = 0,
-    kFailed = 1,  // the engine or a peer failed it; `message` says why and where it started
+    kFailed = 1,    // the engine or a peer failed it; `message` says why and where it started
+    kRejected = 2,  // refused at submission, nothing sent: this caller's arguments (a name in
+                    // flight, a process set this rank is not in, rows alltoall cannot split)
   };
   Code code = Code::kOk;
   int rank = -1;            // the rank reporting it (the message names the rank it began on)
@@ -138,6 +141,9 @@ class Handle : public krug::Handle {
 
   // Code kOk until completion; then how the operation ended. Never blocks.
   Status status() const;
+  // Whether the engine refused the operation at submission (Status::Code::kRejected): a
+  // binding raises at the call then, as Horovod does, rather than at the wait. No allocation.
+  bool rejected() const;
 
  private:
   OpType op_ = OpType::kAllreduce;

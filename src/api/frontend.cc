@@ -63,7 +63,7 @@ Status status_of(const engine::HandleState& state, const engine::Engine& engine,
   if (!state.done()) return s;
   s.message = state.error();
   if (!s.message.empty()) {
-    s.code = Status::Code::kFailed;
+    s.code = state.rejected() ? Status::Code::kRejected : Status::Code::kFailed;
     s.tensor = state.failed_tensor();
   }
   return s;
@@ -113,6 +113,10 @@ Handle::Handle(krug::Handle handle, const Op& op, std::shared_ptr<const engine::
 Status Handle::status() const {
   if (!engine_) throw Error("krug::frontend::Handle is empty: it was not returned by enqueue");
   return status_of(state(), *engine_, op_, process_set_);
+}
+
+bool Handle::rejected() const {
+  return valid() && state().rejected();
 }
 
 Handle enqueue(const std::string& name, const Op& op, const TensorView& input, void* output,

@@ -32,9 +32,24 @@ void HandleState::on_done(std::function<void()> fn) {
   fn();
 }
 
-bool HandleState::done() const {
-  return done_.load(std::memory_order_acquire);
+void HandleState::reject(const std::string& error, std::string_view tensor) {
+  std::function<void()> callback;
+  {
+    std::lock_guard lock(mu_);
+    rejected_.store(true, std::memory_order_release);
+    if (error_.empty()) {
+      error_ = error;
+      failed_tensor_ = tensor;
+    }
+    remaining_ = 0;
+    done_.store(true, std::memory_order_release);
+    cv_.notify_all();
+    callback.swap(on_done_);
+  }
+  if (callback) callback();
 }
+
+bool HandleState::done() const { return done_.load(std::memory_order_acquire); }
 
 bool HandleState::wait_until(std::chrono::steady_clock::time_point deadline) const {
   if (auto driver = driver_.lock(); driver && !done()) driver->drive(*this, deadline);

@@ -43,6 +43,10 @@ class HandleState {
   // Marks one part done; the first error wins (with `tensor`, the name of the tensor it failed,
   // when known). Returns true when the whole handle completed.
   bool complete_part(const std::string& error = {}, std::string_view tensor = {});
+  // Fails every part at submission, before anything was sent: the caller's own arguments were
+  // wrong (a name in flight, a bad shape), so frontends raise at the call (Python: ValueError).
+  void reject(const std::string& error, std::string_view tensor = {});
+  bool rejected() const { return rejected_.load(std::memory_order_acquire); }
   bool done() const;
   // Set by the engine before the handle is shared; waits then drive it first.
   void set_driver(std::weak_ptr<Driver> driver) { driver_ = std::move(driver); }
@@ -67,6 +71,7 @@ class HandleState {
   // done() without the mutex: a thread driving the loop asks after every round, while the
   // thread completing parts holds the mutex.
   std::atomic<bool> done_{false};
+  std::atomic<bool> rejected_{false};
   std::string error_;
   std::string failed_tensor_;
   std::function<void()> on_done_;

@@ -106,7 +106,7 @@ TEST_F(Frontend, TheAllocatorIsToldWhichTensorOfTheGroupItSizes) {
   EXPECT_EQ(results[1], b);
 }
 
-TEST_F(Frontend, AFailureIsAStatusThatNamesTheTensorSetAndOp) {
+TEST_F(Frontend, ARejectedSubmissionIsAStatusThatNamesTheTensorSetAndOp) {
   std::vector<float> x{1};
   const std::vector<int64_t> shape{1};
   std::promise<Status> from_callback;
@@ -114,9 +114,10 @@ TEST_F(Frontend, AFailureIsAStatusThatNamesTheTensorSetAndOp) {
   callbacks.done = [&](const Status& s) { from_callback.set_value(s); };
   Handle h = enqueue("lonely", Op{.type = OpType::kBroadcast, .process_set = ProcessSet{7}},
                      floats(x, shape), x.data(), callbacks);
+  EXPECT_TRUE(h.rejected());  // the engine refused it at submission
   EXPECT_THROW(h.wait(), Error);
   const Status s = h.status();
-  EXPECT_EQ(s.code, Status::Code::kFailed);
+  EXPECT_EQ(s.code, Status::Code::kRejected);
   EXPECT_EQ(s.rank, 0);
   EXPECT_FALSE(s.host.empty());
   EXPECT_EQ(s.process_set, 7);

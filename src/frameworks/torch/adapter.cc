@@ -130,7 +130,11 @@ frontend::OutputAllocator allocator(const std::shared_ptr<TorchHandle::Shared>& 
   };
 }
 
+// The engine rejects a request with bad arguments (a name already in flight, a process set this
+// rank is not in, alltoall rows it cannot split) before sending anything: raise at the call, as
+// Horovod does, rather than at synchronize.
 HandlePtr with_handle(std::shared_ptr<TorchHandle::Shared> shared, frontend::Handle handle) {
+  if (handle.rejected()) throw UnsupportedTensor(handle.error());
   auto h = std::make_shared<TorchHandle>(std::move(shared));
   h->handle_ = std::move(handle);
   return h;
