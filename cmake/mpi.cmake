@@ -41,17 +41,22 @@ else()
   endif()
 endif()
 
+# The layer krug_collectives_mpi: src/collectives/mpi's headers (mpi_backend.h) either way, and
+# its sources or mpi_absent.cc's.
 if(KRUG_MPI_ENABLED)
   file(GLOB KRUG_MPI_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/collectives/mpi/*.cc)
-  target_sources(krug PRIVATE ${KRUG_MPI_SOURCES})
+  krug_layer(collectives_mpi FOLDER collectives/mpi SOURCES ${KRUG_MPI_SOURCES}
+    PUBLIC collectives LIBS fmt::fmt MPI::MPI_C)
   # mpi.h compiled as C++ would pull in MPI's long-deprecated C++ bindings (and need their
   # library); krug uses the C API only.
-  set_source_files_properties(${KRUG_MPI_SOURCES} PROPERTIES
-    COMPILE_DEFINITIONS "OMPI_SKIP_MPICXX;MPICH_SKIP_MPICXX")
+  target_compile_definitions(krug_collectives_mpi PRIVATE OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
   # MPI's headers and library stay private to libkrug: only src/collectives/mpi/ includes
   # mpi.h, and its interface (mpi_backend.h) names no MPI type, so nothing else needs MPI to
   # compile and no #ifdef is needed (mpi_absent.cc has the same functions).
-  target_link_libraries(krug PRIVATE MPI::MPI_C)
+  set(KRUG_MPI_LINK MPI::MPI_C)
 else()
-  target_sources(krug PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src/collectives/mpi_absent/mpi_absent.cc)
+  krug_layer(collectives_mpi FOLDER collectives/mpi
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/src/collectives/mpi_absent/mpi_absent.cc
+    PUBLIC collectives LIBS fmt::fmt)
+  set(KRUG_MPI_LINK "")
 endif()

@@ -74,14 +74,16 @@ if(KRUG_TORCH_ENABLED)
   file(GLOB KRUG_TORCH_SOURCES CONFIGURE_DEPENDS src/frameworks/torch/*.cc)
   list(FILTER KRUG_TORCH_SOURCES EXCLUDE REGEX ".*/python_module\\.cc$")
   add_library(krug_torch SHARED ${KRUG_TORCH_SOURCES})
-  target_include_directories(krug_torch
-    PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
-           $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/src>)
-  target_link_libraries(krug_torch PUBLIC krug torch PRIVATE krug_internal fmt::fmt)
+  # A binding is a layer of its own (cmake/layers.cmake): it sees its folder and what it declares.
+  krug_layer_view(frameworks_torch frameworks/torch)
+  # No dependency on any core layer: a binding uses the frontend seam (include/krug/frontend.h)
+  # and the public API only, so including a header from src/engine or src/controller here fails.
+  target_link_libraries(krug_torch PUBLIC krug torch PRIVATE krug_frameworks_torch_headers
+    fmt::fmt)
   target_link_options(krug_torch PRIVATE -Wl,--no-undefined)
 
   pybind11_add_module(_torch_core MODULE src/frameworks/torch/python_module.cc)
-  target_link_libraries(_torch_core PRIVATE krug_torch krug_internal torch
+  target_link_libraries(_torch_core PRIVATE krug_torch krug_frameworks_torch_headers torch
     ${KRUG_TORCH_PYTHON_LIBRARY} fmt::fmt)
   # What torch.utils.cpp_extension defines, so pybind11 types interoperate with torch._C.
   target_compile_definitions(_torch_core PRIVATE TORCH_API_INCLUDE_EXTENSION_H

@@ -15,13 +15,6 @@
 
 namespace krug {
 
-// A bad argument found before anything was enqueued (bindings raise it as their language's
-// argument error: ValueError in Python).
-class InvalidArgument : public Error {
- public:
-  using Error::Error;
-};
-
 // The name of an operation submitted without one: "<kind>.noname.<n>", where n counts this
 // rank's unnamed `kind` operations on `process_set` since the last init() ("allreduce.noname.0"
 // first). Ranks that make the same unnamed calls in the same order get the same names. The

@@ -45,6 +45,8 @@ class Handle {
   Handle() = default;
   explicit Handle(std::shared_ptr<engine::HandleState> state) : state_(std::move(state)) {}
 
+  // False for a default-constructed handle (no operation); every other member then throws.
+  bool valid() const { return state_ != nullptr; }
   // True once the operation finished, successfully or not. Never blocks.
   bool poll() const;
   // Blocks until finished; throws krug::Error with the failure message. While it waits, the
@@ -65,6 +67,10 @@ class Handle {
   const std::vector<int64_t>& received_splits() const;
   // join: the rank that joined last. add_process_set: the new set's id.
   int64_t value() const;
+
+ protected:
+  // Throws krug::Error when the handle is empty.
+  const engine::HandleState& state() const { return checked(); }
 
  private:
   const engine::HandleState& checked() const;

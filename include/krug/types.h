@@ -50,4 +50,11 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A bad argument found before anything was enqueued: nothing was sent, no other rank is
+// affected. Bindings raise it as their language's argument error (ValueError in Python).
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace krug

@@ -2,6 +2,7 @@
 #include "krug/krug.h"
 
 #include "krug/elastic.h"
+#include "krug/frontend.h"
 
 #include <fmt/format.h>
 
@@ -10,7 +11,9 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "api/elastic_health.h"
 #include "api/mpi_job.h"
+#include "api/request.h"
 #include "api/runtime.h"
 #include "collectives/mpi/mpi_backend.h"
 #include "engine/engine.h"
@@ -78,44 +81,20 @@ rendezvous::elastic::Assignment join_round(rendezvous::Store& store, const Confi
   return a;
 }
 
-void check_name(const std::string& name, OpType op) {
-  if (name.empty())
-    throw Error(fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
-}
-
-Request make_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
-                     int32_t process_set) {
-  check_name(name, op);
-  Request q;
-  q.name = name;
-  q.op = op;
-  q.dtype = dtype;
-  q.shape = shape;
-  q.process_set = process_set;
-  return q;
-}
-
-Handle submit(std::vector<TensorArgs> tensors) {
-  return Handle(current()->enqueue(std::move(tensors)));
-}
-
-// One tensor, moved in (a braced list would copy it).
 Handle submit(TensorArgs tensor) { return Handle(current()->enqueue(std::move(tensor))); }
 
-// An op whose result negotiation sizes: in Handle::output(), or where `allocate` says.
-Handle submit_sized_by_negotiation(Request q, const void* input, OutputAllocator allocate) {
-  auto args = tensor_args(std::move(q), input, nullptr);
-  args.allocate_output = std::move(allocate);
-  return submit(std::move(args));
+frontend::TensorView view(const void* data, DataType dtype, const Shape& shape) {
+  return frontend::TensorView{.dtype = dtype, .shape = shape, .data = data};
 }
 
-Request reduce_request(const std::string& name, OpType op, DataType dtype, const Shape& shape,
-                       const ReduceOptions& o) {
-  Request q = make_request(name, op, dtype, shape, o.process_set.id);
-  q.reduce_op = o.op;
-  q.prescale = o.prescale_factor;
-  q.postscale = o.postscale_factor;
-  return q;
+// The seam's per-tensor allocator for the C++ API's one-tensor form.
+frontend::Callbacks allocating(OutputAllocator allocate) {
+  frontend::Callbacks callbacks;
+  if (allocate)
+    callbacks.allocate = [allocate = std::move(allocate)](size_t, const Shape& shape) {
+      return allocate(shape);
+    };
+  return callbacks;
 }
 
 }  // namespace
@@ -214,7 +193,11 @@ void init() {
     rt.elastic = ElasticSession{store, a};
   }
   auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
-  rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped));
+  // The elastic driver's health record is elastic code's, fed by the engine's rounds.
+  std::vector<std::shared_ptr<engine::CycleObserver>> observers;
+  if (config.elastic)
+    observers.push_back(std::make_shared<api::HealthReporter>(scoped, config.rank));
+  rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped), std::move(observers));
   rt.op_names = std::make_shared<OpNameCounters>();
 }
 
@@ -262,17 +245,8 @@ bool mpi_threads_supported() {
 
 Handle allreduce_async(const std::string& name, const void* input, void* output, DataType dtype,
                        const Shape& shape, const ReduceOptions& options) {
-  check_name(name, OpType::kAllreduce);
-  return Handle(current()->enqueue(engine::TensorView{.name = name,
-                                                      .op = OpType::kAllreduce,
-                                                      .dtype = dtype,
-                                                      .shape = shape,
-                                                      .process_set = options.process_set.id,
-                                                      .reduce_op = options.op,
-                                                      .prescale = options.prescale_factor,
-                                                      .postscale = options.postscale_factor,
-                                                      .input = input,
-                                                      .output = output}));
+  return frontend::enqueue(name, frontend::reduction(frontend::OpType::kAllreduce, options),
+                           view(input, dtype, shape), output);
 }
 
 void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
@@ -282,37 +256,30 @@ void allreduce(const std::string& name, const void* input, void* output, DataTyp
 
 Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupTensor>& tensors,
                                const ReduceOptions& options) {
-  std::vector<TensorArgs> args;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i];
-    Request q =
-        reduce_request(fmt::format("{}.{}", name, i), OpType::kAllreduce, t.dtype, t.shape, options);
-    q.group = name;
-    q.group_size = static_cast<int32_t>(tensors.size());
-    args.push_back(tensor_args(std::move(q), t.input, t.output));
+  std::vector<frontend::TensorView> inputs;
+  std::vector<void*> outputs;
+  for (const auto& t : tensors) {
+    inputs.push_back(view(t.input, t.dtype, t.shape));
+    outputs.push_back(t.output);
   }
-  if (args.empty()) throw Error("grouped_allreduce '" + name + "': no tensors");
-  return submit(std::move(args));
+  return frontend::enqueue_group(name, frontend::reduction(frontend::OpType::kAllreduce, options),
+                                 inputs, outputs);
 }
 
 Handle allgather_async(const std::string& name, const void* input, DataType dtype,
                        const Shape& shape, ProcessSet process_set, OutputAllocator allocate) {
-  return submit_sized_by_negotiation(
-      make_request(name, OpType::kAllgather, dtype, shape, process_set.id), input,
-      std::move(allocate));
+  return frontend::enqueue(name,
+                           frontend::Op{.type = frontend::OpType::kAllgather,
+                                        .process_set = process_set},
+                           view(input, dtype, shape), nullptr, allocating(std::move(allocate)));
 }
 
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
                        int root, ProcessSet process_set) {
-  check_name(name, OpType::kBroadcast);
-  return Handle(current()->enqueue(engine::TensorView{.name = name,
-                                                      .op = OpType::kBroadcast,
-                                                      .dtype = dtype,
-                                                      .shape = shape,
-                                                      .process_set = process_set.id,
-                                                      .root = root,
-                                                      .input = data,
-                                                      .output = data}));
+  return frontend::enqueue(
+      name,
+      frontend::Op{.type = frontend::OpType::kBroadcast, .process_set = process_set, .root = root},
+      view(data, dtype, shape), data);
 }
 
 void broadcast(const std::string& name, void* data, DataType dtype, const Shape& shape, int root,
@@ -323,30 +290,27 @@ void broadcast(const std::string& name, void* data, DataType dtype, const Shape&
 Handle alltoall_async(const std::string& name, const void* input, DataType dtype,
                       const Shape& shape, const std::vector<int64_t>& splits,
                       ProcessSet process_set, OutputAllocator allocate) {
-  Request q = make_request(name, OpType::kAlltoall, dtype, shape, process_set.id);
-  q.splits = splits;
-  return submit_sized_by_negotiation(std::move(q), input, std::move(allocate));
+  return frontend::enqueue(name,
+                           frontend::Op{.type = frontend::OpType::kAlltoall,
+                                        .process_set = process_set,
+                                        .splits = splits},
+                           view(input, dtype, shape), nullptr, allocating(std::move(allocate)));
 }
 
 Handle reducescatter_async(const std::string& name, const void* input, DataType dtype,
                            const Shape& shape, const ReduceOptions& options,
                            OutputAllocator allocate) {
-  return submit_sized_by_negotiation(
-      reduce_request(name, OpType::kReducescatter, dtype, shape, options), input,
-      std::move(allocate));
+  return frontend::enqueue(name, frontend::reduction(frontend::OpType::kReducescatter, options),
+                           view(input, dtype, shape), nullptr, allocating(std::move(allocate)));
 }
 
 void barrier(ProcessSet process_set) {
-  submit(
-      tensor_args(make_request("__barrier", OpType::kBarrier, DataType::kUInt8, {}, process_set.id),
-                  nullptr, nullptr))
+  submit(tensor_args(api::control_request("__barrier", OpType::kBarrier, process_set.id), nullptr,
+                     nullptr))
       .wait();
 }
 
-Handle join_async() {
-  return submit(tensor_args(make_request("__join", OpType::kJoin, DataType::kUInt8, {}, 0), nullptr,
-                            nullptr));
-}
+Handle join_async() { return frontend::join(); }
 
 int join() {
   Handle h = join_async();
@@ -356,8 +320,8 @@ int join() {
 
 ProcessSet add_process_set(std::vector<int> ranks) {
   std::sort(ranks.begin(), ranks.end());
-  Request q = make_request(fmt::format("__add_process_set[{}]", fmt::join(ranks, ",")),
-                           OpType::kAddProcessSet, DataType::kUInt8, {}, 0);
+  Request q = api::control_request(fmt::format("__add_process_set[{}]", fmt::join(ranks, ",")),
+                                   OpType::kAddProcessSet, 0);
   q.set_ranks.assign(ranks.begin(), ranks.end());
   Handle h = submit(tensor_args(std::move(q), nullptr, nullptr));
   h.wait();
@@ -365,8 +329,8 @@ ProcessSet add_process_set(std::vector<int> ranks) {
 }
 
 void remove_process_set(ProcessSet process_set) {
-  Request q = make_request(fmt::format("__remove_process_set[{}]", process_set.id),
-                           OpType::kRemoveProcessSet, DataType::kUInt8, {}, 0);
+  Request q = api::control_request(fmt::format("__remove_process_set[{}]", process_set.id),
+                                   OpType::kRemoveProcessSet, 0);
   q.target_process_set = process_set.id;
   submit(tensor_args(std::move(q), nullptr, nullptr)).wait();
 }

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/shm/shm_segment.h"
+#include "transport/shm_segment.h"
 #include "controller/message.h"
 #include "engine/mailbox.h"
 #include "net/socket.h"
@@ -30,7 +30,7 @@ namespace krug::engine {
 class ControlPlane {
  public:
   // Maps the mailboxes' shared segment (a collective call on every rank).
-  using SegmentFactory = std::function<std::unique_ptr<collectives::shm::Segment>(size_t bytes)>;
+  using SegmentFactory = std::function<std::unique_ptr<transport::Segment>(size_t bytes)>;
 
   // Blocks until every rank is connected or `timeout` passes (throws krug::Error naming the
   // ranks that did not show up). The coordinator decides for everyone whether lists go through
@@ -81,7 +81,7 @@ class ControlPlane {
   std::vector<net::Connection> workers_;  // coordinator only, by rank
   net::Connection coordinator_;           // workers only
   // With mailboxes, by peer: lists coming in, lists going out.
-  std::unique_ptr<collectives::shm::Segment> segment_;
+  std::unique_ptr<transport::Segment> segment_;
   std::vector<std::optional<Mailbox>> inbox_, outbox_;
   // By peer: frames read from its socket not yet taken (with mailboxes, lists that went over
   // the socket, each behind its sequence number, until their turn comes).

@@ -29,6 +29,7 @@
 #include "controller/negotiator.h"
 #include "controller/response_cache.h"
 #include "engine/control_plane.h"
+#include "engine/executor.h"
 #include "net/socket.h"
 #include "observe/autotuner.h"
 #include "observe/timeline.h"
@@ -54,28 +55,19 @@ int64_t elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-int64_t row_elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 std::string upper(std::string_view s) {
   std::string u(s);
   for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   return u;
 }
 
-// Memory for an output whose shape negotiation just decided.
-void* output_memory(TensorArgs& args, OpResult& out, size_t bytes) {
-  if (args.allocate_output) {
-    void* p = args.allocate_output(out.shape);
-    if (p == nullptr && bytes > 0) throw Error("the output allocator returned no memory");
-    advise_huge_pages(p, bytes);  // a framework's fresh tensor: not touched yet
-    return p;
-  }
-  resize_on_huge_pages(out.data, bytes);
-  return out.data.data();
+// What an allreduce or reducescatter response decided, as the executor takes it.
+Reduction reduction(const Response& r) {
+  return Reduction{.dtype = r.dtype,
+                   .op = r.reduce_op,
+                   .prescale = r.prescale,
+                   .postscale = r.postscale,
+                   .process_set = r.process_set};
 }
 
 std::chrono::milliseconds seconds_to_ms(double s) {
@@ -89,7 +81,8 @@ std::chrono::milliseconds seconds_to_ms(double s) {
 // until the background thread has done the work and woken it.
 class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::Impl> {
  public:
-  Impl(const Config& config, std::shared_ptr<rendezvous::Store> store);
+  Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
+       std::vector<std::shared_ptr<CycleObserver>> observers);
   ~Impl() override { shutdown(); }
 
   void shutdown();
@@ -186,7 +179,6 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
                                                               int rank, int size);
   std::optional<bool> agree_on_hierarchical_allreduce();
   void wait_for_every_rank_to_connect();
-  void report_health(Clock::time_point now);
   void timeline_begin(const std::string& name, std::string_view phase);
   void timeline_end(const std::string& name, std::string_view phase);
 
@@ -195,6 +187,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   // then reports the data plane the global process set uses.
   std::string requested_operations_;
   std::shared_ptr<rendezvous::Store> store_;
+  std::vector<std::shared_ptr<CycleObserver>> observers_;  // told after every negotiation round
   std::string advertise_;  // the address peers reach this rank's TCP transports at
   std::once_flag device_once_;
   std::shared_ptr<gloo::transport::Device> device_;  // made by the first make_gloo
@@ -214,7 +207,6 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   bool waiters_drive_ = false;
   std::atomic<int> drivers_{0};  // threads in drive(): the background loop does not busy-poll then
   std::atomic<bool> asleep_{false};  // the background thread is in its blocking poll()
-  Clock::time_point next_health_report_{};  // elastic coordinator: readiness to the driver
   net::Fd wake_;
   // With waiters_drive_, an enqueue arms this (if it is not armed) instead of writing wake_: a
   // thread that waits for the operation soon runs it itself, and the background thread wakes
@@ -254,10 +246,10 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   std::vector<TableSlot*> by_id_;
   std::vector<Table::node_type> finished_;   // finish_slots' scratch
   std::vector<std::shared_ptr<HandleState>> finished_handles_;
+  std::vector<std::string> finished_names_;  // with an error only: the tensors it fails
   std::vector<Table::node_type> arrived_;    // absorb_queue's
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
-  std::vector<size_t> allreduce_counts_;
-  std::vector<collectives::FusedPart> allreduce_parts_;
+  std::vector<FusedTensor> allreduce_tensors_;
   std::vector<Request> outgoing_;
   std::vector<uint32_t> outgoing_hits_;
   int awaiting_response_ = 0;
@@ -268,13 +260,17 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   bool negotiation_dirty_ = false;
   Clock::time_point next_stall_check_{};
   Clock::time_point next_stall_warning_{};
-  std::vector<uint8_t> fusion_;
+  Executor executor_;
   uint64_t lists_seen_ = 0;  // request or response lists received: drive() polls on while they come
   std::thread thread_;
 };
 
-Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store)
-    : config_(config), store_(std::move(store)), cache_(config.cache_capacity) {
+Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
+                   std::vector<std::shared_ptr<CycleObserver>> observers)
+    : config_(config),
+      store_(std::move(store)),
+      observers_(std::move(observers)),
+      cache_(config.cache_capacity) {
   if (config_.size < 1 || config_.rank < 0 || config_.rank >= config_.size)
     throw Error(fmt::format("krug: invalid rank {} / size {}: start the job with krugrun, or set "
                             "KRUG_RANK and KRUG_SIZE",
@@ -304,7 +300,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   const bool mailboxes = requested_operations_ != "gloo" && requested_operations_ != "mpi";
   auto mailbox_segment = [&](size_t bytes) {
     rendezvous::PrefixStore prefixed("control/", store_);
-    return std::make_unique<collectives::shm::Segment>(config_.rank, config_.size, bytes,
+    return std::make_unique<transport::Segment>(config_.rank, config_.size, bytes,
                                                        config_.job_id, prefixed, timeout);
   };
   control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise,
@@ -326,10 +322,11 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   if (control_->is_coordinator()) {
     negotiator_ = std::make_unique<controller::Negotiator>(
         config_.size, config_.fusion_threshold_bytes, cache_);
-    if (config_.elastic) negotiator_->track_readiness();  // report_health's source
+    if (config_.elastic) negotiator_->track_readiness();  // for the elastic health report
   }
   if (config_.rank == 0 && !config_.timeline_path.empty())
     timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
+  executor_ = Executor(timeline_.get());
   tuned_ = {config_.fusion_threshold_bytes, config_.cycle_time_ms};
   if (control_->is_coordinator() && config_.autotune) start_autotuner();
   thread_ = std::thread([this] { run(); });
@@ -563,6 +560,7 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(const TensorView& t) {
     args.input = t.input;
     args.output = t.output;
     args.allocate_output = nullptr;
+    args.ready = nullptr;
   });
 }
 
@@ -593,8 +591,8 @@ std::string Engine::Impl::check_request(Request& q) const {
 template <typename Fill>
 std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const Fill& fill) {
   auto handle = std::make_shared<HandleState>(static_cast<int>(count));
-  auto fail = [&](const std::string& message) {
-    for (size_t i = 0; i < count; ++i) handle->complete_part(message);
+  auto fail = [&](const std::string& message, std::string_view tensor = {}) {
+    for (size_t i = 0; i < count; ++i) handle->complete_part(message, tensor);
     return handle;
   };
   if (count == 0) return handle;
@@ -610,10 +608,10 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const F
   const bool wake = queue_.empty() && drivers_.load() == 0;
   const size_t first = queue_.size();
   // A grouped request is all or nothing: a bad tensor takes the ones before it out again.
-  auto reject = [&](const std::string& message) {
+  auto reject = [&](const std::string& message, std::string_view tensor) {
     for (size_t j = first; j < queue_.size(); ++j) in_flight_keys_.erase(queue_[j].key());
     queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
-    handle->reject(message);
+    handle->reject(message, tensor);
     return handle;
   };
   for (size_t i = 0; i < count; ++i) {
@@ -621,7 +619,7 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const F
     LocalEntry& e = entry.mapped();
     fill(i, e.args);
     const Request& q = e.args.request;
-    if (std::string why = check_request(e.args.request); !why.empty()) return reject(why);
+    if (std::string why = check_request(e.args.request); !why.empty()) return reject(why, q.name);
     KeySet::node_type key = key_node();
     controller::assign_table_key(key.value(), q.process_set, q.name);
     auto placed = in_flight_keys_.insert(std::move(key));
@@ -630,7 +628,8 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const F
       return reject(fmt::format(
           "{} '{}' (process set {}): an operation with this name is already in flight on rank "
           "{}; wait for it before reusing the name",
-          controller::op_name(q.op), q.name, q.process_set, config_.rank));
+          controller::op_name(q.op), q.name, q.process_set, config_.rank),
+          q.name);
     entry.key() = *placed.position;  // into the reused node's capacity
     e.handle = handle;
     e.cache_id = -1;
@@ -955,7 +954,7 @@ void Engine::Impl::coordinate(Clock::time_point now) {
   }
   inspect_stalls(now);
   if (stopped_) return;
-  if (config_.elastic) report_health(now);
+  for (const auto& observer : observers_) observer->on_cycle(now, negotiator_->readiness());
   if (list.responses.empty() && !list.shutdown) return;
   if (tuning_to_send_) {
     list.tuned_fusion_threshold = tuning_to_send_->fusion_threshold_bytes;
@@ -965,23 +964,6 @@ void Engine::Impl::coordinate(Clock::time_point now) {
   for (int r : control_->broadcast(list))
     log::at(log::Level::kWarning, 0, "could not send responses to rank {}", r);
   process(std::move(list));
-}
-
-// krugrun's elastic driver finds stragglers from these (docs/elastic.md). Once a second at most,
-// and only when cycles run: an idle job has nothing to report.
-void Engine::Impl::report_health(Clock::time_point now) {
-  if (now < next_health_report_) return;
-  next_health_report_ = now + std::chrono::seconds(1);
-  const auto& stats = negotiator_->readiness();
-  rendezvous::elastic::Health health{stats.elapsed_us(now), stats.tensors(), stats.steps(),
-                                     stats.lateness_us()};
-  const std::string text = rendezvous::elastic::encode(health);
-  try {
-    store_->set("health", rendezvous::Bytes(text.begin(), text.end()));
-  } catch (const Error& e) {
-    log::at(log::Level::kWarning, config_.rank, "could not report readiness to krugrun: {}",
-            e.what());
-  }
 }
 
 void Engine::Impl::inspect_stalls(Clock::time_point now) {
@@ -1187,6 +1169,8 @@ void Engine::Impl::finish_slots(std::span<TableSlot* const> slots, const std::st
   awaiting_response_ = std::max(0, awaiting_response_ - static_cast<int>(finished_.size()));
   for (auto& node : finished_) {
     finished_handles_.push_back(std::move(node.mapped().handle));
+    if (!error.empty()) finished_names_.push_back(node.mapped().args.request.name);
+    node.mapped().args.ready = nullptr;
     node.mapped().args.allocate_output = nullptr;  // may hold a framework's state
   }
   {
@@ -1199,8 +1183,10 @@ void Engine::Impl::finish_slots(std::span<TableSlot* const> slots, const std::st
     }
   }
   finished_.clear();  // what did not fit among the spares
-  for (auto& handle : finished_handles_) handle->complete_part(error);
+  for (size_t i = 0; i < finished_handles_.size(); ++i)
+    finished_handles_[i]->complete_part(error, error.empty() ? "" : finished_names_[i]);
   finished_handles_.clear();
+  finished_names_.clear();
 }
 
 void Engine::Impl::finish(const std::string& key, const std::string& error) {
@@ -1252,6 +1238,7 @@ void Engine::Impl::execute(const Response& r) {
   if (it == table_.end())
     throw Error(fmt::format("no local tensor for {} '{}' (only allreduce runs on joined ranks)",
                             controller::op_name(r.op), r.names[0]));
+  wait_ready(it->second.args);
   const std::string phase = upper(controller::op_name(r.op));
   timeline_begin(r.names[0], phase);
   switch (r.op) {
@@ -1266,33 +1253,29 @@ void Engine::Impl::execute(const Response& r) {
 }
 
 void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
-  const size_t esize = dtype_size(r.dtype);
-  const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  double post = r.postscale;
-  if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(set.ranks.size());
   // A response from the cache carries ids only (its names are expanded only for the timeline).
   const bool by_id = r.names.empty();
   const size_t n = by_id ? r.cache_ids.size() : r.names.size();
-  // Members reused from response to response: a step allocates nothing of the fused size (on
-  // glibc, an allocation of a kilobyte or more first consolidates every small free chunk).
-  auto& slots = allreduce_slots_;     // null: no tensor here (a joined rank contributes zeros)
-  auto& counts = allreduce_counts_;  // per tensor: Adasum works tensor by tensor in a fused buffer
+  auto& slots = allreduce_slots_;  // null: no tensor here (a joined rank contributes zeros)
+  auto& tensors = allreduce_tensors_;
   slots.assign(n, nullptr);
-  counts.assign(n, 0);
-  size_t total = 0;
+  tensors.assign(n, FusedTensor{});
   for (size_t i = 0; i < n; ++i) {
     if (by_id) {
       slots[i] = slot_for_id(r.cache_ids[i]);
-      counts[i] = static_cast<size_t>(cache_.elements(r.cache_ids[i]));
+      tensors[i].count = static_cast<size_t>(cache_.elements(r.cache_ids[i]));
     } else {
       auto it = table_.find(controller::table_key(r.process_set, r.names[i]));
       slots[i] = it == table_.end() ? nullptr : &*it;
-      counts[i] = static_cast<size_t>(elements(r.shapes[i]));
+      tensors[i].count = static_cast<size_t>(elements(r.shapes[i]));
     }
-    total += counts[i];
+    if (slots[i]) {
+      wait_ready(slots[i]->second.args);
+      tensors[i].args = &slots[i]->second.args;
+    }
+    if (!r.names.empty()) tensors[i].name = &r.names[i];
   }
-  const bool adasum = r.reduce_op == ReduceOp::kAdasum;
-  if (adasum) {
+  if (r.reduce_op == ReduceOp::kAdasum) {
     // The coordinator rejects these already; every rank reaches the same verdict without
     // talking to the others, so failing the names here leaves the engine running.
     std::string why = collectives::adasum_unsupported(r.dtype, static_cast<int>(set.ranks.size()),
@@ -1302,144 +1285,24 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSetState& set) {
       return;
     }
   }
-  auto reduce_in_place = [&](void* buf) {
-    if (adasum)
-      collectives::adasum_allreduce(*set.comm, buf, r.dtype, counts, r.process_set);
-    else
-      set.comm->allreduce(buf, total, r.dtype, kernel_op);
-  };
-  const std::string phase = "ALLREDUCE";
-  if (!adasum && set.comm->has_allreduce_parts()) {
-    // The data plane reads the inputs and writes the outputs in place: no fusion buffer, and
-    // the scale factors are applied while each piece is in cache.
-    auto& parts = allreduce_parts_;
-    parts.clear();
-    for (size_t i = 0; i < n; ++i) {
-      parts.push_back(slots[i] ? collectives::FusedPart{slots[i]->second.args.input,
-                                                       slots[i]->second.args.output, counts[i]}
-                               : collectives::FusedPart{nullptr, nullptr, counts[i]});
-      if (timeline_) timeline_begin(r.names[i], phase);
-    }
-    set.comm->allreduce_parts(parts, r.dtype, kernel_op, r.prescale, post);
-    if (timeline_)
-      for (const auto& name : r.names) timeline_end(name, phase);
-    finish_slots(slots);
-    return;
-  }
-  if (n == 1 && slots[0]) {
-    // One tensor: reduce in the user's output buffer, no fusion copies.
-    auto& a = slots[0]->second.args;
-    if (timeline_) timeline_begin(r.names[0], phase);
-    if (a.output != a.input && total > 0) reduce::copy(a.output, a.input, total * esize);
-    reduce::scale(r.dtype, a.output, total, r.prescale);
-    reduce_in_place(a.output);
-    reduce::scale(r.dtype, a.output, total, post);
-    if (timeline_) timeline_end(r.names[0], phase);
-  } else {
-    if (fusion_.size() < total * esize) fusion_.resize(total * esize);
-    size_t offset = 0;
-    for (size_t i = 0; i < n; ++i) {
-      size_t bytes = counts[i] * esize;
-      if (timeline_) timeline_begin(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
-      if (slots[i] && bytes > 0)
-        reduce::copy(fusion_.data() + offset, slots[i]->second.args.input, bytes);
-      else if (bytes > 0)
-        std::memset(fusion_.data() + offset, 0, bytes);  // a joined rank contributes zeros
-      if (timeline_) {
-        timeline_end(r.names[i], "MEMCPY_IN_FUSION_BUFFER");
-        timeline_begin(r.names[i], phase);
-      }
-      offset += bytes;
-    }
-    reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
-    reduce_in_place(fusion_.data());
-    reduce::scale(r.dtype, fusion_.data(), total, post);
-    offset = 0;
-    for (size_t i = 0; i < n; ++i) {
-      size_t bytes = counts[i] * esize;
-      if (timeline_) {
-        timeline_end(r.names[i], phase);
-        timeline_begin(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
-      }
-      if (slots[i] && bytes > 0)
-        reduce::copy(slots[i]->second.args.output, fusion_.data() + offset, bytes);
-      if (timeline_) timeline_end(r.names[i], "MEMCPY_OUT_FUSION_BUFFER");
-      offset += bytes;
-    }
-  }
+  executor_.allreduce(*set.comm, reduction(r), tensors);
   finish_slots(slots);
 }
 
 void Engine::Impl::run_allgather(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const auto& shape = e.args.request.shape;
-  const size_t row_bytes = static_cast<size_t>(row_elements(shape)) * dtype_size(r.dtype);
-  std::vector<size_t> bytes(set.ranks.size());
-  int64_t rows = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    bytes[i] = static_cast<size_t>(r.rank_dims[i]) * row_bytes;
-    rows += r.rank_dims[i];
-  }
-  OpResult& out = e.handle->result();
-  out.shape = shape;
-  out.shape[0] = rows;
-  void* dst = output_memory(e.args, out, static_cast<size_t>(rows) * row_bytes);
-  set.comm->allgatherv(e.args.input, dst, bytes);
+  executor_.allgather(*set.comm, r.dtype, r.rank_dims, e.args, e.handle->result());
 }
 
 void Engine::Impl::run_broadcast(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const size_t bytes = static_cast<size_t>(elements(r.shapes[0])) * dtype_size(r.dtype);
-  if (e.args.output != e.args.input && bytes > 0) reduce::copy(e.args.output, e.args.input, bytes);
-  set.comm->broadcast(e.args.output, bytes, r.root);
+  executor_.broadcast(*set.comm, r.dtype, r.shapes[0], r.root, e.args);
 }
 
 void Engine::Impl::run_alltoall(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const auto& shape = e.args.request.shape;
-  const size_t n = set.ranks.size();
-  const size_t me = static_cast<size_t>(set.my_index);
-  const size_t row_bytes = static_cast<size_t>(row_elements(shape)) * dtype_size(r.dtype);
-  std::vector<size_t> send(n), recv(n);
-  OpResult& out = e.handle->result();
-  out.received_splits.assign(n, 0);
-  int64_t rows = 0;
-  for (size_t p = 0; p < n; ++p) {
-    send[p] = static_cast<size_t>(r.rank_dims[me * n + p]) * row_bytes;
-    out.received_splits[p] = r.rank_dims[p * n + me];
-    recv[p] = static_cast<size_t>(out.received_splits[p]) * row_bytes;
-    rows += out.received_splits[p];
-  }
-  out.shape = shape;
-  out.shape[0] = rows;
-  void* dst = output_memory(e.args, out, static_cast<size_t>(rows) * row_bytes);
-  set.comm->alltoallv(e.args.input, send, dst, recv);
+  executor_.alltoall(*set.comm, r.dtype, r.rank_dims, e.args, e.handle->result());
 }
 
 void Engine::Impl::run_reducescatter(const Response& r, ProcessSetState& set, LocalEntry& e) {
-  const auto& shape = e.args.request.shape;
-  const int64_t n = static_cast<int64_t>(set.ranks.size());
-  const int64_t row = row_elements(shape);
-  std::vector<size_t> counts(n);
-  for (int64_t i = 0; i < n; ++i)
-    counts[i] = static_cast<size_t>((shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row);
-  const size_t total = static_cast<size_t>(elements(shape));
-  const size_t esize = dtype_size(r.dtype);
-  const void* input = e.args.input;
-  if (r.prescale != 1.0 && total > 0) {
-    if (fusion_.size() < total * esize) fusion_.resize(total * esize);
-    reduce::copy(fusion_.data(), input, total * esize);
-    reduce::scale(r.dtype, fusion_.data(), total, r.prescale);
-    input = fusion_.data();
-  }
-  OpResult& out = e.handle->result();
-  const size_t mine = counts[set.my_index];
-  out.shape = shape;
-  out.shape[0] = row == 0 ? shape[0] / n + (set.my_index < shape[0] % n ? 1 : 0)
-                          : static_cast<int64_t>(mine) / row;
-  void* dst = output_memory(e.args, out, mine * esize);
-  const ReduceOp kernel_op = r.reduce_op == ReduceOp::kAverage ? ReduceOp::kSum : r.reduce_op;
-  set.comm->reducescatter(input, dst, counts, r.dtype, kernel_op);
-  double post = r.postscale;
-  if (r.reduce_op == ReduceOp::kAverage) post /= static_cast<double>(n);
-  reduce::scale(r.dtype, dst, mine, post);
+  executor_.reducescatter(*set.comm, reduction(r), e.args, e.handle->result());
 }
 
 std::string Engine::Impl::root_cause(const std::string& local_error) {
@@ -1512,8 +1375,9 @@ void Engine::Impl::fatal(std::string message, bool tell_peers, bool is_error) {
     queued.swap(queue_);
     in_flight_keys_.clear();
   }
-  for (auto& node : queued) node.mapped().handle->complete_part(message);
-  for (auto& [key, e] : table_) e.handle->complete_part(message);
+  for (auto& node : queued)
+    node.mapped().handle->complete_part(message, node.mapped().args.request.name);
+  for (auto& [key, e] : table_) e.handle->complete_part(message, e.args.request.name);
   table_.clear();
   by_id_.clear();
   stopped_ = true;
@@ -1527,8 +1391,9 @@ void Engine::Impl::timeline_end(const std::string& name, std::string_view phase)
   if (timeline_) timeline_->end(name, phase, Clock::now());
 }
 
-Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store)
-    : impl_(std::make_shared<Impl>(config, std::move(store))) {}
+Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store,
+               std::vector<std::shared_ptr<CycleObserver>> observers)
+    : impl_(std::make_shared<Impl>(config, std::move(store), std::move(observers))) {}
 // A thread still driving a handle keeps the rest of Impl alive until it returns.
 Engine::~Engine() { impl_->shutdown(); }
 void Engine::shutdown() { impl_->shutdown(); }

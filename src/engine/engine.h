@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "controller/message.h"
 #include "engine/handle_state.h"
+#include "engine/observer.h"
 #include "rendezvous/store.h"
 
 namespace krug::engine {
@@ -30,7 +31,18 @@ struct TensorArgs {
   // call this with the output shape to get memory for it (a framework tensor, say). Without it
   // the output lives in the handle's OpResult::data.
   std::function<void*(const std::vector<int64_t>& shape)> allocate_output;
+  // Blocks until the input is written (a device binding's ready event); called once, before
+  // the engine reads the input. Empty: ready at enqueue.
+  std::function<void()> ready;
 };
+
+// Runs and clears `args.ready`, if any.
+inline void wait_ready(TensorArgs& args) {
+  if (!args.ready) return;
+  auto ready = std::move(args.ready);
+  args.ready = nullptr;
+  ready();
+}
 
 // One allreduce or broadcast tensor, described by reference: the engine copies it into storage
 // it reuses from finished operations, so submitting a step's gradients allocates nothing for
@@ -61,7 +73,9 @@ class Engine {
  public:
   // Connects to every rank of config.size through `store` (already namespaced for this
   // initialization) and starts the background thread. Throws krug::Error on failure.
-  Engine(const Config& config, std::shared_ptr<rendezvous::Store> store);
+  // `observers` are told of every negotiation round on the coordinator (observer.h).
+  Engine(const Config& config, std::shared_ptr<rendezvous::Store> store,
+         std::vector<std::shared_ptr<CycleObserver>> observers = {});
   ~Engine();  // shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -2,23 +2,51 @@
 
 namespace krug::engine {
 
-bool HandleState::complete_part(const std::string& error) {
-  std::lock_guard lock(mu_);
-  if (remaining_ <= 0) return false;
-  if (!error.empty() && error_.empty()) error_ = error;
-  if (--remaining_ > 0) return false;
-  done_.store(true, std::memory_order_release);
-  cv_.notify_all();
+bool HandleState::complete_part(const std::string& error, std::string_view tensor) {
+  std::function<void()> callback;
+  {
+    std::lock_guard lock(mu_);
+    if (remaining_ <= 0) return false;
+    if (!error.empty() && error_.empty()) {
+      error_ = error;
+      failed_tensor_ = tensor;
+    }
+    if (--remaining_ > 0) return false;
+    done_.store(true, std::memory_order_release);
+    cv_.notify_all();
+    callback.swap(on_done_);
+  }
+  // Outside the lock: the callback may read the handle (error(), result()).
+  if (callback) callback();
   return true;
 }
 
-void HandleState::reject(const std::string& error) {
-  std::lock_guard lock(mu_);
-  rejected_.store(true, std::memory_order_release);
-  if (error_.empty()) error_ = error;
-  remaining_ = 0;
-  done_.store(true, std::memory_order_release);
-  cv_.notify_all();
+void HandleState::on_done(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mu_);
+    if (remaining_ > 0) {
+      on_done_ = std::move(fn);
+      return;
+    }
+  }
+  fn();
+}
+
+void HandleState::reject(const std::string& error, std::string_view tensor) {
+  std::function<void()> callback;
+  {
+    std::lock_guard lock(mu_);
+    rejected_.store(true, std::memory_order_release);
+    if (error_.empty()) {
+      error_ = error;
+      failed_tensor_ = tensor;
+    }
+    remaining_ = 0;
+    done_.store(true, std::memory_order_release);
+    cv_.notify_all();
+    callback.swap(on_done_);
+  }
+  if (callback) callback();
 }
 
 bool HandleState::done() const { return done_.load(std::memory_order_acquire); }
@@ -42,6 +70,11 @@ std::string HandleState::error() const {
   if (done()) return error_;
   std::lock_guard lock(mu_);
   return error_;
+}
+
+std::string HandleState::failed_tensor() const {
+  std::lock_guard lock(mu_);
+  return failed_tensor_;
 }
 
 }  // namespace krug::engine

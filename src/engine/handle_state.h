@@ -5,9 +5,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace krug::engine {
@@ -38,11 +40,12 @@ class HandleState {
   // A handle covering `parts` tensors (grouped ops) completes when every part has.
   explicit HandleState(int parts = 1) : remaining_(parts), done_(parts <= 0) {}
 
-  // Marks one part done; the first error wins. Returns true when the whole handle completed.
-  bool complete_part(const std::string& error = {});
+  // Marks one part done; the first error wins (with `tensor`, the name of the tensor it failed,
+  // when known). Returns true when the whole handle completed.
+  bool complete_part(const std::string& error = {}, std::string_view tensor = {});
   // Fails every part at submission, before anything was sent: the caller's own arguments were
   // wrong (a name in flight, a bad shape), so frontends raise at the call (Python: ValueError).
-  void reject(const std::string& error);
+  void reject(const std::string& error, std::string_view tensor = {});
   bool rejected() const { return rejected_.load(std::memory_order_acquire); }
   bool done() const;
   // Set by the engine before the handle is shared; waits then drive it first.
@@ -51,6 +54,11 @@ class HandleState {
   bool wait_until(std::chrono::steady_clock::time_point deadline) const;
   void wait() const;
   std::string error() const;
+  // After a failure: the tensor the first error named, or empty.
+  std::string failed_tensor() const;
+  // Runs `fn` once the handle completes: at once (on this thread) when it already has, else on
+  // the thread that completes it, after waiters are woken. One callback per handle.
+  void on_done(std::function<void()> fn);
   // Valid once done(); written only by the engine before completion.
   OpResult& result() { return result_; }
   const OpResult& result() const { return result_; }
@@ -65,6 +73,8 @@ class HandleState {
   std::atomic<bool> done_{false};
   std::atomic<bool> rejected_{false};
   std::string error_;
+  std::string failed_tensor_;
+  std::function<void()> on_done_;
   OpResult result_;
 };
 

@@ -13,7 +13,7 @@
 #include <memory>
 #include <optional>
 
-#include "collectives/shm/shm_segment.h"
+#include "transport/shm_segment.h"
 #include "krug/types.h"
 #include "net/address.h"
 #include "rendezvous/elastic_protocol.h"
@@ -550,7 +550,7 @@ int run_elastic(const LaunchOptions& options) {
     code = driver.run();
   }
   // As for a fixed job (main.cc): segments a worker left by dying during init.
-  collectives::shm::remove_job_segments(job_id);
+  transport::remove_job_segments(job_id);
   return code;
 }
 

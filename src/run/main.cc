@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <set>
 
-#include "collectives/shm/shm_segment.h"
+#include "transport/shm_segment.h"
 #include "krug/types.h"
 #include "net/address.h"
 #include "rendezvous/server.h"
@@ -162,7 +162,7 @@ int launch_step(const LaunchOptions& options) {
   const int code = Supervisor(std::move(ranks), std::move(signal_fd), options.verbose).run();
   // Shared-memory segments are unlinked once every rank of their set has mapped them; one is
   // left only by a rank that died in between, and this host's are removed here.
-  if (const int removed = collectives::shm::remove_job_segments(job.job_id);
+  if (const int removed = transport::remove_job_segments(job.job_id);
       removed > 0 && options.verbose)
     fmt::print(stderr, "krugrun: removed {} shared-memory segment(s) left by ranks that died "
                        "during init\n", removed);

@@ -21,11 +21,14 @@
 #include "collectives/shm/shm_communicator.h"
 #include "reduce/reduce.h"
 #include "rendezvous/store.h"
+#include "transport/shm_segment.h"
 
 namespace krug::collectives::shm {
 namespace {
 
 using namespace std::chrono_literals;
+using transport::remove_job_segments;
+using transport::segment_prefix;
 
 // Small slots, so modest buffers already take many steps (and both slot halves).
 Options small_slots(const std::string& job) {

@@ -27,13 +27,13 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/shm/shm_segment.h"
 #include "collectives/shm/shm_sync.h"
+#include "transport/shm_segment.h"
 
 namespace krug::collectives::shm {
 
 struct Options {
-  std::string job_id;                       // names the segment (see shm_segment.h)
+  std::string job_id;                        // names the segment (see shm_segment.h)
   std::chrono::milliseconds timeout{30000};  // any one wait for a peer
   // Staging bytes per member per step. 256 KiB measured best on this project's 2-core machine
   // (16 MiB allreduce, 2 ranks: 7.1 GB/s vs 3.9-4.5 at 1 MiB and 5.9 at 64 KiB): a step's
@@ -92,7 +92,7 @@ class ShmCommunicator : public Communicator {
   void begin_step(const char* op);  // waits until every member is done with step s - 2
   void publish_filled();
   void publish_reduced();
-  void publish_done();                    // also ends the step
+  void publish_done();  // also ends the step
   // Waits until `member`'s `counter` reaches `target`; throws (after aborting) if it cannot.
   void wait_member(Counter Control::*counter, uint32_t target, int member, const char* op);
   void wait_filled(int member, const char* op);
@@ -115,7 +115,7 @@ class ShmCommunicator : public Communicator {
   int size_;
   Options options_;
   std::chrono::nanoseconds spin_;
-  Segment segment_;
+  transport::Segment segment_;
   PointToPointFactory make_point_to_point_;
   std::unique_ptr<Communicator> point_to_point_;
   std::vector<uint8_t> scratch_;  // a piece's result or own slice, when it cannot stay in a slot

@@ -5,16 +5,9 @@
 #include <type_traits>
 #include <utility>
 
-#include "api/runtime.h"
-#include "controller/message.h"
-#include "engine/engine.h"
-#include "engine/handle_state.h"
-
 namespace krug::torch_adapter {
 
-using controller::OpType;
-using controller::Request;
-using engine::TensorArgs;
+using frontend::OpType;
 
 // Outputs allocated on the engine's thread (allocate_output), read by the caller after
 // completion; the handle's completion orders the two.
@@ -40,30 +33,15 @@ int adasum_value() {
 }
 
 std::string describe(OpType op, const std::string& name) {
-  return fmt::format("{} '{}'", controller::op_name(op), name);
+  return fmt::format("{} '{}'", frontend::op_name(op), name);
 }
 
-void check_name(const std::string& name, OpType op) {
-  if (name.empty())
-    throw UnsupportedTensor(
-        fmt::format("{}: the tensor name must not be empty", controller::op_name(op)));
-}
-
-Request make_request(std::string name, OpType op, const at::Tensor& t, int32_t process_set) {
-  check_name(name, op);
-  Request q;
-  q.name = std::move(name);
-  q.op = op;
-  q.dtype = to_krug_dtype(t.scalar_type());
-  q.shape = shape_of(t);
-  q.process_set = process_set;
-  return q;
-}
-
-void set_reduce(Request& q, const ReduceOptions& o) {
-  q.reduce_op = o.op;
-  q.prescale = o.prescale_factor;
-  q.postscale = o.postscale_factor;
+// The seam's view of a contiguous CPU tensor (its sizes stay valid while `t` lives).
+frontend::TensorView view_of(const at::Tensor& t) {
+  const auto sizes = t.sizes();
+  return frontend::TensorView{.dtype = to_krug_dtype(t.scalar_type()),
+                              .shape = {sizes.data(), sizes.size()},
+                              .data = t.data_ptr()};
 }
 
 // Writes through raw pointers and the copies below must not be recorded by autograd (the
@@ -75,17 +53,28 @@ at::Tensor contiguous(const at::Tensor& t) {
 
 std::optional<DataType> krug_dtype(at::ScalarType type) {
   switch (type) {
-    case at::kByte: return DataType::kUInt8;
-    case at::kChar: return DataType::kInt8;
-    case at::kShort: return DataType::kInt16;
-    case at::kInt: return DataType::kInt32;
-    case at::kLong: return DataType::kInt64;
-    case at::kHalf: return DataType::kFloat16;
-    case at::kBFloat16: return DataType::kBFloat16;
-    case at::kFloat: return DataType::kFloat32;
-    case at::kDouble: return DataType::kFloat64;
-    case at::kBool: return DataType::kBool;
-    default: return std::nullopt;
+    case at::kByte:
+      return DataType::kUInt8;
+    case at::kChar:
+      return DataType::kInt8;
+    case at::kShort:
+      return DataType::kInt16;
+    case at::kInt:
+      return DataType::kInt32;
+    case at::kLong:
+      return DataType::kInt64;
+    case at::kHalf:
+      return DataType::kFloat16;
+    case at::kBFloat16:
+      return DataType::kBFloat16;
+    case at::kFloat:
+      return DataType::kFloat32;
+    case at::kDouble:
+      return DataType::kFloat64;
+    case at::kBool:
+      return DataType::kBool;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -122,17 +111,19 @@ TorchHandle::Slot same_shape_slot(const at::Tensor& input, const at::Tensor& out
   return s;
 }
 
-// allocate_output callback filling slot `i` with a fresh tensor like `like`.
-std::function<void*(const std::vector<int64_t>&)> allocator(
-    const std::shared_ptr<TorchHandle::Shared>& shared, size_t i, const at::Tensor& like) {
-  at::TensorOptions options = like.options();
+// The seam's output allocator: tensor i of the operation becomes a fresh tensor with the
+// options of input i, stored in slot i.
+frontend::OutputAllocator allocator(const std::shared_ptr<TorchHandle::Shared>& shared,
+                                    const std::vector<at::Tensor>& like) {
+  std::vector<at::TensorOptions> options;
+  for (const auto& t : like) options.push_back(t.options());
   // Captures the shared state weakly: the engine's queue entry must not keep the handle's
   // tensors alive on its own, and the handle outlives the operation (its destructor waits).
   std::weak_ptr<TorchHandle::Shared> weak = shared;
-  return [weak, i, options](const std::vector<int64_t>& shape) -> void* {
+  return [weak, options = std::move(options)](size_t i, const Shape& shape) -> void* {
     auto s = weak.lock();
     if (!s) throw Error("the output tensor's handle was destroyed while the operation ran");
-    at::Tensor out = at::empty(shape, options);
+    at::Tensor out = at::empty(shape, options.at(i));
     s->slots[i].target = out;
     s->slots[i].work = out;
     return out.data_ptr();
@@ -142,56 +133,40 @@ std::function<void*(const std::vector<int64_t>&)> allocator(
 // The engine rejects a request with bad arguments (a name already in flight, a process set this
 // rank is not in, alltoall rows it cannot split) before sending anything: raise at the call, as
 // Horovod does, rather than at synchronize.
-HandlePtr checked(HandlePtr h) {
-  if (h->state_->rejected()) throw UnsupportedTensor(h->state_->error());
+HandlePtr with_handle(std::shared_ptr<TorchHandle::Shared> shared, frontend::Handle handle) {
+  if (handle.rejected()) throw UnsupportedTensor(handle.error());
+  auto h = std::make_shared<TorchHandle>(std::move(shared));
+  h->handle_ = std::move(handle);
   return h;
 }
 
-HandlePtr submit(std::shared_ptr<TorchHandle::Shared> shared, std::vector<TensorArgs> args) {
-  auto h = std::make_shared<TorchHandle>(std::move(shared));
-  h->state_ = current_engine()->enqueue(std::move(args));
-  return checked(std::move(h));
-}
-
-void set_group(std::vector<TensorArgs>& args, const std::string& name) {
-  for (auto& a : args) {
-    a.request.group = name;
-    a.request.group_size = static_cast<int32_t>(args.size());
-  }
-}
-
-std::string group_member(const std::string& name, size_t i) { return fmt::format("{}.{}", name, i); }
-
-// Ops whose output is sized after negotiation: one slot per input, allocated by the engine.
-HandlePtr sized_later(const std::string& name, OpType op, const std::vector<at::Tensor>& inputs,
-                      bool grouped, const ReduceOptions& options,
-                      const std::vector<int64_t>& splits) {
-  if (grouped && inputs.empty())
-    throw UnsupportedTensor(fmt::format("grouped {} '{}': no tensors", controller::op_name(op), name));
+// Ops whose output is sized after negotiation: one slot per input, allocated by the seam.
+HandlePtr sized_later(const std::string& name, const frontend::Op& op,
+                      const std::vector<at::Tensor>& inputs, bool grouped) {
   auto shared = std::make_shared<TorchHandle::Shared>();
   shared->slots.resize(inputs.size());
-  std::vector<TensorArgs> args;
+  std::vector<frontend::TensorView> views;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string tname = grouped ? group_member(name, i) : name;
-    const std::string what = describe(op, tname);
+    const std::string what =
+        describe(op.type, grouped ? frontend::group_member_name(name, i) : name);
     check_tensor(inputs[i], what);
     if (inputs[i].dim() == 0)
       throw UnsupportedTensor(fmt::format(
           "{}: the tensor must have at least one dimension (it is split or concatenated along "
-          "the first)", what));
-    Request q = make_request(tname, op, inputs[i], options.process_set.id);
-    if (op == OpType::kReducescatter) set_reduce(q, options);
-    if (op == OpType::kAlltoall) q.splits = splits;
-    auto& slot = shared->slots[i];
-    slot.input = contiguous(inputs[i]);
-    TensorArgs a;
-    a.request = std::move(q);
-    a.input = slot.input.data_ptr();
-    a.allocate_output = allocator(shared, i, inputs[i]);
-    args.push_back(std::move(a));
+          "the first)",
+          what));
+    shared->slots[i].input = contiguous(inputs[i]);
+    views.push_back(view_of(shared->slots[i].input));
   }
-  if (grouped) set_group(args, name);
-  return submit(std::move(shared), std::move(args));
+  frontend::Callbacks callbacks;
+  callbacks.allocate = allocator(shared, inputs);
+  frontend::Handle handle = grouped ? frontend::enqueue_group(name, op, views, {}, callbacks)
+                                    : frontend::enqueue(name, op, views.at(0), nullptr, callbacks);
+  return with_handle(std::move(shared), std::move(handle));
+}
+
+frontend::Op on_set(OpType type, ProcessSet process_set) {
+  return frontend::Op{.type = type, .process_set = process_set};
 }
 
 }  // namespace
@@ -207,45 +182,70 @@ DataType to_krug_dtype(at::ScalarType type) {
 
 at::ScalarType to_torch_dtype(DataType type) {
   switch (type) {
-    case DataType::kUInt8: return at::kByte;
-    case DataType::kInt8: return at::kChar;
-    case DataType::kInt16: return at::kShort;
-    case DataType::kInt32: return at::kInt;
-    case DataType::kInt64: return at::kLong;
-    case DataType::kFloat16: return at::kHalf;
-    case DataType::kBFloat16: return at::kBFloat16;
-    case DataType::kFloat32: return at::kFloat;
-    case DataType::kFloat64: return at::kDouble;
-    case DataType::kBool: return at::kBool;
+    case DataType::kUInt8:
+      return at::kByte;
+    case DataType::kInt8:
+      return at::kChar;
+    case DataType::kInt16:
+      return at::kShort;
+    case DataType::kInt32:
+      return at::kInt;
+    case DataType::kInt64:
+      return at::kLong;
+    case DataType::kFloat16:
+      return at::kHalf;
+    case DataType::kBFloat16:
+      return at::kBFloat16;
+    case DataType::kFloat32:
+      return at::kFloat;
+    case DataType::kFloat64:
+      return at::kDouble;
+    case DataType::kBool:
+      return at::kBool;
   }
   throw Error(fmt::format("unknown krug data type {}", static_cast<int>(type)));
 }
 
 std::string torch_dtype_name(at::ScalarType type) {
   switch (type) {
-    case at::kByte: return "torch.uint8";
-    case at::kChar: return "torch.int8";
-    case at::kShort: return "torch.int16";
-    case at::kInt: return "torch.int32";
-    case at::kLong: return "torch.int64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kBool: return "torch.bool";
-    case at::kComplexHalf: return "torch.complex32";
-    case at::kComplexFloat: return "torch.complex64";
-    case at::kComplexDouble: return "torch.complex128";
-    default: return std::string("torch.") + c10::toString(type);
+    case at::kByte:
+      return "torch.uint8";
+    case at::kChar:
+      return "torch.int8";
+    case at::kShort:
+      return "torch.int16";
+    case at::kInt:
+      return "torch.int32";
+    case at::kLong:
+      return "torch.int64";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kFloat:
+      return "torch.float32";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kBool:
+      return "torch.bool";
+    case at::kComplexHalf:
+      return "torch.complex32";
+    case at::kComplexFloat:
+      return "torch.complex64";
+    case at::kComplexDouble:
+      return "torch.complex128";
+    default:
+      return std::string("torch.") + c10::toString(type);
   }
 }
 
 void check_tensor(const at::Tensor& t, const std::string& what) {
   if (!t.defined()) throw UnsupportedTensor(fmt::format("{}: the tensor is undefined", what));
   if (t.is_cuda())
-    throw UnsupportedTensor(fmt::format(
-        "{}: CUDA tensors are not supported by this build; move the tensor to the CPU "
-        "(tensor.cpu())", what));
+    throw UnsupportedTensor(
+        fmt::format("{}: CUDA tensors are not supported by this build; move the tensor to the CPU "
+                    "(tensor.cpu())",
+                    what));
   if (!t.device().is_cpu())
     throw UnsupportedTensor(fmt::format("{}: {} tensors are not supported by this build; only CPU "
                                         "tensors are", what, t.device().str()));
@@ -258,7 +258,9 @@ void check_tensor(const at::Tensor& t, const std::string& what) {
   }
 }
 
-Shape shape_of(const at::Tensor& t) { return Shape(t.sizes().begin(), t.sizes().end()); }
+Shape shape_of(const at::Tensor& t) {
+  return Shape(t.sizes().begin(), t.sizes().end());
+}
 
 // ---- TorchHandle ----
 
@@ -267,22 +269,30 @@ TorchHandle::TorchHandle(std::shared_ptr<Shared> shared) : shared_(std::move(sha
 
 TorchHandle::~TorchHandle() {
   // Never let the engine write into freed memory: an in-flight op keeps its tensors until done.
-  // The engine completes every handle within its timeout, even when a peer dies.
-  if (state_ && !state_->done()) state_->wait();
+  // The engine completes every handle within its timeout, even when a peer dies. Its error is
+  // for wait() to report, not a destructor.
+  if (handle_.valid() && !handle_.poll()) {
+    try {
+      handle_.wait();
+    } catch (const Error&) {
+    }
+  }
 }
 
-bool TorchHandle::poll() const { return state_->done(); }
+bool TorchHandle::poll() const {
+  return handle_.poll();
+}
 
 bool TorchHandle::wait_for(double timeout_seconds) const {
-  return state_->wait_until(std::chrono::steady_clock::now() +
-                            std::chrono::microseconds(int64_t(timeout_seconds * 1e6)));
+  return handle_.wait_for(timeout_seconds);
 }
 
-std::string TorchHandle::error() const { return state_->error(); }
+std::string TorchHandle::error() const {
+  return handle_.error();
+}
 
 void TorchHandle::wait() {
-  state_->wait();
-  if (auto e = state_->error(); !e.empty()) throw Error(e);
+  handle_.wait();  // throws krug::Error with the failure message
   finalize();
 }
 
@@ -311,10 +321,12 @@ at::Tensor TorchHandle::output(size_t i) const {
 }
 
 std::vector<int64_t> TorchHandle::received_splits() const {
-  return state_->result().received_splits;
+  return handle_.received_splits();
 }
 
-int64_t TorchHandle::value() const { return state_->result().value; }
+int64_t TorchHandle::value() const {
+  return handle_.value();
+}
 
 // ---- operations ----
 
@@ -341,27 +353,16 @@ const TorchHandle::Slot& allreduce_slot(const std::string& tname, const at::Tens
   return shared.slots.back();
 }
 
-// Every gradient of every step comes here: the engine copies name and shape into an entry it
-// reuses; no request or list is built.
+// Every gradient of every step comes here: the seam hands the engine name and shape by
+// reference, and the engine copies them into an entry it reuses; no request or list is built.
 HandlePtr single_allreduce(const std::string& name, const at::Tensor& input,
                            const at::Tensor* output, const ReduceOptions& options) {
-  check_name(name, OpType::kAllreduce);
   auto shared = std::make_shared<TorchHandle::Shared>();
   const TorchHandle::Slot& slot = allreduce_slot(name, input, output, *shared);
-  const auto sizes = input.sizes();
-  engine::TensorView view{.name = name,
-                          .op = OpType::kAllreduce,
-                          .dtype = to_krug_dtype(input.scalar_type()),
-                          .shape = {sizes.data(), sizes.size()},
-                          .process_set = options.process_set.id,
-                          .reduce_op = options.op,
-                          .prescale = options.prescale_factor,
-                          .postscale = options.postscale_factor,
-                          .input = slot.input.data_ptr(),
-                          .output = slot.work.data_ptr()};
-  auto h = std::make_shared<TorchHandle>(std::move(shared));
-  h->state_ = current_engine()->enqueue(view);
-  return checked(std::move(h));
+  void* out = slot.work.data_ptr();
+  frontend::Handle handle = frontend::enqueue(
+      name, frontend::reduction(OpType::kAllreduce, options), view_of(slot.input), out);
+  return with_handle(std::move(shared), std::move(handle));
 }
 
 }  // namespace
@@ -386,77 +387,72 @@ HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at:
                                         inputs.size(), outputs.size()));
   if (inputs.empty())
     throw UnsupportedTensor(fmt::format("grouped allreduce '{}': no tensors", name));
+  if (!grouped)
+    return single_allreduce(name, inputs[0], outputs.empty() ? nullptr : &outputs[0], options);
   auto shared = std::make_shared<TorchHandle::Shared>();
-  std::vector<TensorArgs> args;
+  std::vector<frontend::TensorView> views;
+  std::vector<void*> works;
   shared->slots.reserve(inputs.size());
-  args.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    std::string tname = grouped ? group_member(name, i) : name;
-    const auto& slot = allreduce_slot(tname, inputs[i], outputs.empty() ? nullptr : &outputs[i],
-                                      *shared);
-    Request q = make_request(std::move(tname), OpType::kAllreduce, inputs[i],
-                             options.process_set.id);
-    set_reduce(q, options);
-    args.push_back(engine::tensor_args(std::move(q), slot.input.data_ptr(), slot.work.data_ptr()));
+    const auto& slot = allreduce_slot(frontend::group_member_name(name, i), inputs[i],
+                                      outputs.empty() ? nullptr : &outputs[i], *shared);
+    views.push_back(view_of(slot.input));
+    works.push_back(slot.work.data_ptr());
   }
-  if (grouped) set_group(args, name);
-  return submit(std::move(shared), std::move(args));
+  frontend::Handle handle =
+      frontend::enqueue_group(name, frontend::reduction(OpType::kAllreduce, options), views, works);
+  return with_handle(std::move(shared), std::move(handle));
 }
 
 HandlePtr allgather_async(const std::string& name, const at::Tensor& input,
                           ProcessSet process_set) {
-  ReduceOptions o;
-  o.process_set = process_set;
-  return sized_later(name, OpType::kAllgather, {input}, false, o, {});
+  return sized_later(name, on_set(OpType::kAllgather, process_set), {input}, false);
 }
 
 HandlePtr grouped_allgather_async(const std::string& name, const std::vector<at::Tensor>& inputs,
                                   ProcessSet process_set) {
-  ReduceOptions o;
-  o.process_set = process_set;
-  return sized_later(name, OpType::kAllgather, inputs, true, o, {});
+  return sized_later(name, on_set(OpType::kAllgather, process_set), inputs, true);
 }
 
 HandlePtr broadcast_async(const std::string& name, const at::Tensor& tensor, int root,
                           ProcessSet process_set) {
-  const std::string what = describe(OpType::kBroadcast, name);
-  check_tensor(tensor, what);
-  Request q = make_request(name, OpType::kBroadcast, tensor, process_set.id);
-  q.root = root;
+  check_tensor(tensor, describe(OpType::kBroadcast, name));
   auto shared = std::make_shared<TorchHandle::Shared>();
   shared->slots.push_back(same_shape_slot(tensor, tensor));
-  void* data = shared->slots.back().work.data_ptr();
-  return submit(std::move(shared), {engine::tensor_args(std::move(q), data, data)});
+  const at::Tensor& work = shared->slots.back().work;
+  frontend::Op op = on_set(OpType::kBroadcast, process_set);
+  op.root = root;
+  frontend::Handle handle = frontend::enqueue(name, op, view_of(work), work.data_ptr());
+  return with_handle(std::move(shared), std::move(handle));
 }
 
 HandlePtr alltoall_async(const std::string& name, const at::Tensor& input,
                          const std::vector<int64_t>& splits, ProcessSet process_set) {
-  ReduceOptions o;
-  o.process_set = process_set;
-  return sized_later(name, OpType::kAlltoall, {input}, false, o, splits);
+  frontend::Op op = on_set(OpType::kAlltoall, process_set);
+  op.splits = splits;
+  return sized_later(name, op, {input}, false);
 }
 
 HandlePtr reducescatter_async(const std::string& name, const at::Tensor& input,
                               const ReduceOptions& options) {
-  return sized_later(name, OpType::kReducescatter, {input}, false, options, {});
+  return sized_later(name, frontend::reduction(OpType::kReducescatter, options), {input}, false);
 }
 
 HandlePtr grouped_reducescatter_async(const std::string& name,
                                       const std::vector<at::Tensor>& inputs,
                                       const ReduceOptions& options) {
-  return sized_later(name, OpType::kReducescatter, inputs, true, options, {});
+  return sized_later(name, frontend::reduction(OpType::kReducescatter, options), inputs, true);
 }
 
 HandlePtr join_async() {
-  Request q;
-  q.name = "__join";
-  q.op = OpType::kJoin;
-  q.dtype = DataType::kUInt8;
-  return submit(std::make_shared<TorchHandle::Shared>(),
-                {engine::tensor_args(std::move(q), nullptr, nullptr)});
+  return with_handle(std::make_shared<TorchHandle::Shared>(), frontend::join());
 }
 
-bool adasum_available() { return HasAdasum<ReduceOp>::value; }
-int adasum_op() { return adasum_value<ReduceOp>(); }
+bool adasum_available() {
+  return HasAdasum<ReduceOp>::value;
+}
+int adasum_op() {
+  return adasum_value<ReduceOp>();
+}
 
 }  // namespace krug::torch_adapter

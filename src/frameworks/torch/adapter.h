@@ -2,12 +2,13 @@
 // (python/krug/torch, through the pybind11 module in python_module.cc) and the LibTorch C++ API
 // (include/krug/torch.h).
 //
-// Each *_async function validates the tensors locally (dtype, device), builds the engine's
-// requests and enqueues them on krug::current_engine(); it returns a TorchHandle that owns
-// everything the operation needs while it runs (the input, contiguous copies, the output
-// tensors). Outputs whose size is only known after negotiation (allgather, alltoall,
-// reducescatter) are allocated as at::Tensor by the engine's allocate_output callback, with the
-// input's dtype and device, so results never go through an intermediate byte buffer.
+// Each *_async function validates the tensors locally (dtype, device), describes them as views
+// and enqueues them through the frontend seam (krug/frontend.h), the only part of the core a
+// binding uses; it returns a TorchHandle that owns everything the operation needs while it runs
+// (the input, contiguous copies, the output tensors). Outputs whose size is only known after
+// negotiation (allgather, alltoall, reducescatter) are allocated as at::Tensor by the seam's
+// output allocator, with the input's dtype and device, so results never go through an
+// intermediate byte buffer.
 //
 // Only CPU tensors are supported by this build. Errors found before enqueueing (a dtype krug
 // cannot reduce, a CUDA tensor, a wrong output shape) throw UnsupportedTensor; errors found by
@@ -24,20 +25,18 @@
 #include <string>
 #include <vector>
 
+#include "krug/frontend.h"
 #include "krug/krug.h"
 #include "krug/types.h"
-
-namespace krug::engine {
-class HandleState;
-}
 
 namespace krug::torch_adapter {
 
 // A tensor krug cannot take (unsupported dtype or device, wrong output shape). Thrown before
-// anything is enqueued; the Python frontend raises it as ValueError.
-class UnsupportedTensor : public Error {
+// anything is enqueued; the Python frontend raises it (and the seam's InvalidArgument, of which
+// it is one) as ValueError.
+class UnsupportedTensor : public frontend::InvalidArgument {
  public:
-  using Error::Error;
+  using frontend::InvalidArgument::InvalidArgument;
 };
 
 // torch dtype <-> krug::DataType. uint8, int8, int16, int32, int64, float16, bfloat16, float32,
@@ -82,8 +81,6 @@ class TorchHandle {
   // join: the rank that joined last.
   int64_t value() const;
 
-  const std::shared_ptr<engine::HandleState>& state() const { return state_; }
-
   // Internal, used by the enqueue functions.
   struct Slot {
     at::Tensor target;  // what the caller gets (in place: the caller's tensor)
@@ -93,7 +90,7 @@ class TorchHandle {
   struct Shared;  // outputs written by the engine's allocate_output callbacks
   explicit TorchHandle(std::shared_ptr<Shared> shared);
   std::shared_ptr<Shared> shared_;
-  std::shared_ptr<engine::HandleState> state_;
+  frontend::Handle handle_;
 
  private:
   void finalize();

@@ -3,8 +3,8 @@
 // defaults, autograd, handle maps) is built in Python on top of it.
 //
 // Exceptions: krug::Error becomes krug.common.exceptions.HorovodInternalError (a RuntimeError),
-// torch_adapter::UnsupportedTensor and krug::InvalidArgument (a bad argument found before
-// enqueueing) become ValueError.
+// krug::InvalidArgument, torch_adapter::UnsupportedTensor among them (a bad argument found before
+// enqueueing), becomes ValueError.
 // Every call that may block releases the GIL and runs Python's signal handlers every 50 ms; a
 // handler's exception (Ctrl-C) ends the wait and stops krug on this rank, telling the others.
 #include <fmt/format.h>
@@ -20,6 +20,7 @@
 #include "frameworks/torch/adapter.h"
 #include "krug/binding_rules.h"
 #include "krug/elastic.h"
+#include "krug/frontend.h"
 #include "krug/krug.h"
 #include "krug/types.h"
 
@@ -198,9 +199,7 @@ PYBIND11_MODULE(_torch_core, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const ta::UnsupportedTensor& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const krug::InvalidArgument& e) {
+    } catch (const krug::InvalidArgument& e) {  // ta::UnsupportedTensor among them
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const krug::elastic::WorkerRemoved& e) {
       py::object cls = py::module_::import("krug.common.exceptions").attr("WorkerRemoved");

@@ -1,4 +1,4 @@
-#include "collectives/shm/shm_segment.h"
+#include "transport/shm_segment.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,7 +14,7 @@
 #include "krug/types.h"
 #include "net/socket.h"
 
-namespace krug::collectives::shm {
+namespace krug::transport {
 namespace {
 
 std::string random_tag() {
@@ -121,4 +121,4 @@ Segment::~Segment() {
   if (data_) ::munmap(data_, bytes_);
 }
 
-}  // namespace krug::collectives::shm
+}  // namespace krug::transport

@@ -16,7 +16,7 @@
 
 #include "rendezvous/store.h"
 
-namespace krug::collectives::shm {
+namespace krug::transport {
 
 // "krug-<job id>-" (job id reduced to [A-Za-z0-9_]); every segment of the job starts with it.
 std::string segment_prefix(const std::string& job_id);
@@ -45,4 +45,4 @@ class Segment {
   std::string name_;
 };
 
-}  // namespace krug::collectives::shm
+}  // namespace krug::transport
