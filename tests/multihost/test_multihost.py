@@ -78,7 +78,8 @@ def test_identity_file_and_port_flags(hosts, tmp_path):
     key = str(hosts.state / "id_ed25519")
 
     def check(*flags):
-        args = ["--check-hosts", "-H", target, "--start-timeout", "10", *flags]
+        # 60 s only guards against a hang: the failing checks fail at once (no key, closed port).
+        args = ["--check-hosts", "-H", target, "--start-timeout", "60", *flags]
         return subprocess.run(hosts.command(args, str(config)), capture_output=True, text=True)
 
     without = check()
