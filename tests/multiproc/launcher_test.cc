@@ -178,8 +178,7 @@ TEST(Launcher, FailingRankStopsTheJob) {
 }
 
 TEST(Launcher, RankKilledBySignalIsReported) {
-  Krugrun run({"-np", "2", "sh", "-c",
-               "if [ $KRUG_RANK = 0 ]; then kill -9 $$; fi; sleep 600"});
+  Krugrun run({"-np", "2", "sh", "-c", "if [ $KRUG_RANK = 0 ]; then kill -9 $$; fi; sleep 600"});
   EXPECT_EQ(run.wait(), 128 + 9) << run.err();
   EXPECT_LT(run.seconds(), 300.0);  // the other rank was stopped, not waited for
   EXPECT_EQ(lines_of(run.err()).back(),
@@ -210,8 +209,8 @@ TEST(Launcher, SigintStopsEveryRank) {
 
 TEST(Launcher, SecondSigintKillsRanksThatIgnoreSigterm) {
   std::string marker = unique_marker();
-  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sh", "-c",
-               "trap '' TERM; sleep 600; echo done"});
+  Krugrun run(
+      {"-np", "2", "-x", "MARK=" + marker, "sh", "-c", "trap '' TERM; sleep 600; echo done"});
   ASSERT_TRUE(wait_for_processes(marker, 4));
   ::kill(run.pid(), SIGINT);
   std::this_thread::sleep_for(200ms);
