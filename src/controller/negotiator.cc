@@ -140,6 +140,7 @@ void Negotiator::move_cached_into_table() {
 void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_point now) {
   if (!cached_pending_.empty()) move_cached_into_table();
   if (request.op == OpType::kJoin) {
+    if (joined_.empty()) first_joined_at_ = now;
     joined_.insert(rank);
     last_joined_ = rank;
     return;
@@ -512,6 +513,16 @@ std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_s
     for (int32_t m : members(first.process_set))
       (p.by_rank.count(m) ? s.ready_ranks : s.missing_ranks).push_back(m);
     result.push_back(std::move(s));
+  }
+  // A join waits for every rank of the job; ranks that never join leave the others in it.
+  if (!joined_.empty()) {
+    double waited = std::chrono::duration<double>(now - first_joined_at_).count();
+    if (waited >= older_than_seconds) {
+      Stall s{"join", OpType::kJoin, 0, {}, {}, waited};
+      for (int32_t m = 0; m < world_size_; ++m)
+        (joined_.count(m) ? s.ready_ranks : s.missing_ranks).push_back(m);
+      result.push_back(std::move(s));
+    }
   }
   return result;
 }

@@ -612,7 +612,8 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const F
   auto reject = [&](const std::string& message) {
     for (size_t j = first; j < queue_.size(); ++j) in_flight_keys_.erase(queue_[j].key());
     queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
-    return fail(message);
+    handle->reject(message);
+    return handle;
   };
   for (size_t i = 0; i < count; ++i) {
     Table::node_type entry = entry_node();

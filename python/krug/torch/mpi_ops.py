@@ -327,9 +327,12 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the operation of ``handle`` and returns its output: the output tensor (the
     input itself for in-place ops), a list of tensors for grouped ops, and
-    ``(output, received_splits)`` for alltoall. Raises HorovodInternalError if it failed."""
+    ``(output, received_splits)`` for alltoall, the reduced sparse tensor for
+    sparse_allreduce_async. Raises HorovodInternalError if it failed."""
     # The core waits with the GIL released, in slices so that Ctrl-C reaches Python; an unknown
     # handle (already synchronized) gives None.
+    if callable(handle):
+        return handle()  # sparse_allreduce_async's
     result = _results.pop(handle, None)
     if result is None:
         return _handles.synchronize(handle, True)
@@ -371,6 +374,16 @@ def _check_op(op):
         raise NotImplementedError("Adasum is not available in this build")
 
 
+def _check_adasum_size(op, process_set):
+    # Horovod refuses at the call what the engine would refuse only at synchronize.
+    if op != Adasum or not isinstance(process_set, ProcessSet):
+        return  # a bad process set gets _set_id's message
+    n = process_set.size()
+    if n is not None and n & (n - 1):
+        raise NotImplementedError("Adasum needs a power-of-two number of ranks; {} has {}"
+                                  .format(process_set, n))
+
+
 # The ops the core takes as they are (Adasum needs the build's check and code).
 _PLAIN_OPS = frozenset((Sum, Average, Min, Max, Product))
 
@@ -380,6 +393,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     # (and their messages) handle the rest.
     if op not in _PLAIN_OPS:
         _check_op(op)
+        _check_adasum_size(op, process_set)
         op = _core_op(op)
     if isinstance(process_set, ProcessSet) and process_set.process_set_id is not None:
         set_id = process_set.process_set_id
@@ -462,6 +476,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                              process_set):
     _check_op(op)
     set_id = _set_id(process_set)
+    _check_adasum_size(op, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce: no tensors")
@@ -527,6 +542,36 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     """In-place grouped allreduce; returns the (reduced) input tensors."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts the reduction of a sparse COO ``tensor`` over the ranks of ``process_set``, as
+    Horovod does: an allgather of its indices and of its values (a sum of sparse tensors is the
+    concatenation of their entries). ``op`` is Average (values divided by the set's size) or
+    Sum. Returns a callable: ``handle()`` (or ``synchronize(handle)``) waits and returns the
+    reduced sparse tensor, coalesced."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("sparse allreduce supports only op=Average or op=Sum, not {}; "
+                                  "reduce the tensor dense instead".format(_OP_NAMES.get(op, op)))
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use allreduce_async "
+                         "for dense tensors")
+    t = tensor.coalesce()
+    name = _name("sparse_allreduce", name, process_set)
+    # allgather concatenates along the first dimension: indices travel as (nnz, sparse_dim).
+    indices_handle = allgather_async(t.indices().t().contiguous(), name=name + ".indices",
+                                     process_set=process_set)
+    values_handle = allgather_async(t.values().contiguous(), name=name + ".values",
+                                    process_set=process_set)
+
+    def handle():
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if op == Average:
+            values = values / process_set.size()
+        return torch.sparse_coo_tensor(indices.t(), values, t.size()).coalesce()
+
+    return handle
 
 
 # ---------------------------------------------------------------------------------------------
@@ -603,12 +648,26 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # Broadcast
 
 
+def _root_index(root_rank, process_set):
+    """The position of ``root_rank`` (a global rank, as in Horovod) within ``process_set``: the
+    core numbers roots within their set."""
+    root_rank = int(root_rank)
+    if process_set is global_process_set and 0 <= root_rank < size():
+        return root_rank
+    try:
+        return process_set.ranks.index(root_rank)
+    except ValueError:
+        raise ValueError("root_rank {} is not a member of {}: with process_set=, root_rank is a "
+                         "global rank of one of the set's members".format(root_rank,
+                                                                         process_set)) from None
+
+
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts an in-place broadcast of ``tensor`` from ``root_rank`` (a rank of the process
-    set)."""
+    """Starts an in-place broadcast of ``tensor`` from ``root_rank`` (a global rank, which must
+    be a member of ``process_set``)."""
     set_id = _set_id(process_set)
-    h = _core.broadcast_async(_name("broadcast", name, process_set), tensor, int(root_rank),
-                              set_id)
+    h = _core.broadcast_async(_name("broadcast", name, process_set), tensor,
+                              _root_index(root_rank, process_set), set_id)
     return _register(h, _first_output)
 
 
@@ -632,7 +691,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        if ctx.process_set.rank() != ctx.root_rank:
+        if rank() != ctx.root_rank:
             grad_reduced = grad_reduced * 0
         return grad_reduced, None, None, None
 
@@ -734,19 +793,24 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 def _reducescatter_backward(grad_output, op, prescale_factor, postscale_factor, process_set):
+    # Horovod's rule, kept for parity (it matches the gradient of allreduce's Average, where
+    # every rank's loss counts once): Sum scales the output's gradient by the set's size,
+    # Average does not; both apply the scale factors; then every rank gets every share.
     if op not in (Sum, Average):
         raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
                                   "Average, not {}".format(_OP_NAMES.get(op, op)))
-    grad = allgather(grad_output.contiguous(), process_set=process_set)
     scale = float(prescale_factor) * float(postscale_factor)
-    if op == Average:
-        scale /= process_set.size()
-    return grad * scale if scale != 1.0 else grad
+    if op == Sum:
+        scale *= process_set.size()
+    grad = grad_output.contiguous()
+    if scale != 1.0:
+        grad = grad * scale
+    return allgather(grad, process_set=process_set)
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Differentiable reducescatter: the gradient is the allgather of the output's gradient
-    (divided by the set size for Average, times the scale factors)."""
+    """Differentiable reducescatter: the gradient is the allgather of the output's gradient,
+    times the scale factors, and for Sum times the set's size (as Horovod)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
