@@ -20,7 +20,9 @@ Rank 0 prints one line per epoch and "final accuracy: A"; the script exits 1 bel
 --min-accuracy. It runs without elastic mode too (krugrun -np 2 ... or plain python3).
 
 Test hooks (tests/elastic/test_elastic.py): --log-every N prints "step S committed" every N
-committed steps; --result-file PATH has rank 0 write a JSON summary; a worker whose
+committed steps; --result-file PATH has rank 0 write a JSON summary, with the ledger of the
+global batches in the committed history (one [epoch, samples, CRC-32 of their indices] a step,
+kept in the state so a rollback rewinds it with the model); a worker whose
 KRUG_HOSTNAME equals KRUG_EXAMPLE_SLEEP_HOST sleeps KRUG_EXAMPLE_SLEEP_SECONDS each step (a
 straggler).
 """
@@ -30,6 +32,7 @@ import math
 import os
 import sys
 import time
+import zlib
 
 import numpy as np
 import torch
@@ -80,6 +83,12 @@ def split(n, seed):
     return order[:cut], order[cut:]
 
 
+def ledger_entry(epoch, indices):
+    """[epoch, count, CRC-32 of the sorted indices]: a global batch, whatever the rank count."""
+    ordered = sorted(indices)
+    return [epoch, len(ordered), zlib.crc32(np.asarray(ordered, dtype=np.int64).tobytes())]
+
+
 def straggler_sleep():
     host = os.environ.get("KRUG_EXAMPLE_SLEEP_HOST")
     if host and os.environ.get("KRUG_HOSTNAME") == host:
@@ -106,7 +115,7 @@ def main():
     # Positions in the training set; the sampler deals them to the ranks.
     sampler = hvd.elastic.ElasticSampler(range(len(train_idx)), shuffle=True, seed=args.seed)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=0, resets=0,
-                                   accuracy=0.0)
+                                   accuracy=0.0, ledger=[])
     state.register_reset_callbacks([lambda: setattr(state, "resets", state.resets + 1)])
     pause = straggler_sleep()
 
@@ -140,7 +149,9 @@ def main():
                 optimizer.zero_grad()
                 F.cross_entropy(model(images[batch]), labels[batch]).backward()
                 optimizer.step()
+                before = set(sampler.processed_indices)
                 sampler.record_batch(batch_idx, per_rank)
+                state.ledger.append(ledger_entry(state.epoch, sampler.processed_indices - before))
                 state.step += 1
                 if state.step % args.commit_every == 0:
                     state.commit()
@@ -162,7 +173,7 @@ def main():
         if args.result_file:
             with open(args.result_file, "w") as f:
                 json.dump({"accuracy": state.accuracy, "epochs": state.epoch, "steps": state.step,
-                           "resets": state.resets, "ranks": hvd.size()}, f)
+                           "resets": state.resets, "ranks": hvd.size(), "ledger": state.ledger}, f)
     ok = state.accuracy >= args.min_accuracy
     if not ok and hvd.rank() == 0:
         print("accuracy %.4f is below %.2f" % (state.accuracy, args.min_accuracy), file=sys.stderr)

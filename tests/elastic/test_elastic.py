@@ -14,7 +14,9 @@ from elastic_job import ElasticJob
 
 HOSTS = ["127.0.0.%d:1" % i for i in range(1, 5)]
 EPOCHS = int(os.environ.get("KRUG_ELASTIC_TEST_EPOCHS", "10"))
-EXAMPLE_ARGS = ["--epochs", str(EPOCHS), "--min-accuracy", "0.9"]
+MIN_ACCURACY = 0.9
+EXAMPLE_ARGS = ["--epochs", str(EPOCHS), "--min-accuracy", str(MIN_ACCURACY)]
+TRAIN_SAMPLES = 1438  # 80 % of the 1,797 digits (the example's split)
 TRIALS = int(os.environ.get("KRUG_ELASTIC_TEST_TRIALS", "10"))
 SEED = int(os.environ.get("KRUG_ELASTIC_TEST_SEED", "20261124"))
 
@@ -24,11 +26,23 @@ def result(job):
         return json.load(f)
 
 
+def first_difference(got, expected):
+    """The first committed step whose global batch differs from the undisturbed run's."""
+    for step, (a, b) in enumerate(zip(got, expected), 1):
+        if a != b:
+            return "step %d: %s, undisturbed %s" % (step, a, b)
+    return "%d steps, undisturbed %d" % (len(got), len(expected))
+
+
 def test_killed_worker_costs_no_committed_work(tmp_path):
     base = ElasticJob(tmp_path / "undisturbed", HOSTS, ["--min-np", "2"], EXAMPLE_ARGS)
     assert base.finish() == 0, base.text()[-4000:]
     base_accuracy = base.final_accuracy()
-    base_steps = result(base)["steps"]
+    base_result = result(base)
+    base_steps = base_result["steps"]
+    # Every epoch's samples, each once: the ledger's batches partition the training set.
+    for epoch in range(EPOCHS):
+        assert sum(e[1] for e in base_result["ledger"] if e[0] == epoch) == TRAIN_SAMPLES
     rng = random.Random(SEED)
     recoveries = []
     for trial in range(TRIALS):
@@ -49,11 +63,18 @@ def test_killed_worker_costs_no_committed_work(tmp_path):
         code = job.finish()
         assert code == 0, "trial %d (killed %s at step %d):\n%s" % (
             trial, victim, kill_step, job.text()[-6000:])
-        accuracy = job.final_accuracy()
-        # Constant global batch + ElasticSampler: the disturbed run trains on the same global
-        # batches in the same order, so only float association (rank count) separates them.
-        assert abs(accuracy - base_accuracy) <= 0.01, (trial, accuracy, base_accuracy)
-        assert result(job)["steps"] == base_steps, (trial, result(job), base_steps)
+        # What the design guarantees. Constant global batch + ElasticSampler + rollback to the
+        # last commit: the committed history is the undisturbed run's, global batch for global
+        # batch (none lost, none applied twice, same order), whatever the rank count was.
+        got = result(job)
+        assert got["steps"] == base_steps and got["epochs"] == EPOCHS, (trial, got, base_steps)
+        assert got["ledger"] == base_result["ledger"], (trial, first_difference(
+            got["ledger"], base_result["ledger"]))
+        # The weights themselves differ by float association (sums over 4 or 3 ranks), which
+        # SGD amplifies: accuracies of runs that differ only so spread by a few test samples
+        # (0.972 vs 0.983 was seen), so only the example's own bar is a bound they all meet.
+        assert job.final_accuracy() >= MIN_ACCURACY, (trial, job.final_accuracy(),
+                                                      base_accuracy)
     print("recovery from SIGKILL to the next committed step (s): %s; median %.2f" % (
         ", ".join("%.2f" % r for r in recoveries), sorted(recoveries)[len(recoveries) // 2]))
     out = os.environ.get("KRUG_ELASTIC_RECOVERY_FILE")
@@ -87,10 +108,14 @@ def steps_per_second(job, start, end):
 
 
 def test_straggler_is_evicted_and_throughput_recovers(tmp_path):
+    # --min-np 1: once the straggler is gone, the two workers left run 50 ms steps, and on a
+    # loaded machine one of them can look 2x slower for a while and be evicted too (seen:
+    # "2.4x slower ... wait 0.030 s per step"); the job must then go on with one worker
+    # instead of waiting for a second that never comes.
     job = ElasticJob(tmp_path, HOSTS[:3],
-                     ["--min-np", "2", "--straggler-factor", "2", "--straggler-window", "10"],
+                     ["--min-np", "1", "--straggler-factor", "2", "--straggler-window", "10"],
                      EXAMPLE_ARGS, env={"KRUG_EXAMPLE_SLEEP_HOST": "127.0.0.3",
-                                        "KRUG_EXAMPLE_SLEEP_SECONDS": "0.3"})
+                                        "KRUG_EXAMPLE_SLEEP_SECONDS": "1.0"})
     first, _, _ = job.wait_for(r"step 1 committed")
     evicted, _, _ = job.wait_for(r"worker w2 \(rank 2\) on host 127\.0\.0\.3 is [0-9.]+x slower",
                                  after=first)
@@ -98,8 +123,10 @@ def test_straggler_is_evicted_and_throughput_recovers(tmp_path):
     assert job.finish() == 0, job.text()[-6000:]
     before = steps_per_second(job, first, evicted)
     after = steps_per_second(job, resumed, len(job.lines))
-    # The straggler slept 300 ms per step; without it a step takes a few tens of ms.
-    assert after > 2 * before, (before, after)
+    # The straggler sleeps 1 s per step, so every step took over 1 s before the eviction;
+    # without it a step takes a few tens of ms (a few hundred on a loaded machine). The bound
+    # leaves room for a machine 10 times slower than idle: load must not decide it.
+    assert after > 1.5 * before, (before, after)
 
 
 def test_reset_limit_stops_the_job(tmp_path):

@@ -78,7 +78,8 @@ def test_identity_file_and_port_flags(hosts, tmp_path):
     key = str(hosts.state / "id_ed25519")
 
     def check(*flags):
-        args = ["--check-hosts", "-H", target, "--start-timeout", "10", *flags]
+        # 60 s only guards against a hang: the failing checks fail at once (no key, closed port).
+        args = ["--check-hosts", "-H", target, "--start-timeout", "60", *flags]
         return subprocess.run(hosts.command(args, str(config)), capture_output=True, text=True)
 
     without = check()
@@ -113,7 +114,7 @@ def test_unreachable_host_is_named_before_any_rank_starts(hosts):
     assert f"cannot use host {dead}" in err, err
     assert "no rank was started" in err
     assert "started" not in out
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60  # --start-timeout 3, not ssh's own minutes
 
 
 def _start_loop(hosts, marker):
@@ -154,7 +155,7 @@ def test_killed_remote_rank_ends_the_job_naming_its_host(hosts):
     assert code == 128 + signal.SIGKILL, err[-3000:]
     assert (f"rank 3 on host {hosts.addresses[1]} was killed by signal 9 (SIGKILL) on its host"
             in err), err[-3000:]
-    assert wait_until(lambda: not processes_with(marker), 15), processes_with(marker)
+    assert wait_until(lambda: not processes_with(marker), 120), processes_with(marker)
 
 
 def test_cut_link_ends_the_job_naming_the_host(hosts):
@@ -172,7 +173,7 @@ def test_cut_link_ends_the_job_naming_the_host(hosts):
                      err), err[-3000:]
     assert elapsed < 60, elapsed
     # The ranks behind the cut link die with their ssh sessions (sshd's keep-alive).
-    assert wait_until(lambda: not processes_with(marker), 30), processes_with(marker)
+    assert wait_until(lambda: not processes_with(marker), 120), processes_with(marker)
 
 
 def test_killed_launcher_leaves_no_remote_ranks(hosts):
@@ -181,4 +182,4 @@ def test_killed_launcher_leaves_no_remote_ranks(hosts):
     # krugrun runs under `ip netns exec`, which execs it: proc.pid is krugrun itself.
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
-    assert wait_until(lambda: not processes_with(marker), 30), processes_with(marker)
+    assert wait_until(lambda: not processes_with(marker), 120), processes_with(marker)

@@ -166,9 +166,9 @@ TEST(Launcher, CommandKeepsItsOwnOptions) {
 TEST(Launcher, FailingRankStopsTheJob) {
   std::string marker = unique_marker();
   Krugrun run({"-np", "3", "-x", "MARK=" + marker, "sh", "-c",
-               "if [ $KRUG_RANK = 1 ]; then exit 3; fi; sleep 60; echo unreachable"});
+               "if [ $KRUG_RANK = 1 ]; then exit 3; fi; sleep 600; echo unreachable"});
   EXPECT_EQ(run.wait(), 3) << run.err();
-  EXPECT_LT(run.seconds(), 10.0);
+  EXPECT_LT(run.seconds(), 300.0);  // the others were stopped, not waited for
   auto lines = lines_of(run.err());
   ASSERT_FALSE(lines.empty());
   // The root cause is the last line; the others are mentioned as stopped.
@@ -178,18 +178,17 @@ TEST(Launcher, FailingRankStopsTheJob) {
 }
 
 TEST(Launcher, RankKilledBySignalIsReported) {
-  Krugrun run({"-np", "2", "sh", "-c",
-               "if [ $KRUG_RANK = 0 ]; then kill -9 $$; fi; sleep 60"});
+  Krugrun run({"-np", "2", "sh", "-c", "if [ $KRUG_RANK = 0 ]; then kill -9 $$; fi; sleep 600"});
   EXPECT_EQ(run.wait(), 128 + 9) << run.err();
-  EXPECT_LT(run.seconds(), 10.0);
+  EXPECT_LT(run.seconds(), 300.0);  // the other rank was stopped, not waited for
   EXPECT_EQ(lines_of(run.err()).back(),
             "krugrun: rank 0 on host localhost was killed by signal 9 (SIGKILL)")
       << run.err();
 }
 
-// Waits until `n` processes carry the marker (ranks started).
+// Waits until `n` processes carry the marker (ranks started); 60 s only guards against a hang.
 bool wait_for_processes(const std::string& marker, int n) {
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < 6000; ++i) {
     if (count_processes_with(marker) >= n) return true;
     std::this_thread::sleep_for(10ms);
   }
@@ -199,32 +198,33 @@ bool wait_for_processes(const std::string& marker, int n) {
 TEST(Launcher, SigintStopsEveryRank) {
   std::string marker = unique_marker();
   // `sleep; echo` keeps sh alive as the sleep's parent: the whole group must be stopped.
-  Krugrun run({"-np", "3", "-x", "MARK=" + marker, "sh", "-c", "sleep 60; echo done"});
+  Krugrun run({"-np", "3", "-x", "MARK=" + marker, "sh", "-c", "sleep 600; echo done"});
   ASSERT_TRUE(wait_for_processes(marker, 6));
   ::kill(run.pid(), SIGINT);
   EXPECT_EQ(run.wait(), 130) << run.err();
-  EXPECT_LT(run.seconds(), 10.0);
+  EXPECT_FALSE(contains(run.err(), "still running")) << run.err();  // SIGTERM was enough
   EXPECT_EQ(count_processes_with(marker), 0);
   EXPECT_TRUE(contains(run.err(), "SIGINT")) << run.err();
 }
 
 TEST(Launcher, SecondSigintKillsRanksThatIgnoreSigterm) {
   std::string marker = unique_marker();
-  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sh", "-c",
-               "trap '' TERM; sleep 60; echo done"});
+  Krugrun run(
+      {"-np", "2", "-x", "MARK=" + marker, "sh", "-c", "trap '' TERM; sleep 600; echo done"});
   ASSERT_TRUE(wait_for_processes(marker, 4));
   ::kill(run.pid(), SIGINT);
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(count_processes_with(marker), 4);  // SIGTERM ignored: still in the grace period
   ::kill(run.pid(), SIGINT);
   EXPECT_EQ(run.wait(), 130) << run.err();
-  EXPECT_LT(run.seconds(), 4.0);  // well before the 5 s grace
+  // Killed by the second SIGINT, not by the grace's end (which says so): no clock involved.
+  EXPECT_FALSE(contains(run.err(), "still running")) << run.err();
   EXPECT_EQ(count_processes_with(marker), 0);
 }
 
 TEST(Launcher, SigtermExits143) {
   std::string marker = unique_marker();
-  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sh", "-c", "sleep 60; echo done"});
+  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sh", "-c", "sleep 600; echo done"});
   ASSERT_TRUE(wait_for_processes(marker, 4));
   ::kill(run.pid(), SIGTERM);
   EXPECT_EQ(run.wait(), 143) << run.err();
@@ -233,11 +233,11 @@ TEST(Launcher, SigtermExits143) {
 
 TEST(Launcher, RanksDieWithAKilledLauncher) {
   std::string marker = unique_marker();
-  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sleep", "60"});
+  Krugrun run({"-np", "2", "-x", "MARK=" + marker, "sleep", "600"});
   ASSERT_TRUE(wait_for_processes(marker, 2));
   ::kill(run.pid(), SIGKILL);  // PR_SET_PDEATHSIG takes the direct children with it
   EXPECT_EQ(run.wait(), 128 + 9);
-  for (int i = 0; i < 200 && count_processes_with(marker) > 0; ++i)
+  for (int i = 0; i < 6000 && count_processes_with(marker) > 0; ++i)  // 60 s: a hang guard
     std::this_thread::sleep_for(10ms);
   EXPECT_EQ(count_processes_with(marker), 0);
 }
@@ -305,18 +305,19 @@ TEST(Launcher, RemoteExecWrapperStopsTheRankWhenTheSessionEnds) {
   // stdin at end-of-file is what the wrapper sees when krugrun or ssh goes away.
   const std::string marker = unique_marker();
   Krugrun run({"__remote-exec", "MARKER=" + marker, "--", "sh", "-c",
-               "sleep 60 & echo started; sleep 60"},
+               "sleep 600 & echo started; sleep 600"},
               /*stdin_pipe=*/true);
-  for (int i = 0; i < 500 && !contains(run.out(), "started"); ++i)
+  for (int i = 0; i < 6000 && !contains(run.out(), "started"); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_GE(count_processes_with(marker), 2);  // sh and the background sleep at least
   run.close_stdin();
   EXPECT_EQ(run.wait(), 128 + SIGTERM) << run.err();
-  EXPECT_LT(run.seconds(), 30.0);
+  EXPECT_LT(run.seconds(), 300.0);  // stopped, not waited for
   // The background sleep went with its group: SIGKILLed as the wrapper returned, it leaves the
-  // process table once the kernel has torn it down and init has reaped it, a moment later.
+  // process table once the kernel has torn it down and init has reaped it, a moment later
+  // (60 s only guards against a hang).
   int left = count_processes_with(marker);
-  for (int i = 0; i < 200 && left > 0; ++i) {
+  for (int i = 0; i < 6000 && left > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     left = count_processes_with(marker);
   }

@@ -31,10 +31,24 @@ def test_shutdown_then_init_again():
 
     hvd.init()
     assert hvd.is_initialized() and hvd.size() == n
-    after = hvd.allreduce(torch.ones(2), op=hvd.Sum)  # the names start again
-    assert torch.equal(before, after)
+    assert torch.equal(hvd.allreduce(torch.ones(2), op=hvd.Sum), before)
     assert torch.equal(hvd.allgather(torch.tensor([hvd.rank()]), name="life.ag"),
                        torch.arange(n))
+
+
+def test_unnamed_op_names_restart_at_init():
+    # A name shows in an error only, so the ranks disagree on purpose: the first unnamed
+    # allreduce after init() must fail as "allreduce.noname.0", whatever ran before it.
+    if hvd.size() == 1:
+        pytest.skip("a lone rank has no one to disagree with")
+    for _ in range(3):  # the counter is past 0 (and past anything a stale counter could hold)
+        hvd.allreduce(torch.ones(2), op=hvd.Sum)
+    hvd.shutdown()
+    hvd.init()
+    with pytest.raises(hvd.HorovodInternalError, match=r"Mismatched .*'allreduce\.noname\.0'"):
+        hvd.allreduce(torch.ones(1 if hvd.rank() == 0 else 2), op=hvd.Sum)
+    with pytest.raises(hvd.HorovodInternalError, match=r"Mismatched .*'allreduce\.noname\.1'"):
+        hvd.allreduce(torch.ones(1 if hvd.rank() == 0 else 2), op=hvd.Sum)
 
 
 def test_init_registers_process_sets_and_shutdown_invalidates_them():

@@ -272,29 +272,8 @@ INSTANTIATE_TEST_SUITE_P(LayoutsAndCounts, HierarchicalAllreduce,
                                   (std::get<2>(info.param) == Path::kTwoD ? "_2d" : "_allgather");
                          });
 
-// Everything but allreduce goes to the flat communicator: spot-check that it arrives.
-TEST(HierarchicalCommunicator, OtherCollectivesRunOnTheWholeSet) {
-  run_layout({"A", "A", "B", "B"}, Path::kTwoD, [](Comms& c) {
-    EXPECT_STREQ(c.hier.backend_name(), "hierarchical");
-    EXPECT_EQ(c.hier.size(), 4);
-    EXPECT_EQ(c.hier.rank(), c.rank);
-    int64_t v = c.rank == 2 ? 42 : -1;
-    c.hier.broadcast(&v, sizeof(v), 2);
-    EXPECT_EQ(v, 42);
-    std::vector<int32_t> gathered(4);
-    int32_t mine = 10 + c.rank;
-    c.hier.allgatherv(&mine, gathered.data(), std::vector<size_t>(4, sizeof(int32_t)));
-    EXPECT_EQ(gathered, (std::vector<int32_t>{10, 11, 12, 13}));
-    std::vector<int32_t> in{c.rank, c.rank, c.rank, c.rank}, out(1);
-    c.hier.reducescatter(in.data(), out.data(), {1, 1, 1, 1}, DataType::kInt32, ReduceOp::kSum);
-    EXPECT_EQ(out[0], 0 + 1 + 2 + 3);
-    const int peer = c.rank ^ 1;
-    int32_t sent = 100 + c.rank, got = -1;
-    c.hier.sendrecv(&sent, sizeof(sent), peer, &got, sizeof(got), peer);
-    EXPECT_EQ(got, 100 + peer);
-    c.hier.barrier();
-  });
-}
+// Everything but allreduce goes to the flat communicator: the conformance suite
+// (communicator_conformance_test.cc) runs every collective over it.
 
 TEST(HierarchicalCommunicator, RejectsAFlatCommunicatorOfAnotherShape) {
   auto layout = HostLayout::from_host_names({"A", "A", "B", "B"});

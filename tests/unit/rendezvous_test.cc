@@ -191,16 +191,18 @@ TEST(RendezvousServerTest, ClientNamesTheServerWhenItIsGone) {
   }
 }
 
+// The parked get can only end with a value once `other` has set and read a key of its own and
+// then released it: were other clients blocked behind a parked get, that would wait out the
+// get's deadline and the get would end in a timeout instead. No clock decides the outcome.
 TEST(RendezvousServerTest, ParkedGetDoesNotBlockOtherClients) {
   RendezvousServer server("127.0.0.1", 0, "s");
-  RendezvousClient waiting("127.0.0.1", server.port(), "s", 5s);
-  RendezvousClient other("127.0.0.1", server.port(), "s", 5s);
-  std::thread t([&] { EXPECT_THROW(waiting.get("never", 2s), StoreTimeout); });
-  std::this_thread::sleep_for(50ms);
-  auto start = std::chrono::steady_clock::now();
+  RendezvousClient waiting("127.0.0.1", server.port(), "s", 60s);
+  RendezvousClient other("127.0.0.1", server.port(), "s", 60s);
+  std::thread t([&] { EXPECT_EQ(waiting.get("release", 60s), b("go")); });
+  std::this_thread::sleep_for(50ms);  // lets the get park first (else the test proves less)
   other.set("k", b("v"));
-  EXPECT_EQ(other.get("k", 1s), b("v"));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_EQ(other.get("k", 60s), b("v"));
+  other.set("release", b("go"));
   t.join();
 }
 
@@ -214,7 +216,9 @@ TEST(RendezvousServerTest, SilentPeerDoesNotBlockOthersOrShutdown) {
   client.set("k", b("v"));
   EXPECT_EQ(client.get("k", 1s), b("v"));
   server.reset();  // must not wait for the silent peer's handshake deadline
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  // Waiting for it would take the server's 5 s handshake timeout from the connect on: 4 s
+  // leaves the client's few round trips seconds of room on a loaded machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
 }
 
 TEST(RendezvousServerTest, JobSecretsAreRandomHex) {

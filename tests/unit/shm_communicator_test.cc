@@ -1,5 +1,6 @@
-// The shared-memory communicator with members as threads of this process: every collective
-// against values computed here, for sizes that take one step, many steps, and the small and
+// The shared-memory communicator with members as threads of this process (the collectives'
+// common cases are the Communicator conformance suite's, tests/conformance): allreduce against
+// values computed here, for sizes that take one step, many steps, and the small and
 // large allreduce paths; rank-ordered sums bitwise equal to the reference association; failures
 // that name the member; and nothing left in /dev/shm.
 #include <dirent.h>
@@ -201,71 +202,6 @@ TEST_P(Sizes, AllreducePartsOfHalfFloatsMatchAFusionBuffer) {
   });
 }
 
-TEST_P(Sizes, ReducescatterGivesEachMemberItsChunk) {
-  const int size = GetParam();
-  expect_all_pass(size, small_slots(unique_job("rs")), [&](ShmCommunicator& comm, int m) {
-    std::vector<size_t> counts(size);
-    for (int r = 0; r < size; ++r) counts[r] = 1500 * r + 1;  // uneven, several steps
-    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    std::vector<float> in(total);
-    for (size_t i = 0; i < total; ++i) in[i] = value(m, i);
-    std::vector<float> out(counts[m], -1);
-    comm.reducescatter(in.data(), out.data(), counts, DataType::kFloat32, ReduceOp::kSum);
-    size_t first = 0;
-    for (int r = 0; r < m; ++r) first += counts[r];
-    for (size_t i = 0; i < counts[m]; ++i) {
-      float expected = value(0, first + i);
-      for (int r = 1; r < size; ++r) expected += value(r, first + i);
-      ASSERT_EQ(std::memcmp(&out[i], &expected, sizeof(float)), 0) << i;
-    }
-  });
-}
-
-TEST_P(Sizes, AllgathervWithUnevenAndEmptyParts) {
-  const int size = GetParam();
-  expect_all_pass(size, small_slots(unique_job("ag")), [&](ShmCommunicator& comm, int m) {
-    std::vector<size_t> bytes(size);
-    for (int r = 0; r < size; ++r) bytes[r] = r == 1 ? 0 : 9000 * r + 5;
-    std::vector<uint8_t> in(bytes[m]);
-    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(m * 31 + i);
-    std::vector<uint8_t> out(std::accumulate(bytes.begin(), bytes.end(), size_t{0}), 0);
-    comm.allgatherv(in.data(), out.data(), bytes);
-    size_t at = 0;
-    for (int r = 0; r < size; ++r)
-      for (size_t i = 0; i < bytes[r]; ++i, ++at)
-        ASSERT_EQ(out[at], static_cast<uint8_t>(r * 31 + i)) << "from " << r << " byte " << i;
-  });
-}
-
-TEST_P(Sizes, BroadcastFromEveryRoot) {
-  const int size = GetParam();
-  expect_all_pass(size, small_slots(unique_job("bc")), [&](ShmCommunicator& comm, int m) {
-    for (int root = 0; root < size; ++root) {
-      std::vector<int32_t> x(10007, m == root ? root + 100 : -1);
-      comm.broadcast(x.data(), x.size() * sizeof(int32_t), root);
-      for (int32_t v : x) ASSERT_EQ(v, root + 100);
-    }
-  });
-}
-
-TEST_P(Sizes, AlltoallvWithUnevenSplits) {
-  const int size = GetParam();
-  expect_all_pass(size, small_slots(unique_job("a2a")), [&](ShmCommunicator& comm, int m) {
-    // Member s sends (s + 1) * (d + 1) * 700 bytes to member d, each byte tagged by s, d, index.
-    auto bytes = [](int s, int d) { return size_t(s + 1) * size_t(d + 1) * 700; };
-    auto tag = [](int s, int d, size_t i) { return static_cast<uint8_t>(s * 7 + d * 13 + i); };
-    std::vector<size_t> send(size), recv(size);
-    for (int r = 0; r < size; ++r) send[r] = bytes(m, r), recv[r] = bytes(r, m);
-    std::vector<uint8_t> in, out(std::accumulate(recv.begin(), recv.end(), size_t{0}));
-    for (int d = 0; d < size; ++d)
-      for (size_t i = 0; i < send[d]; ++i) in.push_back(tag(m, d, i));
-    comm.alltoallv(in.data(), send, out.data(), recv);
-    size_t at = 0;
-    for (int s = 0; s < size; ++s)
-      for (size_t i = 0; i < recv[s]; ++i, ++at) ASSERT_EQ(out[at], tag(s, m, i)) << s << " " << i;
-  });
-}
-
 TEST_P(Sizes, ManyCollectivesInARowKeepTheMembersInStep) {
   const int size = GetParam();
   expect_all_pass(size, small_slots(unique_job("seq")), [&](ShmCommunicator& comm, int m) {
@@ -341,7 +277,7 @@ TEST(ShmCommunicator, AMemberThatNeverArrivesIsNamedAfterTheTimeout) {
     float x = 1;
     comm.allreduce(&x, 1, DataType::kFloat32, ReduceOp::kSum);
   });
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 60s);  // a hang guard only
   // Member 0 or 1 times out first and aborts the segment; the other then stops at once with the
   // first one's message. Both name member 2.
   for (int m : {0, 1}) {

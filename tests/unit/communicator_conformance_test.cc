@@ -1,0 +1,140 @@
+// The Communicator conformance suite (tests/conformance) over the backends that can run with
+// members as threads of this process: Gloo over TCP loopback, shared memory (small slots, so
+// buffers take many steps and both allreduce paths), and the hierarchical communicator over
+// Gloo groups with uneven, interleaved host layouts. 1 to 4 members; every case, every backend.
+// MPI runs the same cases under mpirun (tests/multiproc/mpi_communicator_test.cc).
+#include "conformance/communicator_conformance.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/hierarchical/hierarchical_communicator.h"
+#include "collectives/shm/shm_communicator.h"
+#include "rendezvous/store.h"
+
+namespace krug::collectives {
+namespace {
+
+using namespace std::chrono_literals;
+using conformance::Association;
+
+// A hang guard only: a broken backend fails the case with an error instead of waiting forever.
+constexpr auto kTimeout = 120s;
+
+enum class Backend { kGloo, kShm, kHierarchical };
+
+std::string backend_name(Backend b) {
+  switch (b) {
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kShm:
+      return "shm";
+    case Backend::kHierarchical:
+      return "hierarchical";
+  }
+  return "?";
+}
+
+// Host names of the hierarchical communicator's members: uneven and interleaved from 3 on.
+std::vector<std::string> hosts_of(int size) {
+  static const std::vector<std::vector<std::string>> layouts = {
+      {"A"}, {"A", "B"}, {"A", "B", "A"}, {"A", "B", "A", "B"}};
+  return layouts[static_cast<size_t>(size - 1)];
+}
+
+Association association_of(Backend b, int size) {
+  if (b != Backend::kHierarchical) return conformance::rank_order(size);
+  return HostLayout::from_host_names(hosts_of(size)).hosts;
+}
+
+struct Job {
+  std::shared_ptr<rendezvous::Store> store = std::make_shared<rendezvous::InMemoryStore>();
+  std::string id =
+      "conf" + std::to_string(::getpid()) + "x" + std::to_string(std::random_device{}());
+  int size;
+};
+
+std::unique_ptr<Communicator> gloo(const Job& job, const std::string& scope, int rank, int size,
+                                   const std::shared_ptr<gloo::transport::Device>& device) {
+  return std::make_unique<GlooCommunicator>(
+      rank, size, std::make_shared<rendezvous::PrefixStore>(scope + "/", job.store), device,
+      kTimeout);
+}
+
+// Member `rank`'s communicator; collective (every member makes its own at the same time).
+std::unique_ptr<Communicator> make_member(Backend b, const Job& job, int rank) {
+  auto device = make_gloo_device("127.0.0.1", "");
+  switch (b) {
+    case Backend::kGloo:
+      return gloo(job, "flat", rank, job.size, device);
+    case Backend::kShm: {
+      shm::Options options;
+      options.job_id = job.id;
+      options.timeout = kTimeout;
+      options.slot_bytes = 16 << 10;
+      options.small_allreduce_bytes = 4 << 10;
+      auto comm = std::make_unique<shm::ShmCommunicator>(rank, job.size, *job.store, options);
+      // As the engine does: point to point over Gloo, made on the first sendrecv.
+      comm->set_point_to_point(
+          [&job, rank, device] { return gloo(job, "p2p", rank, job.size, device); });
+      return comm;
+    }
+    case Backend::kHierarchical:
+      return std::make_unique<HierarchicalCommunicator>(
+          HostLayout::from_host_names(hosts_of(job.size)), rank,
+          gloo(job, "flat", rank, job.size, device),
+          [&job, device](const std::string& scope, int r, int n) {
+            return gloo(job, "hier/" + scope, r, n, device);
+          });
+  }
+  return nullptr;
+}
+
+class Conformance : public ::testing::TestWithParam<std::tuple<Backend, int, size_t>> {};
+
+TEST_P(Conformance, Case) {
+  const auto [backend, size, index] = GetParam();
+  const auto& c = conformance::cases()[index];
+  const Association association = association_of(backend, size);
+  Job job;
+  job.size = size;
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  std::vector<std::thread> members;
+  for (int r = 0; r < size; ++r)
+    members.emplace_back([&, r] {
+      try {
+        auto comm = make_member(backend, job, r);
+        EXPECT_EQ(comm->rank(), r);
+        EXPECT_EQ(comm->size(), size);
+        c.run(*comm, association);
+        comm->barrier();  // nobody tears down its end while a peer still works on it
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : members) t.join();
+  for (int r = 0; r < size; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "member " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, Conformance,
+    ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kShm, Backend::kHierarchical),
+                       ::testing::Values(1, 2, 3, 4),
+                       ::testing::Range(size_t{0}, conformance::cases().size())),
+    [](const auto& info) {
+      return backend_name(std::get<0>(info.param)) + "_np" +
+             std::to_string(std::get<1>(info.param)) + "_" +
+             conformance::cases()[std::get<2>(info.param)].name;
+    });
+
+}  // namespace
+}  // namespace krug::collectives
