@@ -5,7 +5,8 @@
 #   krug_python   ${CMAKE_BINARY_DIR}/python: the Python package tree (python/krug/**/*.py
 #                 symlinked), importable with PYTHONPATH=build/python; krugrun puts it on every
 #                 rank's PYTHONPATH.
-# KRUG_BUILD_TORCH (AUTO, ON, OFF): AUTO builds them when Python 3, a supported torch and
+# KRUG_BUILD_TORCH (AUTO, ON, OFF; or KRUG_WITH_PYTORCH=1 / KRUG_WITHOUT_PYTORCH=1 in the
+# environment, cmake/build_env.cmake): AUTO builds them when Python 3, a supported torch and
 # pybind11 are found (cmake/find_torch.cmake) and says why not otherwise; ON fails the
 # configuration instead.
 
@@ -18,6 +19,7 @@ elseif(KRUG_BUILD_TORCH MATCHES "^(OFF|NO|FALSE|N|0)$")
 elseif(NOT KRUG_BUILD_TORCH STREQUAL "AUTO")
   message(FATAL_ERROR "KRUG_BUILD_TORCH must be ON, OFF or AUTO, not '${KRUG_BUILD_TORCH}'")
 endif()
+krug_apply_env_choice(KRUG_BUILD_TORCH PYTORCH)
 set(KRUG_PYTHON_DIR ${CMAKE_BINARY_DIR}/python)
 # Why the frontends are not built, for the build report and krug.torch's import error.
 set(KRUG_TORCH_PROBLEM "")
@@ -28,7 +30,7 @@ if(KRUG_BUILD_TORCH STREQUAL "AUTO" AND KRUG_SANITIZE)
   message(STATUS "krug: PyTorch frontends not built with KRUG_SANITIZE=${KRUG_SANITIZE} "
     "(set KRUG_BUILD_TORCH=ON to force)")
 elseif(KRUG_BUILD_TORCH STREQUAL "OFF")
-  set(KRUG_TORCH_PROBLEM "disabled when krug was built (KRUG_BUILD_TORCH=OFF)")
+  set(KRUG_TORCH_PROBLEM "disabled when krug was built (KRUG_BUILD_TORCH=OFF or KRUG_WITHOUT_PYTORCH)")
   message(STATUS "krug: PyTorch frontends disabled (KRUG_BUILD_TORCH=OFF)")
 else()
   # Debian's interpreter is the one with python3-torch; another python3 may come first on PATH.
@@ -53,8 +55,8 @@ else()
 
   if(KRUG_TORCH_PROBLEM)
     if(KRUG_BUILD_TORCH STREQUAL "ON")
-      message(FATAL_ERROR "krug: the PyTorch binding was required (KRUG_BUILD_TORCH=ON) but "
-        "cannot be built: ${KRUG_TORCH_PROBLEM}.")
+      message(FATAL_ERROR "krug: the PyTorch binding was required (KRUG_BUILD_TORCH=ON or "
+        "KRUG_WITH_PYTORCH=1) but cannot be built: ${KRUG_TORCH_PROBLEM}.")
     endif()
     # A torch that is there but unusable is worth a warning (pip -v shows it); none at all is not.
     if(KRUG_TORCH_VERSION)
