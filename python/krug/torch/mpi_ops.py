@@ -14,7 +14,9 @@ import torch
 
 from krug.torch.compression import Compression
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
-from krug.torch import _torch_core as _core
+from krug.common.binding import load_torch_core
+
+_core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
 # Reduction ops (the values are krug::ReduceOp's; Adasum's is the core's kAdasum when the build
 # has it, see _core_op).
