@@ -17,8 +17,9 @@ set(KRUG_TORCH_VERSION_LIMIT 3.0)
 # Fails with a message that names the version found and the supported range.
 function(krug_check_framework_version framework version min limit out_problem)
   if(version VERSION_LESS min OR NOT version VERSION_LESS limit)
-    set(${out_problem} "${framework} ${version} is not supported: krug supports ${framework} "
-      "${min} or newer, older than ${limit}" PARENT_SCOPE)
+    string(CONCAT problem_text "${framework} ${version} is not supported: krug supports "
+      "${framework} ${min} or newer, older than ${limit}")
+    set(${out_problem} "${problem_text}" PARENT_SCOPE)
   else()
     set(${out_problem} "" PARENT_SCOPE)
   endif()
@@ -54,8 +55,9 @@ function(krug_find_torch python)
   krug_query_torch(${python} json)
   string(JSON error ERROR_VARIABLE none GET "${json}" error)
   if(json STREQUAL "" OR error)
-    set(KRUG_TORCH_PROBLEM "torch is not importable by ${python} (${error}); install torch into "
-      "that environment first (pip install torch, or Debian's python3-torch)" PARENT_SCOPE)
+    string(CONCAT problem_text "torch is not importable by ${python} (${error}); install "
+      "torch into that environment first (pip install torch, or Debian's python3-torch)")
+    set(KRUG_TORCH_PROBLEM "${problem_text}" PARENT_SCOPE)
     return()
   endif()
   string(JSON version GET "${json}" version)
@@ -69,9 +71,10 @@ function(krug_find_torch python)
   string(JSON abi GET "${json}" cxx11_abi)
   if(NOT abi)
     # libkrug's API passes std::string: both sides must use the same libstdc++ ABI.
-    set(KRUG_TORCH_PROBLEM "torch ${version} was built with the pre-C++11 libstdc++ ABI "
+    string(CONCAT problem_text "torch ${version} was built with the pre-C++11 libstdc++ ABI "
       "(_GLIBCXX_USE_CXX11_ABI=0); krug needs a torch built with the C++11 ABI (PyPI's since "
-      "2.7, Debian's)" PARENT_SCOPE)
+      "2.7, Debian's)")
+    set(KRUG_TORCH_PROBLEM "${problem_text}" PARENT_SCOPE)
     return()
   endif()
 
