@@ -30,7 +30,7 @@ if(KRUG_BUILD_TORCH STREQUAL "AUTO" AND KRUG_SANITIZE)
   message(STATUS "krug: PyTorch frontends not built with KRUG_SANITIZE=${KRUG_SANITIZE} "
     "(set KRUG_BUILD_TORCH=ON to force)")
 elseif(KRUG_BUILD_TORCH STREQUAL "OFF")
-  set(KRUG_TORCH_PROBLEM "disabled when krug was built (KRUG_BUILD_TORCH=OFF or KRUG_WITHOUT_PYTORCH)")
+  set(KRUG_TORCH_PROBLEM "disabled (KRUG_BUILD_TORCH=OFF or KRUG_WITHOUT_PYTORCH)")
   message(STATUS "krug: PyTorch frontends disabled (KRUG_BUILD_TORCH=OFF)")
 else()
   # Debian's interpreter is the one with python3-torch; another python3 may come first on PATH.

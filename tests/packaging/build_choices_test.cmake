@@ -17,7 +17,9 @@ endforeach()
 foreach(bad 1.12.1 3.0.0)
   krug_check_framework_version(torch ${bad} ${KRUG_TORCH_MIN_VERSION}
     ${KRUG_TORCH_VERSION_LIMIT} problem)
-  expect_eq("${problem}" "torch ${bad} is not supported: krug supports torch 1.13 or newer, older than 3.0" "torch ${bad}")
+  expect_eq("${problem}"
+    "torch ${bad} is not supported: krug supports torch 1.13 or newer, older than 3.0"
+    "torch ${bad}")
 endforeach()
 
 set(KRUG_BUILD_TORCH AUTO)
