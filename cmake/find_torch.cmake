@@ -98,6 +98,13 @@ function(krug_find_torch python)
       INTERFACE_LINK_LIBRARIES
         "${KRUG_TORCH_LIB_torch};${KRUG_TORCH_LIB_torch_cpu};${KRUG_TORCH_LIB_c10}"
       INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=1")
+    # PyPI's torch bundles fmt's headers (a newer fmt than the system's libfmt), and its include
+    # directory comes before the system's: code that includes torch's headers uses that fmt,
+    # header-only, so it needs no libfmt of that version (its symbols are in another inline
+    # namespace than libkrug's fmt).
+    if(EXISTS ${include0}/fmt/format.h)
+      set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS FMT_HEADER_ONLY=1)
+    endif()
   endif()
   set(defs TORCH_API_INCLUDE_EXTENSION_H)
   foreach(key COMPILER_TYPE STDLIB BUILD_ABI)
