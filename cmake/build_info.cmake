@@ -18,14 +18,17 @@ configure_file(${CMAKE_CURRENT_LIST_DIR}/templates/build_config.h.in
   ${KRUG_GENERATED_DIR}/run/build_config.h @ONLY)
 target_include_directories(krugrun_lib PRIVATE ${KRUG_GENERATED_DIR})
 
-# The Python build information: in the build tree krugrun is build/krugrun, next to python/.
-function(krug_write_python_build_info path krugrun_relpath)
+# The Python build information: in the build tree krugrun and libkrug.so are in build/, next to
+# python/.
+function(krug_write_python_build_info path krugrun_relpath libkrug_relpath)
   if(KRUG_TORCH_ENABLED)
     set(KRUG_PY_TORCH_BUILT True)
   else()
     set(KRUG_PY_TORCH_BUILT False)
   endif()
   set(KRUG_PY_KRUGRUN ${krugrun_relpath})
+  set(KRUG_PY_LIBKRUG ${libkrug_relpath})
   configure_file(${CMAKE_CURRENT_FUNCTION_LIST_DIR}/templates/_build_info.py.in ${path} @ONLY)
 endfunction()
-krug_write_python_build_info(${KRUG_PYTHON_DIR}/krug/_build_info.py ../../krugrun)
+krug_write_python_build_info(${KRUG_PYTHON_DIR}/krug/_build_info.py ../../krugrun
+  ../../libkrug.so)

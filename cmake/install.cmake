@@ -80,8 +80,10 @@ if(DEFINED KRUG_INSTALL_PYTHONDIR)
     FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
   file(RELATIVE_PATH krugrun_from_package /prefix/${KRUG_INSTALL_PYTHONDIR}/krug
     /prefix/${CMAKE_INSTALL_BINDIR}/krugrun)
+  file(RELATIVE_PATH libkrug_from_package /prefix/${KRUG_INSTALL_PYTHONDIR}/krug
+    /prefix/${CMAKE_INSTALL_LIBDIR}/libkrug.so)
   krug_write_python_build_info(${CMAKE_BINARY_DIR}/install-python/_build_info.py
-    ${krugrun_from_package})
+    ${krugrun_from_package} ${libkrug_from_package})
   install(FILES ${CMAKE_BINARY_DIR}/install-python/_build_info.py
     DESTINATION ${KRUG_INSTALL_PYTHONDIR}/krug)
   if(TARGET _torch_core)

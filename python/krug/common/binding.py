@@ -5,7 +5,9 @@ only with the framework version it was built against; either failure ends in an 
 that names what happened and the command that rebuilds krug for this environment.
 """
 
+import ctypes
 import importlib
+import os
 import sys
 
 from krug import _build_info
@@ -18,9 +20,24 @@ REBUILD = ("KRUG_WITH_PYTORCH=1 {python} -m pip install --no-cache-dir --force-r
 def load_torch_core():
     """krug.torch._torch_core, or an ImportError that explains why it cannot be loaded."""
     try:
+        _load_core_first()
         return importlib.import_module("krug.torch._torch_core")
     except ImportError as e:
         raise ImportError(torch_core_error(e, _torch_version())) from e
+
+
+def _load_core_first():
+    """Loads libkrug.so on its own, every symbol bound at once, before the torch module.
+
+    PyPI's torch carries its own Gloo inside libtorch_cpu.so and exports it. Loaded as a
+    dependency of the torch module, libkrug would find torch's Gloo before its own libgloo (the
+    module needs libtorch_cpu first) and call into another Gloo version: a crash. Loaded first,
+    libkrug's calls bind to its own libgloo; the module then reuses this libkrug.
+    """
+    here = os.path.dirname(os.path.abspath(_build_info.__file__))
+    path = os.path.normpath(os.path.join(here, _build_info.libkrug))
+    if os.path.exists(path):
+        ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
 
 
 def _torch_version():
