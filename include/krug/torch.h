@@ -20,8 +20,10 @@
 // Non-contiguous inputs are copied to a contiguous buffer first. Like every krug operation,
 // each call has a name that identifies it across ranks: every rank of the process set must
 // make the same call with the same name, dtype and shape (allgather: the first dimension may
-// differ). An empty name makes one up from a per-operation counter ("allreduce.noname.3"),
-// which is right only when every rank makes its unnamed calls in the same order. Failures
+// differ). An empty name makes one up from a counter per operation and process set
+// ("allreduce.noname.3", krug::unnamed_op_name in krug/binding_rules.h), which is right only
+// when every rank makes its unnamed calls in the same order; the counters start again at every
+// init(), on every rank (so survivors and new workers agree after an elastic reset). Failures
 // (mismatched shapes, a dead peer, a timeout) throw krug::Error on every rank involved, from
 // the synchronous call or from Handle::wait().
 //

@@ -82,6 +82,9 @@ void State::on_reset() {
   for (auto& f : reset_callbacks_) f();
 }
 
+// Python's recovery loop (krug.common.elastic.run_fn) follows the same policy and must change
+// with this one. It is a copy on purpose: its state and the exceptions that steer it are Python's
+// (see docs/architecture.md, "Elastic recovery: two loops, on purpose").
 bool run(State& state, const std::function<void()>& train) {
   if (!enabled()) {
     state.sync();

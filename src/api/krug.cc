@@ -38,6 +38,7 @@ struct Runtime {
   std::mutex mu;
   MpiBootstrap mpi;  // declared before the engine: the rendezvous server outlives it
   std::shared_ptr<engine::Engine> engine;
+  std::shared_ptr<OpNameCounters> op_names;  // this init()'s: names start again at every init()
   int generation = 0;
   std::optional<ElasticSession> elastic;  // this init()'s round, in elastic mode
 };
@@ -133,6 +134,13 @@ std::shared_ptr<engine::Engine> current_engine() {
   return rt.engine;
 }
 
+std::shared_ptr<OpNameCounters> current_op_name_counters() {
+  auto& rt = runtime();
+  std::lock_guard lock(rt.mu);
+  if (!rt.engine) throw Error("krug is not initialized: call init() first");
+  return rt.op_names;
+}
+
 const engine::HandleState& Handle::checked() const {
   if (!state_) throw Error("krug::Handle is empty: it was not returned by an operation");
   return *state_;
@@ -207,6 +215,7 @@ void init() {
   }
   auto scoped = std::make_shared<rendezvous::PrefixStore>(prefix, std::move(store));
   rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped));
+  rt.op_names = std::make_shared<OpNameCounters>();
 }
 
 void shutdown() {
@@ -215,6 +224,7 @@ void shutdown() {
     auto& rt = runtime();
     std::lock_guard lock(rt.mu);
     engine = std::move(rt.engine);
+    rt.op_names.reset();
   }
   if (engine) engine->shutdown();
 }

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "api/op_name_counters.h"
 #include "engine/engine.h"
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/store.h"
@@ -13,6 +14,10 @@ namespace krug {
 
 // Throws krug::Error when krug is not initialized.
 std::shared_ptr<engine::Engine> current_engine();
+
+// This initialization's counters for unnamed operations (made fresh by every init()). Throws
+// krug::Error when krug is not initialized.
+std::shared_ptr<OpNameCounters> current_op_name_counters();
 
 // An elastic worker's current round: the driver's store (unprefixed) and its assignment.
 struct ElasticSession {

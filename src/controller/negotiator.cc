@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "collectives/adasum.h"
+#include "controller/alltoall_splits.h"
 
 namespace krug::controller {
 int64_t response_bytes(const Response& r) {
@@ -140,6 +141,7 @@ void Negotiator::move_cached_into_table() {
 void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_point now) {
   if (!cached_pending_.empty()) move_cached_into_table();
   if (request.op == OpType::kJoin) {
+    if (joined_.empty()) first_joined_at_ = now;
     joined_.insert(rank);
     last_joined_ = rank;
     return;
@@ -264,16 +266,10 @@ std::string Negotiator::validate(const std::string& key, const Pending& p) const
         return fmt::format("{} '{}' needs a tensor with at least one dimension",
                            op_name(first.op), first.name);
       if (first.op == OpType::kAlltoall) {
-        for (const auto& [rank, r] : p.by_rank) {
-          int64_t total = 0;
-          for (int64_t s : r.splits) total += s;
-          if (r.splits.size() != set.size() || total != r.shape[0] ||
-              std::any_of(r.splits.begin(), r.splits.end(), [](int64_t s) { return s < 0; }))
-            return fmt::format(
-                "alltoall '{}' on rank {}: splits [{}] must have one non-negative entry per rank "
-                "of the process set ({}) summing to the first dimension ({})",
-                first.name, rank, fmt::join(r.splits, ", "), set.size(), r.shape[0]);
-        }
+        for (const auto& [rank, r] : p.by_rank)
+          if (auto problem = alltoall_splits_problem(r.splits, r.shape[0], set.size());
+              !problem.empty())
+            return fmt::format("alltoall '{}' on rank {}: {}", first.name, rank, problem);
       }
       break;
     }
@@ -512,6 +508,16 @@ std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_s
     for (int32_t m : members(first.process_set))
       (p.by_rank.count(m) ? s.ready_ranks : s.missing_ranks).push_back(m);
     result.push_back(std::move(s));
+  }
+  // A join waits for every rank of the job; ranks that never join leave the others in it.
+  if (!joined_.empty()) {
+    double waited = std::chrono::duration<double>(now - first_joined_at_).count();
+    if (waited >= older_than_seconds) {
+      Stall s{"join", OpType::kJoin, 0, {}, {}, waited};
+      for (int32_t m = 0; m < world_size_; ++m)
+        (joined_.count(m) ? s.ready_ranks : s.missing_ranks).push_back(m);
+      result.push_back(std::move(s));
+    }
   }
   return result;
 }

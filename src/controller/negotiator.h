@@ -46,7 +46,9 @@ class Negotiator {
   // Ready operations as an ordered, fused response list; removes them from the table.
   std::vector<Response> compute();
 
-  bool has_pending() const { return !table_.empty() || !cached_pending_.empty(); }
+  bool has_pending() const {
+    return !table_.empty() || !cached_pending_.empty() || !joined_.empty();
+  }
   // The autotuner's knob: applies to responses computed from now on.
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   std::vector<Stall> stalls(Clock::time_point now, double older_than_seconds) const;
@@ -109,6 +111,7 @@ class Negotiator {
   int32_t next_set_id_ = 1;
   std::set<int32_t> joined_;
   int32_t last_joined_ = -1;
+  Clock::time_point first_joined_at_{};  // while joined_ is not empty: the stall inspector's
   uint64_t next_arrival_ = 0;
   bool track_readiness_ = false;
   ReadinessStats readiness_;

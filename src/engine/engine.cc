@@ -93,6 +93,7 @@ class Engine::Impl : public Driver, public std::enable_shared_from_this<Engine::
   ~Impl() override { shutdown(); }
 
   void shutdown();
+  void abort(const std::string& reason);
   std::shared_ptr<HandleState> enqueue(std::span<TensorArgs> tensors);
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
   std::vector<int32_t> process_set_ranks(int32_t id) const;
@@ -612,7 +613,8 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue_entries(size_t count, const F
   auto reject = [&](const std::string& message) {
     for (size_t j = first; j < queue_.size(); ++j) in_flight_keys_.erase(queue_[j].key());
     queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(first), queue_.end());
-    return fail(message);
+    handle->reject(message);
+    return handle;
   };
   for (size_t i = 0; i < count; ++i) {
     Table::node_type entry = entry_node();
@@ -673,6 +675,16 @@ void Engine::Impl::shutdown() {
   }
   if (wake_.valid()) wake_background();
   if (thread_.joinable()) thread_.join();
+}
+
+void Engine::Impl::abort(const std::string& reason) {
+  {
+    // The loop's state is ours while we hold loop_mu_ (as a waiting thread's drive() does).
+    std::lock_guard lock(loop_mu_);
+    fatal(reason, true);
+  }
+  // The background thread finds the loop stopped and ends.
+  if (wake_.valid()) wake_background();
 }
 
 void Engine::Impl::run() {
@@ -1520,6 +1532,9 @@ Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store)
 // A thread still driving a handle keeps the rest of Impl alive until it returns.
 Engine::~Engine() { impl_->shutdown(); }
 void Engine::shutdown() { impl_->shutdown(); }
+void Engine::abort(const std::string& reason) {
+  impl_->abort(reason);
+}
 std::shared_ptr<HandleState> Engine::enqueue(std::vector<TensorArgs> tensors) {
   return impl_->enqueue(tensors);
 }

@@ -70,6 +70,11 @@ class Engine {
   // thread. Idempotent.
   void shutdown();
 
+  // Stops this rank's engine at once and tells every rank `reason` (its user gave up waiting:
+  // Ctrl-C in Python): pending and later operations fail with it here and on the other ranks,
+  // as after a failure. shutdown() may follow; it then has nothing to drain. Idempotent.
+  void abort(const std::string& reason);
+
   // Several tensors => one grouped request: executed together once all are ready everywhere.
   // Never throws for operation errors: they complete the returned handle with a message.
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);

@@ -12,6 +12,15 @@ bool HandleState::complete_part(const std::string& error) {
   return true;
 }
 
+void HandleState::reject(const std::string& error) {
+  std::lock_guard lock(mu_);
+  rejected_.store(true, std::memory_order_release);
+  if (error_.empty()) error_ = error;
+  remaining_ = 0;
+  done_.store(true, std::memory_order_release);
+  cv_.notify_all();
+}
+
 bool HandleState::done() const { return done_.load(std::memory_order_acquire); }
 
 bool HandleState::wait_until(std::chrono::steady_clock::time_point deadline) const {

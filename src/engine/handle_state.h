@@ -40,6 +40,10 @@ class HandleState {
 
   // Marks one part done; the first error wins. Returns true when the whole handle completed.
   bool complete_part(const std::string& error = {});
+  // Fails every part at submission, before anything was sent: the caller's own arguments were
+  // wrong (a name in flight, a bad shape), so frontends raise at the call (Python: ValueError).
+  void reject(const std::string& error);
+  bool rejected() const { return rejected_.load(std::memory_order_acquire); }
   bool done() const;
   // Set by the engine before the handle is shared; waits then drive it first.
   void set_driver(std::weak_ptr<Driver> driver) { driver_ = std::move(driver); }
@@ -59,6 +63,7 @@ class HandleState {
   // done() without the mutex: a thread driving the loop asks after every round, while the
   // thread completing parts holds the mutex.
   std::atomic<bool> done_{false};
+  std::atomic<bool> rejected_{false};
   std::string error_;
   OpResult result_;
 };

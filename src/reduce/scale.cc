@@ -32,14 +32,15 @@ void scale16(uint16_t* p, size_t n, double factor) {
   }
 }
 
-// Round to nearest (ties to even, the default rounding mode), then saturate; NaN becomes 0.
-// The bounds are powers of two (or 2^63 for int64, which double cannot hold one below), so
-// the comparisons are exact.
+// Horovod's rule, which scripts ported from it rely on (an integer Average is the sum times
+// 1/n): the product in double, converted back toward zero. Out-of-range results saturate (where
+// Horovod's cast is undefined) and NaN becomes 0. The bounds are powers of two (or 2^63 for
+// int64, which double cannot hold one below), so the comparisons are exact.
 template <typename T>
 T scale_one(T v, double factor) {
   constexpr double kLo = static_cast<double>(std::numeric_limits<T>::min());
   constexpr double kHi = static_cast<double>(std::numeric_limits<T>::max());
-  const double x = std::nearbyint(static_cast<double>(v) * factor);
+  const double x = std::trunc(static_cast<double>(v) * factor);
   if (std::isnan(x)) return 0;
   if (x <= kLo) return std::numeric_limits<T>::min();
   if (x >= kHi) return std::numeric_limits<T>::max();

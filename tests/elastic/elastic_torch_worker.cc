@@ -5,6 +5,12 @@
 // same steps as an undisturbed one, up to float association; rank 0 prints the final weights'
 // sum for the test to compare.
 //
+// Every step also makes unnamed LibTorch calls (an allreduce, an allgather and a broadcast with
+// an empty name). Their names come from counters that every init() starts again, so after a
+// round that adds a worker the survivors and the newcomer name them alike; were the counters
+// to carry on over the reset, the newcomer's names would match no survivor's and the step would
+// stall. A wrong result prints "unnamed ops: FAIL" and fails the worker.
+//
 //   krugrun --host-discovery-script d.sh elastic_torch_worker STEPS [STEP_MILLISECONDS]
 #include <krug/elastic.h>
 #include <krug/krug.h>
@@ -14,12 +20,33 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 namespace {
 
 constexpr int64_t kGlobalBatch = 12;  // divisible by 1, 2, 3, 4 and 6 ranks
 constexpr int64_t kFeatures = 16;
+
+// The unnamed calls of one step; false (after saying why) when a result is wrong.
+bool unnamed_ops_agree() {
+  const int rank = krug::rank(), size = krug::size();
+  krug::ReduceOptions sum;
+  sum.op = krug::ReduceOp::kSum;
+  const double count = krug::torch::allreduce(torch::ones({1}), "", sum).item<double>();
+  const auto ranks = krug::torch::allgather(torch::full({1}, rank, torch::kInt64), "");
+  auto root = torch::full({1}, rank == 0 ? 7 : -1, torch::kInt64);
+  krug::torch::broadcast_(root, 0, "");
+  if (count == size && torch::equal(ranks, torch::arange(size, torch::kInt64)) &&
+      root.item<int64_t>() == 7)
+    return true;
+  std::ostringstream gathered;
+  gathered << ranks.flatten();
+  std::fprintf(stderr, "rank %d of %d: unnamed ops: FAIL: sum %g, allgather %s, broadcast %lld\n",
+               rank, size, count, gathered.str().c_str(),
+               static_cast<long long>(root.item<int64_t>()));
+  return false;
+}
 
 }  // namespace
 
@@ -48,6 +75,7 @@ int main(int argc, char** argv) {
   const bool trained = krug::elastic::run(state, [&] {
     while (state.values["step"] < steps) {
       std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+      if (!unnamed_ops_agree()) std::exit(1);
       // The step's global batch, identical on every rank; this rank takes its slice.
       auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + state.values["step"]);
       const auto x = torch::randn({kGlobalBatch, kFeatures}, gen);

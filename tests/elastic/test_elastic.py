@@ -153,3 +153,23 @@ def test_torch_cpp_worker_killed_matches_undisturbed(tmp_path):
     assert job.finish() == 0, job.text()[-6000:]
     got = float(job.wait_for(final)[2].group(1))
     assert abs(got - expected) <= 1e-4 * max(1.0, abs(expected)), (got, expected)
+
+
+def test_torch_cpp_unnamed_ops_agree_after_a_worker_is_added(tmp_path):
+    """The LibTorch API's unnamed operations across a round that adds a worker: every step makes
+    unnamed calls (elastic_torch_worker.cc), whose names restart at every init(), on the
+    survivors and the newcomer alike. Counters that carried on over the reset would give the
+    newcomer names no survivor uses, and the job would stall instead of finishing."""
+    worker = os.environ.get("KRUG_ELASTIC_TORCH_WORKER",
+                            os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests",
+                                         "elastic", "elastic_torch_worker"))
+    job = ElasticJob(tmp_path, HOSTS[:2], ["--min-np", "2"], command=[worker, "80", "10"])
+    index, _, _ = job.wait_for(r"step 10 committed")
+    job.set_hosts(HOSTS[:3])
+    index, _, _ = job.wait_for(r"worker w2 on host 127\.0\.0\.3: pid \d+ started", after=index)
+    index, _, _ = job.wait_for(r"round \d+: 3 worker\(s\): .*w2 rank 2 \(new\)", after=index)
+    job.wait_for(r"step \d+ committed", after=index)
+    assert job.finish() == 0, job.text()[-6000:]
+    assert "unnamed ops: FAIL" not in job.text(), job.text()[-6000:]
+    assert re.search(r"final weight sum: -?[0-9.]+ after 80 steps \(3 ranks\)", job.text()), \
+        job.text()[-3000:]

@@ -240,6 +240,39 @@ TEST(EngineThreadsErrors, DuplicateInFlightNameIsRejectedLocally) {
   });
 }
 
+// Engine::abort (a rank whose user gave up waiting): every rank's pending operation, here one
+// that waits for the aborting rank, fails with the reason, and so does a later one.
+class EngineThreadsAbort : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineThreadsAbort, FailsEveryRanksPendingOperationsWithTheReason) {
+  const int aborting = GetParam();
+  run_ranks(3, [aborting](Engine& e, int rank) {
+    std::vector<float> buf(4, 1.0f);
+    // The aborting rank waits for an operation no other rank submits; the others for one it
+    // never submits.
+    const std::string name = rank == aborting ? "only.mine" : "all.but.one";
+    auto h = submit(e, request(name, OpType::kAllreduce, DataType::kFloat32, {4}), buf.data(),
+                    buf.data());
+    if (rank == aborting) {
+      EXPECT_FALSE(h->wait_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(50)));
+      e.abort("rank " + std::to_string(rank) + " gave up waiting");
+    }
+    h->wait();
+    const std::string reason = "rank " + std::to_string(aborting) + " gave up waiting";
+    EXPECT_NE(h->error().find(reason), std::string::npos) << h->error();
+    auto later = submit(e, request("later", OpType::kAllreduce, DataType::kFloat32, {4}),
+                        buf.data(), buf.data());
+    later->wait();
+    EXPECT_NE(later->error().find(reason), std::string::npos) << later->error();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Rank, EngineThreadsAbort, ::testing::Values(0, 1),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param == 0 ? std::string("Coordinator")
+                                                  : std::string("Worker");
+                         });
+
 TEST(EngineThreadsDeterminism, FusionLayoutDoesNotChangeBits) {
   // The same inputs reduced alone and inside a fused buffer at another offset must give the
   // same bits (rank-ordered reduction), even with 3 ranks where float addition order matters.

@@ -15,6 +15,18 @@ TEST(HandleState, CompletesWhenEveryPartHasAndKeepsTheFirstError) {
   EXPECT_TRUE(h.done());
   EXPECT_EQ(h.error(), "first");
   EXPECT_FALSE(h.complete_part());  // already complete
+  EXPECT_FALSE(h.rejected());
+}
+
+TEST(HandleState, RejectCompletesEveryPartAtOnce) {
+  HandleState h(3);
+  EXPECT_FALSE(h.complete_part());
+  h.reject("name in flight");
+  EXPECT_TRUE(h.done());
+  EXPECT_TRUE(h.rejected());
+  EXPECT_EQ(h.error(), "name in flight");
+  h.wait();                         // returns at once
+  EXPECT_FALSE(h.complete_part());  // nothing left to complete
 }
 
 }  // namespace

@@ -195,7 +195,7 @@ TEST_F(NegotiatorTest, CountedHitsMeetTheGeneralPathWithoutLosingAnything) {
   ASSERT_EQ(third.size(), 1u);
   EXPECT_EQ(third[0].cache_ids, std::vector<uint32_t>{b});
   EXPECT_EQ(third[0].dtype, DataType::kInt32);
-  EXPECT_FALSE(n.has_pending());
+  EXPECT_TRUE(n.has_pending());  // rank 2's join waits for ranks 0 and 1
 }
 
 TEST_F(NegotiatorTest, NewCacheIdsIncreaseAlongTheFusedList) {
@@ -246,12 +246,21 @@ TEST_F(NegotiatorTest, JoinedRanksLetAllreduceProceedAndJoinCompletesWhenAllJoin
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].type, ResponseType::kOp);
   EXPECT_EQ(out[0].shapes[0], (std::vector<int64_t>{4}));  // rank 2 needs it to send zeros
+  // Rank 2 waits in join for the others: the stall inspector names it and them.
+  EXPECT_TRUE(n.has_pending());
+  EXPECT_TRUE(n.stalls(now + std::chrono::seconds(59), 60).empty());
+  auto stalls = n.stalls(now + std::chrono::seconds(61), 60);
+  ASSERT_EQ(stalls.size(), 1u);
+  EXPECT_EQ(stalls[0].op, OpType::kJoin);
+  EXPECT_EQ(stalls[0].ready_ranks, std::vector<int32_t>{2});
+  EXPECT_EQ(stalls[0].missing_ranks, (std::vector<int32_t>{0, 1}));
   n.add(from(0, {join}), now);
   n.add(from(1, {join}), now);
   out = n.compute();
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].op, OpType::kJoin);
   EXPECT_EQ(out[0].last_joined_rank, 1);
+  EXPECT_FALSE(n.has_pending());
 }
 
 TEST_F(NegotiatorTest, AllgatherCollectsFirstDimensionsPerRank) {

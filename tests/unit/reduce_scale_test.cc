@@ -24,7 +24,7 @@ template <typename T>
 T ref_scale_int(T v, double factor) {
   const double x = static_cast<double>(v) * factor;
   if (std::isnan(x)) return 0;
-  const long double r = std::nearbyintl(static_cast<long double>(x));
+  const long double r = std::truncl(static_cast<long double>(x));
   if (r < static_cast<long double>(std::numeric_limits<T>::min()))
     return std::numeric_limits<T>::min();
   if (r > static_cast<long double>(std::numeric_limits<T>::max()))
@@ -32,14 +32,16 @@ T ref_scale_int(T v, double factor) {
   return static_cast<T>(r);
 }
 
-TEST(ReduceScaleTest, RoundsIntegersToNearestEven) {
+TEST(ReduceScaleTest, TruncatesIntegersTowardZero) {
   EXPECT_EQ(scaled<int32_t>(DataType::kInt32, {1, 2, 3, -3, 5, -5, 7, -1}, 0.5),
-            (std::vector<int32_t>{0, 1, 2, -2, 2, -2, 4, 0}));
+            (std::vector<int32_t>{0, 1, 1, -1, 2, -2, 3, 0}));
   EXPECT_EQ(scaled<int16_t>(DataType::kInt16, {10, -10, 11, -11}, 1.0 / 3),
-            (std::vector<int16_t>{3, -3, 4, -4}));
+            (std::vector<int16_t>{3, -3, 3, -3}));
   EXPECT_EQ(scaled<int64_t>(DataType::kInt64, {(int64_t{1} << 53) + 1, 7}, 0.25),
-            (std::vector<int64_t>{int64_t{1} << 51, 2}));
-  EXPECT_EQ(scaled<uint8_t>(DataType::kUInt8, {3, 9, 255}, 0.5), (std::vector<uint8_t>{2, 4, 128}));
+            (std::vector<int64_t>{int64_t{1} << 51, 1}));
+  EXPECT_EQ(scaled<uint8_t>(DataType::kUInt8, {3, 9, 255}, 0.5), (std::vector<uint8_t>{1, 4, 127}));
+  // 0.1 * 30 is 3.0000000000000004 in double: 3, not 2 (the product is not rounded down first).
+  EXPECT_EQ(scaled<int32_t>(DataType::kInt32, {30, -30}, 0.1), (std::vector<int32_t>{3, -3}));
 }
 
 TEST(ReduceScaleTest, SaturatesIntegers) {

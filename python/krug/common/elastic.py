@@ -156,8 +156,16 @@ def _call_or_none(fn):
         return None
 
 
+# The recovery loop of the C++ and LibTorch APIs is krug::elastic::run (src/api/elastic.cc); this
+# one follows the same policy (a policy change goes into both). Python does not drive the C++
+# loop because the loop is steered by Python exceptions raised by Python code (the training
+# function, the state's save/restore/sync), which would cross into C++ and back on every
+# recovery, and because krug.common has no compiled module of its own: docs/architecture.md,
+# "Elastic recovery: two loops, on purpose".
+
 # Rounds that break while they form (a worker dies during init), one after another, before the
-# loop gives up; krugrun's --elastic-timeout and --reset-limit bound them too.
+# loop gives up; krugrun's --elastic-timeout and --reset-limit bound them too (kInitAttempts in
+# src/api/elastic.cc).
 _INIT_ATTEMPTS = 5
 
 

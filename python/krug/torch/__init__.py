@@ -22,7 +22,7 @@ from krug.torch.mpi_ops import (
     grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
     allgather, allgather_async, grouped_allgather, grouped_allgather_async,
     broadcast, broadcast_, broadcast_async, broadcast_async_,
-    alltoall, alltoall_async,
+    alltoall, alltoall_async, sparse_allreduce_async,
     reducescatter, reducescatter_async, grouped_reducescatter, grouped_reducescatter_async,
     barrier, join, poll, synchronize,
     # process sets

@@ -7,13 +7,7 @@ import pickle
 import torch
 
 from krug.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
-                                global_process_set, synchronize)
-
-
-def _set_rank(process_set):
-    # Roots are rank indices within the process set (as in the core API).
-    r = process_set.rank()
-    return r
+                                global_process_set, rank, synchronize)
 
 
 def _dumps(obj):
@@ -68,7 +62,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
         # A fixed default (Horovod derives it from type(obj), which makes non-root ranks
         # that pass None hang); the call is synchronous so reusing the name is safe.
         name = 'broadcast_object'
-    if _set_rank(process_set) == root_rank:
+    if rank() == root_rank:
         payload = _dumps(obj)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
@@ -78,7 +72,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     if payload is None:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
     broadcast_(payload, root_rank, name=name + '.t', process_set=process_set)
-    if _set_rank(process_set) == root_rank:
+    if rank() == root_rank:
         return obj
     return _loads(payload)
 
@@ -138,36 +132,56 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if len(state_dict['state']) == 0:
         _initialize_optimizer_state(optimizer)
         state_dict = optimizer.state_dict()
-    # state_dict()['state'][pid] is the same dict object as optimizer.state[param], so
-    # writing into it writes the optimizer's state.
-
-    tensors = []
+    # The root's state decides which tensors exist: a parameter that had no gradient on some
+    # rank (frozen, or unused in its forward passes) has state there only if it has on the root.
+    layout = []
     scalars = {}
     for group in state_dict['param_groups']:
         for pid in group['params']:
-            if pid not in state_dict['state']:
-                continue  # no state (parameter does not require grad)
-            for key, value in sorted(state_dict['state'][pid].items(), key=lambda kv: str(kv[0])):
+            for key, value in sorted(state_dict['state'].get(pid, {}).items(),
+                                     key=lambda kv: str(kv[0])):
                 if torch.is_tensor(value):
-                    tensors.append(('optimizer_state.%s.%s' % (pid, key), value))
+                    layout.append((pid, key, tuple(value.shape), value.dtype))
                 else:
                     scalars[(pid, key)] = value
     options = [{k: v for k, v in group.items() if k != 'params'}
                for group in state_dict['param_groups']]
 
-    # Options and non-tensor state travel together as one pickled object (they may be any
-    # Python value: floats, tuples such as Adam's betas, bools, None).
-    root_options, root_scalars = broadcast_object(
-        (options, scalars), root_rank, name='broadcast_optimizer_state.options',
+    # Options, non-tensor state and the layout travel together as one pickled object (they may
+    # be any Python value: floats, tuples such as Adam's betas, bools, None).
+    root_options, root_scalars, root_layout = broadcast_object(
+        (options, scalars, layout), root_rank, name='broadcast_optimizer_state.options',
         process_set=process_set)
-    broadcast_parameters(tensors, root_rank, process_set=process_set)
-
     if len(root_options) != len(optimizer.param_groups):
         raise ValueError('broadcast_optimizer_state: rank %s has %d param groups, root has %d'
-                         % (_set_rank(process_set), len(optimizer.param_groups),
+                         % (rank(), len(optimizer.param_groups),
                             len(root_options)))
+    state = _state_like_root(optimizer, state_dict, root_layout, root_scalars)
+    tensors = [('optimizer_state.%s.%s' % (pid, key), state[pid][key])
+               for pid, key, _, _ in root_layout]
+    broadcast_parameters(tensors, root_rank, process_set=process_set)
+
     for group, opts in zip(optimizer.param_groups, root_options):
         group.update(opts)
     for (pid, key), value in root_scalars.items():
-        if pid in state_dict['state']:
-            state_dict['state'][pid][key] = value
+        state[pid][key] = value
+
+
+def _state_like_root(optimizer, state_dict, root_layout, root_scalars):
+    """Gives this rank's optimizer state the root's structure: per-parameter dicts for the
+    parameters the root has state for (and only those), and a tensor of the root's shape and
+    dtype for each of its state tensors, to be overwritten by the broadcast. Returns the
+    per-parameter state dicts by state_dict id."""
+    params = {pid: p for sd_group, group in zip(state_dict['param_groups'],
+                                                optimizer.param_groups)
+              for pid, p in zip(sd_group['params'], group['params'])}
+    wanted = {pid for pid, _, _, _ in root_layout} | {pid for pid, _ in root_scalars}
+    for pid, p in params.items():
+        if pid not in wanted:
+            optimizer.state.pop(p, None)
+    state = {pid: optimizer.state[params[pid]] for pid in wanted}
+    for pid, key, shape, dtype in root_layout:
+        value = state[pid].get(key)
+        if not torch.is_tensor(value) or tuple(value.shape) != shape or value.dtype != dtype:
+            state[pid][key] = torch.zeros(shape, dtype=dtype)
+    return state

@@ -18,21 +18,16 @@ from krug.common.binding import load_torch_core
 
 _core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
-# Reduction ops (the values are krug::ReduceOp's; Adasum's is the core's kAdasum when the build
-# has it, see _core_op).
-Sum = 0
-Average = 1
-Min = 2
-Max = 3
-Product = 4
-Adasum = 5
-
-
-def _core_op(op):
-    return _core.adasum_op() if op == Adasum else op
-
-_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
-             Adasum: "Adasum"}
+# Reduction ops: the core's names and values (krug::reduce_ops(), krug/binding_rules.h), the
+# same for every binding.
+_OP_VALUES = dict(_core.reduce_ops())
+Average = _OP_VALUES["Average"]
+Sum = _OP_VALUES["Sum"]
+Adasum = _OP_VALUES["Adasum"]
+Min = _OP_VALUES["Min"]
+Max = _OP_VALUES["Max"]
+Product = _OP_VALUES["Product"]
+_OP_NAMES = {value: name for name, value in _OP_VALUES.items()}
 
 
 # Horovod's default for the compression= argument.
@@ -146,12 +141,6 @@ def _check_initialized():
         raise ValueError("krug has not been initialized; use hvd.init().")
 
 
-def _reset_names():
-    global _name_counters
-    with _lock:
-        _name_counters = {}
-
-
 def init(comm=None, process_sets=None):
     """Initializes krug from the environment krugrun sets (a job of one without krugrun).
 
@@ -162,7 +151,6 @@ def init(comm=None, process_sets=None):
     Calling init() again while initialized does nothing."""
     if not _core.is_initialized():
         _core.init()
-        _reset_names()
         _register_atexit()
         global_process_set.process_set_id = 0
         global_process_set.ranks = list(range(_core.size()))
@@ -290,19 +278,13 @@ def rocm_built():
 # ---------------------------------------------------------------------------------------------
 # Names and handles
 
-_name_counters = {}
-
-
 def _name(kind, name, process_set):
-    """The user's name, or "<kind>.noname.<n>": a counter per op kind and process set, so the
-    same sequence of unnamed calls gets the same names on every rank."""
+    """The user's name, or the core's "<kind>.noname.<n>" (krug::unnamed_op_name): a counter per
+    op kind and process set that every init() starts again, so the same sequence of unnamed calls
+    gets the same names on every rank, also after an elastic reset."""
     if name is not None:
         return str(name)
-    key = (kind, process_set.process_set_id)
-    with _lock:
-        n = _name_counters.get(key, 0)
-        _name_counters[key] = n + 1
-    return "{}.noname.{}".format(kind, n)
+    return _core.unnamed_op_name(kind, _set_id(process_set))
 
 
 # Handles are integers (as Horovod's), mapped to their operations by the core's table, which
@@ -329,9 +311,12 @@ def poll(handle):
 def synchronize(handle):
     """Waits for the operation of ``handle`` and returns its output: the output tensor (the
     input itself for in-place ops), a list of tensors for grouped ops, and
-    ``(output, received_splits)`` for alltoall. Raises HorovodInternalError if it failed."""
+    ``(output, received_splits)`` for alltoall, the reduced sparse tensor for
+    sparse_allreduce_async. Raises HorovodInternalError if it failed."""
     # The core waits with the GIL released, in slices so that Ctrl-C reaches Python; an unknown
     # handle (already synchronized) gives None.
+    if callable(handle):
+        return handle()  # sparse_allreduce_async's
     result = _results.pop(handle, None)
     if result is None:
         return _handles.synchronize(handle, True)
@@ -373,6 +358,16 @@ def _check_op(op):
         raise NotImplementedError("Adasum is not available in this build")
 
 
+def _check_adasum_size(op, process_set):
+    # Horovod refuses at the call what the engine would refuse only at synchronize.
+    if op != Adasum or not isinstance(process_set, ProcessSet):
+        return  # a bad process set gets _set_id's message
+    n = process_set.size()
+    if n is not None and n & (n - 1):
+        raise NotImplementedError("Adasum needs a power-of-two number of ranks; {} has {}"
+                                  .format(process_set, n))
+
+
 # The ops the core takes as they are (Adasum needs the build's check and code).
 _PLAIN_OPS = frozenset((Sum, Average, Min, Max, Product))
 
@@ -382,7 +377,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     # (and their messages) handle the rest.
     if op not in _PLAIN_OPS:
         _check_op(op)
-        op = _core_op(op)
+        _check_adasum_size(op, process_set)
     if isinstance(process_set, ProcessSet) and process_set.process_set_id is not None:
         set_id = process_set.process_set_id
     else:
@@ -464,13 +459,14 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
                              process_set):
     _check_op(op)
     set_id = _set_id(process_set)
+    _check_adasum_size(op, process_set)
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce: no tensors")
     name = _name("grouped_allreduce", name, process_set)
     if outputs is None:
         outputs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-    h = _core.grouped_allreduce_async(name, tensors, list(outputs), _core_op(op),
+    h = _core.grouped_allreduce_async(name, tensors, list(outputs), op,
                                       float(prescale_factor),
                                       float(postscale_factor), set_id)
     return _register(h, _all_outputs)
@@ -529,6 +525,36 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
     """In-place grouped allreduce; returns the (reduced) input tensors."""
     return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
                                                 postscale_factor, process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Starts the reduction of a sparse COO ``tensor`` over the ranks of ``process_set``, as
+    Horovod does: an allgather of its indices and of its values (a sum of sparse tensors is the
+    concatenation of their entries). ``op`` is Average (values divided by the set's size) or
+    Sum. Returns a callable: ``handle()`` (or ``synchronize(handle)``) waits and returns the
+    reduced sparse tensor, coalesced."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("sparse allreduce supports only op=Average or op=Sum, not {}; "
+                                  "reduce the tensor dense instead".format(_OP_NAMES.get(op, op)))
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use allreduce_async "
+                         "for dense tensors")
+    t = tensor.coalesce()
+    name = _name("sparse_allreduce", name, process_set)
+    # allgather concatenates along the first dimension: indices travel as (nnz, sparse_dim).
+    indices_handle = allgather_async(t.indices().t().contiguous(), name=name + ".indices",
+                                     process_set=process_set)
+    values_handle = allgather_async(t.values().contiguous(), name=name + ".values",
+                                    process_set=process_set)
+
+    def handle():
+        values = synchronize(values_handle)
+        indices = synchronize(indices_handle)
+        if op == Average:
+            values = values / process_set.size()
+        return torch.sparse_coo_tensor(indices.t(), values, t.size()).coalesce()
+
+    return handle
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,12 +631,26 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # Broadcast
 
 
+def _root_index(root_rank, process_set):
+    """The position of ``root_rank`` (a global rank, as in Horovod) within ``process_set``: the
+    core numbers roots within their set."""
+    root_rank = int(root_rank)
+    if process_set is global_process_set and 0 <= root_rank < size():
+        return root_rank
+    try:
+        return process_set.ranks.index(root_rank)
+    except ValueError:
+        raise ValueError("root_rank {} is not a member of {}: with process_set=, root_rank is a "
+                         "global rank of one of the set's members".format(root_rank,
+                                                                         process_set)) from None
+
+
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    """Starts an in-place broadcast of ``tensor`` from ``root_rank`` (a rank of the process
-    set)."""
+    """Starts an in-place broadcast of ``tensor`` from ``root_rank`` (a global rank, which must
+    be a member of ``process_set``)."""
     set_id = _set_id(process_set)
-    h = _core.broadcast_async(_name("broadcast", name, process_set), tensor, int(root_rank),
-                              set_id)
+    h = _core.broadcast_async(_name("broadcast", name, process_set), tensor,
+                              _root_index(root_rank, process_set), set_id)
     return _register(h, _first_output)
 
 
@@ -634,7 +674,7 @@ class HorovodBroadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grad_reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        if ctx.process_set.rank() != ctx.root_rank:
+        if rank() != ctx.root_rank:
             grad_reduced = grad_reduced * 0
         return grad_reduced, None, None, None
 
@@ -653,21 +693,13 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
 # Alltoall
 
 
-def _splits_list(splits, tensor, process_set):
+def _splits_list(splits):
+    # The core checks them (krug::check_alltoall_splits: ValueError before anything is sent).
     if splits is None:
         return []
     if isinstance(splits, torch.Tensor):
         splits = splits.tolist()
-    splits = [int(s) for s in splits]
-    n = process_set.size()
-    rows = tensor.shape[0] if tensor.dim() > 0 else 0
-    if len(splits) != n:
-        raise ValueError("alltoall: splits has {} entries but the process set has {} ranks"
-                         .format(len(splits), n))
-    if any(s < 0 for s in splits) or sum(splits) != rows:
-        raise ValueError("alltoall: splits {} must be non-negative and sum to the first "
-                         "dimension of the tensor ({})".format(splits, rows))
-    return splits
+    return [int(s) for s in splits]
 
 
 def _alltoall_result(h):
@@ -678,7 +710,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     """Starts an alltoall: splits[r] rows of ``tensor`` (first dimension) go to rank r; without
     splits the rows are divided evenly. synchronize() returns (output, received_splits)."""
     set_id = _set_id(process_set)
-    split_list = _splits_list(splits, tensor, process_set)
+    split_list = _splits_list(splits)
     h = _core.alltoall_async(_name("alltoall", name, process_set), tensor, split_list, set_id)
     return _register(h, _alltoall_result)
 
@@ -736,19 +768,24 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 def _reducescatter_backward(grad_output, op, prescale_factor, postscale_factor, process_set):
+    # Horovod's rule, kept for parity (it matches the gradient of allreduce's Average, where
+    # every rank's loss counts once): Sum scales the output's gradient by the set's size,
+    # Average does not; both apply the scale factors; then every rank gets every share.
     if op not in (Sum, Average):
         raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
                                   "Average, not {}".format(_OP_NAMES.get(op, op)))
-    grad = allgather(grad_output.contiguous(), process_set=process_set)
     scale = float(prescale_factor) * float(postscale_factor)
-    if op == Average:
-        scale /= process_set.size()
-    return grad * scale if scale != 1.0 else grad
+    if op == Sum:
+        scale *= process_set.size()
+    grad = grad_output.contiguous()
+    if scale != 1.0:
+        grad = grad * scale
+    return allgather(grad, process_set=process_set)
 
 
 class HorovodReducescatter(torch.autograd.Function):
-    """Differentiable reducescatter: the gradient is the allgather of the output's gradient
-    (divided by the set size for Average, times the scale factors)."""
+    """Differentiable reducescatter: the gradient is the allgather of the output's gradient,
+    times the scale factors, and for Sum times the set's size (as Horovod)."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):

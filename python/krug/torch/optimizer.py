@@ -16,9 +16,9 @@ import torch
 
 from krug.torch.compression import Compression
 from krug.torch.functions import broadcast_object
-from krug.torch import mpi_ops
 from krug.torch.mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
-                                grouped_allreduce_async_, size, synchronize)
+                                grouped_allreduce_async_, size, sparse_allreduce_async,
+                                synchronize)
 
 
 def _split_list(items, n):
@@ -47,54 +47,10 @@ def _find_duplicates(names):
     return dups
 
 
-def _allgather_async(tensor, name, process_set):
-    fn = getattr(mpi_ops, 'allgather_async', None)
-    if fn is not None:
-        return fn(tensor, name=name, process_set=process_set)
-    result = mpi_ops.allgather(tensor, name=name, process_set=process_set)
-    return _Done(result)
-
-
-class _Done(object):
-    """Stands for a handle whose result is already there."""
-
-    def __init__(self, result):
-        self.result = result
-
-
 def _wait(handle):
-    if isinstance(handle, _Deferred):
-        return handle.fn()
-    if isinstance(handle, _Done):
-        return handle.result
+    if callable(handle):
+        return handle()  # sparse_allreduce_async's
     return synchronize(handle)
-
-
-def _sparse_allreduce_async(grad, name, op, process_set):
-    """Reduces a sparse COO gradient by allgathering its indices and values (a sum of sparse
-    tensors is their concatenation). Returns a callable producing the reduced sparse tensor."""
-    if op not in (Average, mpi_ops.Sum):
-        raise NotImplementedError('sparse gradients support only op=Average or op=Sum; '
-                                  'pass sparse_as_dense=True for other ops')
-    grad = grad.coalesce()
-    # allgather concatenates along the first dimension: send indices as (nnz, ndim).
-    indices_h = _allgather_async(grad.indices().t().contiguous(), name + '.indices', process_set)
-    values_h = _allgather_async(grad.values().contiguous(), name + '.values', process_set)
-
-    def result():
-        values = _wait(values_h)
-        indices = _wait(indices_h)
-        if op == Average:
-            values = values / process_set.size()
-        return torch.sparse_coo_tensor(indices.t(), values, grad.size()).coalesce()
-    return _Deferred(result)
-
-
-class _Deferred(object):
-    """A handle whose result is computed by a function (waiting on other handles)."""
-
-    def __init__(self, fn):
-        self.fn = fn
 
 
 def _count_backward_pass(opt, p):
@@ -348,7 +304,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self.sparse_as_dense:
                 tensor = tensor.to_dense()
             else:
-                return _sparse_allreduce_async(tensor, name, self.op, self.process_set), None
+                return sparse_allreduce_async(tensor, name, self.op, self.process_set), None
         compressed, ctx = self._compression.compress(tensor)
         prescale, postscale = self._scale_factors()
         handle = allreduce_async_(compressed, name=name, op=self.op,

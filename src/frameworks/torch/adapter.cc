@@ -141,10 +141,18 @@ std::function<void*(const std::vector<int64_t>&)> allocator(
   };
 }
 
+// The engine rejects a request with bad arguments (a name already in flight, a process set this
+// rank is not in, alltoall rows it cannot split) before sending anything: raise at the call, as
+// Horovod does, rather than at synchronize.
+HandlePtr checked(HandlePtr h) {
+  if (h->state_->rejected()) throw UnsupportedTensor(h->state_->error());
+  return h;
+}
+
 HandlePtr submit(std::shared_ptr<TorchHandle::Shared> shared, std::vector<TensorArgs> args) {
   auto h = std::make_shared<TorchHandle>(std::move(shared));
   h->state_ = current_engine()->enqueue(std::move(args));
-  return h;
+  return checked(std::move(h));
 }
 
 void set_group(std::vector<TensorArgs>& args, const std::string& name) {
@@ -355,7 +363,7 @@ HandlePtr single_allreduce(const std::string& name, const at::Tensor& input,
                           .output = slot.work.data_ptr()};
   auto h = std::make_shared<TorchHandle>(std::move(shared));
   h->state_ = current_engine()->enqueue(view);
-  return h;
+  return checked(std::move(h));
 }
 
 }  // namespace

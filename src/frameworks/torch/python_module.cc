@@ -3,16 +3,22 @@
 // defaults, autograd, handle maps) is built in Python on top of it.
 //
 // Exceptions: krug::Error becomes krug.common.exceptions.HorovodInternalError (a RuntimeError),
-// torch_adapter::UnsupportedTensor (a bad argument found before enqueueing) becomes ValueError.
-// Every call that may block releases the GIL.
+// torch_adapter::UnsupportedTensor and krug::InvalidArgument (a bad argument found before
+// enqueueing) become ValueError.
+// Every call that may block releases the GIL and runs Python's signal handlers every 50 ms; a
+// handler's exception (Ctrl-C) ends the wait and stops krug on this rank, telling the others.
+#include <fmt/format.h>
 #include <torch/extension.h>
 
+#include <chrono>
+#include <future>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "frameworks/torch/adapter.h"
+#include "krug/binding_rules.h"
 #include "krug/elastic.h"
 #include "krug/krug.h"
 #include "krug/types.h"
@@ -32,6 +38,57 @@ krug::ReduceOptions reduce_options(int op, double prescale, double postscale, in
 }
 
 krug::ProcessSet ps(int id) { return krug::ProcessSet{id}; }
+
+// Blocking waits from Python return to the interpreter this often to run its signal handlers,
+// so that Ctrl-C (KeyboardInterrupt) or a test's timeout stops a wait that would never end.
+constexpr std::chrono::milliseconds kSignalCheckInterval{50};
+
+// With the GIL held and the exception of a signal handler set (PyErr_CheckSignals failed):
+// stops krug on this rank and tells the other ranks why, so that they fail with an error naming
+// this rank instead of waiting for it; then raises the handler's exception.
+[[noreturn]] void raise_interrupted(const char* what) {
+  py::error_already_set interrupt;  // takes the pending exception (KeyboardInterrupt, say)
+  const std::string how =
+      fmt::format("{} ({} in Python)", what, interrupt.type().attr("__name__").cast<std::string>());
+  {
+    py::gil_scoped_release release;
+    krug::report_interrupted(how);
+  }
+  throw interrupt;
+}
+
+// Runs `wait_for(interval) -> bool` (true: done) with the GIL released until it says done,
+// giving Python's signal handlers a turn between slices.
+template <typename WaitFor>
+void wait_interruptibly(const WaitFor& wait_for, const char* what) {
+  for (;;) {
+    bool done;
+    {
+      py::gil_scoped_release release;
+      done = wait_for(kSignalCheckInterval);
+    }
+    if (done) return;
+    if (PyErr_CheckSignals() != 0) raise_interrupted(what);
+  }
+}
+
+// A blocking call of the C++ API (barrier, process-set changes), made interruptible: it runs on
+// a helper thread while this one waits in slices. An interruption stops krug on this rank
+// (raise_interrupted), which fails the call, so the helper always ends.
+template <typename Call>
+auto call_interruptibly(Call call, const char* what) {
+  auto result = std::async(std::launch::async, std::move(call));
+  try {
+    wait_interruptibly(
+        [&](auto interval) { return result.wait_for(interval) == std::future_status::ready; },
+        what);
+  } catch (...) {
+    py::gil_scoped_release release;
+    result.wait();  // the engine stopped: the call has failed or is about to
+    throw;
+  }
+  return result.get();  // its value, or its exception
+}
 
 // Horovod's handles are integers. This table maps them to the operations, so that the per-call
 // path (allreduce_async, synchronize) creates no Python object for a handle. One table per
@@ -70,16 +127,11 @@ class HandleTable {
       h = std::move(slot->handle);
       release(static_cast<uint32_t>(id));
     }
-    // In slices with the GIL released, so that Ctrl-C reaches Python. An operation already
-    // done (most of a step's handles) costs no GIL hand-off at all.
-    while (!h->poll()) {
-      bool done;
-      {
-        py::gil_scoped_release release;
-        done = h->wait_for(1.0);
-      }
-      if (!done && PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
+    // An operation already done (most of a step's handles) costs no GIL hand-off at all.
+    if (!h->poll())
+      wait_interruptibly(
+          [&](std::chrono::duration<double> interval) { return h->wait_for(interval.count()); },
+          "synchronize");
     h->wait();  // done: returns at once (copies back into non-contiguous targets)
     if (first_output) return py::cast(h->output(0));
     return py::cast(h);
@@ -148,6 +200,8 @@ PYBIND11_MODULE(_torch_core, m) {
       if (p) std::rethrow_exception(p);
     } catch (const ta::UnsupportedTensor& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const krug::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const krug::elastic::WorkerRemoved& e) {
       py::object cls = py::module_::import("krug.common.exceptions").attr("WorkerRemoved");
       PyErr_SetString(cls.ptr(), e.what());
@@ -184,16 +238,27 @@ PYBIND11_MODULE(_torch_core, m) {
   m.def("mpi_built", &krug::mpi_built);
   m.def("mpi_threads_supported", &krug::mpi_threads_supported);
   m.def("adasum_available", &ta::adasum_available);
-  m.def("adasum_op", &ta::adasum_op);
+
+  // What every binding takes from the core (krug/binding_rules.h).
+  m.def("reduce_ops", [] {
+    std::vector<std::pair<std::string, int>> ops;
+    for (const auto& o : krug::reduce_ops()) ops.emplace_back(o.name, static_cast<int>(o.op));
+    return ops;
+  });
+  m.def("unnamed_op_name", [](const std::string& kind, int process_set) {
+    return krug::unnamed_op_name(kind, ps(process_set));
+  });
 
   m.def("add_process_set", [](std::vector<int> ranks) {
-    return krug::add_process_set(std::move(ranks)).id;
-  }, py::call_guard<py::gil_scoped_release>());
-  m.def("remove_process_set", [](int id) { krug::remove_process_set(ps(id)); },
-        py::call_guard<py::gil_scoped_release>());
+    return call_interruptibly(
+        [ranks = std::move(ranks)]() mutable { return krug::add_process_set(std::move(ranks)).id; },
+        "add_process_set");
+  });
+  m.def("remove_process_set", [](int id) {
+    call_interruptibly([=] { krug::remove_process_set(ps(id)); }, "remove_process_set");
+  });
   m.def("process_set_ranks", [](int id) { return krug::process_set_ranks(ps(id)); });
-  m.def("barrier", [](int id) { krug::barrier(ps(id)); },
-        py::call_guard<py::gil_scoped_release>());
+  m.def("barrier", [](int id) { call_interruptibly([=] { krug::barrier(ps(id)); }, "barrier"); });
 
   // A finished operation's results; waiting goes through Handles.synchronize.
   py::class_<ta::TorchHandle, ta::HandlePtr>(m, "Handle")
@@ -236,6 +301,7 @@ PYBIND11_MODULE(_torch_core, m) {
         });
   m.def("alltoall_async", [](const std::string& name, const at::Tensor& input,
                              const std::vector<int64_t>& splits, int process_set) {
+    krug::check_alltoall_splits(splits, input.dim() > 0 ? input.size(0) : 0, ps(process_set));
     return ta::alltoall_async(name, input, splits, ps(process_set));
   });
   m.def("reducescatter_async",

@@ -3,11 +3,11 @@
 
 #include <fmt/format.h>
 
-#include <atomic>
 #include <unordered_set>
 #include <utility>
 
 #include "frameworks/torch/adapter.h"
+#include "krug/binding_rules.h"
 
 namespace krug::torch {
 
@@ -36,14 +36,6 @@ TensorHandle wrap(adapter::HandlePtr handle) {
   return make_tensor_handle(std::move(state));
 }
 
-// Names for unnamed calls: "<op>.noname.<n>", one counter per op, as Horovod does.
-enum Counter { kAllreduceCounter, kAllgatherCounter, kBroadcastCounter, kNumCounters };
-std::string name_or_auto(const std::string& name, const char* op, Counter counter) {
-  if (!name.empty()) return name;
-  static std::atomic<uint64_t> counters[kNumCounters];
-  return fmt::format("{}.noname.{}", op, counters[counter]++);
-}
-
 }  // namespace
 
 bool TensorHandle::poll() const {
@@ -66,7 +58,7 @@ Tensor TensorHandle::wait() const {
 
 TensorHandle allreduce_async(const Tensor& tensor, const std::string& name,
                              const ReduceOptions& options) {
-  return wrap(adapter::allreduce_async(name_or_auto(name, "allreduce", kAllreduceCounter),
+  return wrap(adapter::allreduce_async(name_or_unnamed(name, "allreduce", options.process_set),
                                        tensor.detach(), options));
 }
 
@@ -74,8 +66,8 @@ TensorHandle allreduce_async_(Tensor& tensor, const std::string& name,
                               const ReduceOptions& options) {
   // detach(): a view sharing the storage, so autograd does not see the write.
   Tensor t = tensor.detach();
-  return wrap(adapter::allreduce_async(name_or_auto(name, "allreduce", kAllreduceCounter), t, t,
-                                       options));
+  return wrap(adapter::allreduce_async(name_or_unnamed(name, "allreduce", options.process_set), t,
+                                       t, options));
 }
 
 Tensor allreduce(const Tensor& tensor, const std::string& name, const ReduceOptions& options) {
@@ -90,7 +82,7 @@ Tensor& allreduce_(Tensor& tensor, const std::string& name, const ReduceOptions&
 // ---- Allgather
 
 TensorHandle allgather_async(const Tensor& tensor, const std::string& name, ProcessSet process_set) {
-  return wrap(adapter::allgather_async(name_or_auto(name, "allgather", kAllgatherCounter),
+  return wrap(adapter::allgather_async(name_or_unnamed(name, "allgather", process_set),
                                        tensor.detach(), process_set));
 }
 
@@ -102,7 +94,7 @@ Tensor allgather(const Tensor& tensor, const std::string& name, ProcessSet proce
 
 TensorHandle broadcast_async_(Tensor& tensor, int root_rank, const std::string& name,
                               ProcessSet process_set) {
-  return wrap(adapter::broadcast_async(name_or_auto(name, "broadcast", kBroadcastCounter),
+  return wrap(adapter::broadcast_async(name_or_unnamed(name, "broadcast", process_set),
                                        tensor.detach(), root_rank, process_set));
 }
 
