@@ -28,7 +28,9 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import pybench  # noqa: E402
 
-PYTHON = "/usr/bin/python3"  # Debian's interpreter, the one with python3-torch
+# The ranks' interpreter: the one krug.torch was built for (scripts/bench-suite sets it), else
+# Debian's, the one with python3-torch.
+PYTHON = os.environ.get("KRUG_PYTHON") or "/usr/bin/python3"
 DOCS_BEGIN = "<!-- bench-suite results: begin (written by scripts/bench-suite --update-docs) -->"
 DOCS_END = "<!-- bench-suite results: end -->"
 TOOLS = ("krug", "mpi", "gloo")

@@ -1,6 +1,7 @@
 # The MPI backend (src/collectives/mpi): KRUG_CPU_OPERATIONS=mpi, and init() under a plain
 # `mpirun`. KRUG_WITH_MPI (AUTO, ON, OFF): AUTO builds it when MPI's C bindings are found
 # (Debian: libopenmpi-dev) and says so otherwise; ON fails the configuration instead.
+# KRUG_WITH_MPI=1 / KRUG_WITHOUT_MPI=1 in the environment do the same (cmake/build_env.cmake).
 #
 # Without it, src/collectives/mpi_absent/mpi_absent.cc stands in: the same functions, each throwing an
 # error that says how to get the backend, so the engine and init() need no #ifdef.
@@ -16,6 +17,7 @@ elseif(KRUG_WITH_MPI MATCHES "^(OFF|NO|FALSE|N|0)$")
 elseif(NOT KRUG_WITH_MPI STREQUAL "AUTO")
   message(FATAL_ERROR "KRUG_WITH_MPI must be ON, OFF or AUTO, not '${KRUG_WITH_MPI}'")
 endif()
+krug_apply_env_choice(KRUG_WITH_MPI MPI)
 
 if(KRUG_WITH_MPI STREQUAL "OFF")
   message(STATUS "krug: MPI backend disabled (KRUG_WITH_MPI=OFF)")

@@ -5,8 +5,10 @@
 #   krug_python   ${CMAKE_BINARY_DIR}/python: the Python package tree (python/krug/**/*.py
 #                 symlinked), importable with PYTHONPATH=build/python; krugrun puts it on every
 #                 rank's PYTHONPATH.
-# KRUG_BUILD_TORCH (AUTO, ON, OFF): AUTO builds them when LibTorch, Python 3 and pybind11 are
-# found and says why not otherwise; ON fails the configuration instead.
+# KRUG_BUILD_TORCH (AUTO, ON, OFF; or KRUG_WITH_PYTORCH=1 / KRUG_WITHOUT_PYTORCH=1 in the
+# environment, cmake/build_env.cmake): AUTO builds them when Python 3, a supported torch and
+# pybind11 are found (cmake/find_torch.cmake) and says why not otherwise; ON fails the
+# configuration instead.
 
 set(KRUG_TORCH_ENABLED OFF)
 string(TOUPPER "${KRUG_BUILD_TORCH}" KRUG_BUILD_TORCH)
@@ -17,54 +19,55 @@ elseif(KRUG_BUILD_TORCH MATCHES "^(OFF|NO|FALSE|N|0)$")
 elseif(NOT KRUG_BUILD_TORCH STREQUAL "AUTO")
   message(FATAL_ERROR "KRUG_BUILD_TORCH must be ON, OFF or AUTO, not '${KRUG_BUILD_TORCH}'")
 endif()
+krug_apply_env_choice(KRUG_BUILD_TORCH PYTORCH)
 set(KRUG_PYTHON_DIR ${CMAKE_BINARY_DIR}/python)
+# Why the frontends are not built, for the build report and krug.torch's import error.
+set(KRUG_TORCH_PROBLEM "")
 
 if(KRUG_BUILD_TORCH STREQUAL "AUTO" AND KRUG_SANITIZE)
   # A sanitized module cannot be loaded into the (unsanitized) Python interpreter.
+  set(KRUG_TORCH_PROBLEM "not built with KRUG_SANITIZE=${KRUG_SANITIZE}")
   message(STATUS "krug: PyTorch frontends not built with KRUG_SANITIZE=${KRUG_SANITIZE} "
     "(set KRUG_BUILD_TORCH=ON to force)")
 elseif(KRUG_BUILD_TORCH STREQUAL "OFF")
+  set(KRUG_TORCH_PROBLEM "disabled (KRUG_BUILD_TORCH=OFF or KRUG_WITHOUT_PYTORCH)")
   message(STATUS "krug: PyTorch frontends disabled (KRUG_BUILD_TORCH=OFF)")
 else()
-  set(_krug_torch_missing "")
   # Debian's interpreter is the one with python3-torch; another python3 may come first on PATH.
-  if(NOT Python_EXECUTABLE AND EXISTS /usr/bin/python3)
+  # An active virtual environment, or the interpreter pip builds for, is taken as it is.
+  if(NOT Python_EXECUTABLE AND NOT DEFINED ENV{VIRTUAL_ENV} AND EXISTS /usr/bin/python3)
     set(Python_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "Python interpreter for the torch module")
   endif()
   find_package(Python 3 QUIET COMPONENTS Interpreter Development.Module)
   if(NOT Python_FOUND)
-    list(APPEND _krug_torch_missing "Python 3 development files (python3-dev)")
-  endif()
-  if(Python_FOUND)
-    set(PYBIND11_FINDPYTHON ON)
-    find_package(pybind11 CONFIG QUIET)
-    if(NOT pybind11_FOUND)
-      list(APPEND _krug_torch_missing "pybind11 (pybind11-dev)")
-    endif()
-  endif()
-  find_package(Torch QUIET)
-  if(NOT Torch_FOUND AND NOT TORCH_FOUND)
-    list(APPEND _krug_torch_missing "LibTorch (libtorch-dev)")
+    set(KRUG_TORCH_PROBLEM "Python 3 development files (python3-dev) not found")
   else()
-    find_library(KRUG_TORCH_PYTHON_LIBRARY torch_python
-      HINTS ${TORCH_INSTALL_PREFIX}/lib /usr/lib/x86_64-linux-gnu)
-    if(NOT KRUG_TORCH_PYTHON_LIBRARY)
-      list(APPEND _krug_torch_missing "libtorch_python.so (python3-torch)")
+    include(${CMAKE_CURRENT_LIST_DIR}/find_torch.cmake)
+    krug_find_torch(${Python_EXECUTABLE})
+  endif()
+  if(NOT KRUG_TORCH_PROBLEM)
+    set(PYBIND11_FINDPYTHON ON)
+    find_package(pybind11 CONFIG QUIET HINTS ${KRUG_PYBIND11_HINT})
+    if(NOT pybind11_FOUND)
+      set(KRUG_TORCH_PROBLEM "pybind11 not found (pip install pybind11, or Debian's pybind11-dev)")
     endif()
   endif()
 
-  if(_krug_torch_missing)
-    list(JOIN _krug_torch_missing ", " _krug_torch_missing_text)
+  if(KRUG_TORCH_PROBLEM)
     if(KRUG_BUILD_TORCH STREQUAL "ON")
-      message(FATAL_ERROR "KRUG_BUILD_TORCH=ON but not found: ${_krug_torch_missing_text}. "
-        "Install them (scripts/install-deps) or configure with -DKRUG_BUILD_TORCH=OFF.")
+      message(FATAL_ERROR "krug: the PyTorch binding was required (KRUG_BUILD_TORCH=ON or "
+        "KRUG_WITH_PYTORCH=1) but cannot be built: ${KRUG_TORCH_PROBLEM}.")
     endif()
-    message(STATUS "krug: PyTorch frontends not built; missing ${_krug_torch_missing_text} "
-      "(scripts/install-deps installs them)")
+    # A torch that is there but unusable is worth a warning (pip -v shows it); none at all is not.
+    if(KRUG_TORCH_VERSION)
+      message(WARNING "krug: PyTorch frontends not built: ${KRUG_TORCH_PROBLEM}")
+    else()
+      message(STATUS "krug: PyTorch frontends not built: ${KRUG_TORCH_PROBLEM}")
+    endif()
   else()
     set(KRUG_TORCH_ENABLED ON)
-    message(STATUS "krug: PyTorch frontends enabled (torch ${Torch_VERSION}, "
-      "Python ${Python_VERSION}: ${Python_EXECUTABLE})")
+    message(STATUS "krug: PyTorch frontends enabled (torch ${KRUG_TORCH_VERSION}, "
+      "Python ${Python_VERSION}: ${Python_EXECUTABLE}, pybind11 ${pybind11_VERSION})")
   endif()
 endif()
 
@@ -86,9 +89,8 @@ if(KRUG_TORCH_ENABLED)
   target_link_libraries(_torch_core PRIVATE krug_torch krug_frameworks_torch_headers torch
     ${KRUG_TORCH_PYTHON_LIBRARY} fmt::fmt)
   # What torch.utils.cpp_extension defines, so pybind11 types interoperate with torch._C.
-  target_compile_definitions(_torch_core PRIVATE TORCH_API_INCLUDE_EXTENSION_H
-    TORCH_EXTENSION_NAME=_torch_core PYBIND11_COMPILER_TYPE="_gcc"
-    PYBIND11_STDLIB="_libstdcpp" PYBIND11_BUILD_ABI="_cxxabi1011")
+  target_compile_definitions(_torch_core PRIVATE TORCH_EXTENSION_NAME=_torch_core
+    ${KRUG_TORCH_PYBIND11_DEFINITIONS})
   set_target_properties(_torch_core PROPERTIES
     LIBRARY_OUTPUT_DIRECTORY ${KRUG_PYTHON_DIR}/krug/torch
     # libkrug.so / libkrug_torch.so: the build tree (CMake adds it) or, relocated, three levels up.

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "krug/types.h"
+#include "run/build_report.h"
 #include "run/job_spec.h"
 #include "run/knob_flags.h"
 #include "run/rank_env.h"
@@ -270,10 +271,19 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
   std::string hosts;
   std::vector<double> cooldown;
   add_flags(app, o, k, xs, hosts, cooldown);
+  bool check_build = false;
+  app.add_flag("--check-build", check_build,
+               "Show what this krug was built with (frameworks, controllers, tensor "
+               "operations), then exit");
+  app.set_version_flag("--version", version_line(this_build()));
   std::vector<std::string> args = normalize_args(app, argc, argv);
   try {
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
     app.parse(args);
+    if (check_build) {
+      fmt::print("{}", build_report(this_build()));
+      return 0;
+    }
     split_env(xs, o);
     set_knobs(app, k, o);
     if (app.count("-H") && app.count("--hostfile"))

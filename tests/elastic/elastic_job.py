@@ -4,12 +4,15 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "torch_elastic_digits.py")
-PYTHON = "/usr/bin/python3"
+# The ranks run the interpreter of the harness: the one the torch binding was built for (ctest
+# runs pytest with it).
+PYTHON = sys.executable
 
 STARTED = re.compile(r"krugrun: elastic: worker (w\d+) on host (\S+): pid (\d+) started")
 COMMITTED = re.compile(r"step (\d+) committed")

@@ -18,7 +18,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 NETNS = pathlib.Path(os.environ.get("KRUG_NETNS_HOSTS", REPO / "scripts" / "netns-hosts"))
 KRUGRUN = os.environ.get("KRUGRUN", str(REPO / "build" / "krugrun"))
 BUILD = pathlib.Path(KRUGRUN).parent
-PYTHON = "/usr/bin/python3"
+# The ranks run the interpreter of the harness: the one the torch binding was built for (ctest
+# runs pytest with it).
+PYTHON = sys.executable
 
 
 def _check_environment():

@@ -17,7 +17,9 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -81,12 +83,27 @@ void train(torch::nn::Sequential& model, krug::torch::DistributedOptimizer& opt,
   }
 }
 
+// A parameter's key in the optimizer's state: torch 1.x keys it by the address of its
+// TensorImpl as text (c10::guts::to_string, gone in 2.x), torch 2.x by the address itself.
+// (A template, so that only the branch of this torch's key type is compiled.)
+template <typename Optimizer>
+auto state_key(Optimizer& opt, const Tensor& p) {
+  using Key = typename std::decay_t<decltype(opt.state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << p.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
 // The optimizer's per-parameter state tensors, in parameter order (undefined: no state).
 std::vector<Tensor> optimizer_tensors(torch::optim::Optimizer& opt) {
   std::vector<Tensor> out;
   for (auto& group : opt.param_groups())
     for (auto& p : group.params()) {
-      auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = opt.state().find(state_key(opt, p));
       if (it == opt.state().end()) {
         out.emplace_back();
         continue;

@@ -14,7 +14,9 @@ import torch
 
 from krug.torch.compression import Compression
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
-from krug.torch import _torch_core as _core
+from krug.common.binding import load_torch_core
+
+_core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
 # Reduction ops: the core's names and values (krug::reduce_ops(), krug/binding_rules.h), the
 # same for every binding.

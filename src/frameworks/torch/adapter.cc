@@ -1,6 +1,8 @@
 #include "frameworks/torch/adapter.h"
 
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard (torch 2.x's ATen.h no longer has it)
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt 11 moved it here)
 
 #include <type_traits>
 #include <utility>

@@ -1,0 +1,59 @@
+# What to build, chosen by environment variables as Horovod's `pip install` does: pip passes no
+# CMake arguments, so KRUG_WITH_<X>=1 / KRUG_WITHOUT_<X>=1 (and Horovod's HOROVOD_WITH_<X> /
+# HOROVOD_WITHOUT_<X>) say whether part <X> must be built or must be left out.
+#   PYTORCH  the torch binding (KRUG_BUILD_TORCH)     MPI  the MPI backend (KRUG_WITH_MPI)
+#   GLOO     always built (krug's TCP data plane); WITHOUT_GLOO is an error
+#   TENSORFLOW, MXNET, JAX: no binding yet; WITH_<X> is an error, WITHOUT_<X> is accepted
+
+# The value of a WITH/WITHOUT switch: whether KRUG_<kind>_<part> or HOROVOD_<kind>_<part> is set
+# to something other than empty or 0.
+function(_krug_env_switch kind part out_var out_name)
+  set(${out_var} OFF PARENT_SCOPE)
+  foreach(prefix KRUG HOROVOD)
+    set(name ${prefix}_${kind}_${part})
+    if(DEFINED ENV{${name}} AND NOT "$ENV{${name}}" MATCHES "^(0|)$")
+      set(${out_var} ON PARENT_SCOPE)
+      set(${out_name} ${name} PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+endfunction()
+
+# Sets the normalized option `var` (ON, OFF or AUTO) from KRUG_WITH_<part> / KRUG_WITHOUT_<part>
+# (or HOROVOD_...). A switch that contradicts an explicit -D<var> is an error.
+function(krug_apply_env_choice var part)
+  _krug_env_switch(WITH ${part} with with_name)
+  _krug_env_switch(WITHOUT ${part} without without_name)
+  if(with AND without)
+    message(FATAL_ERROR "krug: both ${with_name} and ${without_name} are set; unset one")
+  endif()
+  if(NOT with AND NOT without)
+    return()
+  endif()
+  if(with)
+    set(wanted ON)
+    set(name ${with_name})
+  else()
+    set(wanted OFF)
+    set(name ${without_name})
+  endif()
+  if(NOT ${var} STREQUAL "AUTO" AND NOT ${var} STREQUAL wanted)
+    message(FATAL_ERROR "krug: ${name} is set, but ${var}=${${var}}; unset one of them")
+  endif()
+  message(STATUS "krug: ${var}=${wanted} (${name})")
+  set(${var} ${wanted} PARENT_SCOPE)
+endfunction()
+
+# The parts krug has no choice about: Gloo is always built; bindings that do not exist yet.
+_krug_env_switch(WITHOUT GLOO without name)
+if(without)
+  message(FATAL_ERROR "krug: ${name} is set, but krug cannot be built without Gloo: it is the "
+    "data plane across hosts (install libgloo-dev)")
+endif()
+foreach(part TENSORFLOW MXNET JAX)
+  _krug_env_switch(WITH ${part} with name)
+  if(with)
+    message(FATAL_ERROR "krug: ${name} is set, but this version of krug has no ${part} binding "
+      "(only PyTorch's); unset it")
+  endif()
+endforeach()

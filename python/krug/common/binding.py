@@ -1,0 +1,57 @@
+"""Loading a framework binding (a compiled module of krug) with an error that says how to fix it.
+
+A binding is built only when its framework was importable while krug was built, and it works
+only with the framework version it was built against; either failure ends in an ImportError
+that names what happened and the command that rebuilds krug for this environment.
+"""
+
+import ctypes
+import importlib
+import os
+import sys
+
+from krug import _build_info
+
+REBUILD = ("KRUG_WITH_PYTORCH=1 {python} -m pip install --no-cache-dir --force-reinstall "
+           "--no-deps <krug source: a clone or sdist>  (from a clone for development: "
+           "scripts/build)")
+
+
+def load_torch_core():
+    """krug.torch._torch_core, or an ImportError that explains why it cannot be loaded."""
+    try:
+        _load_core_first()
+        return importlib.import_module("krug.torch._torch_core")
+    except ImportError as e:
+        raise ImportError(torch_core_error(e, _torch_version())) from e
+
+
+def _load_core_first():
+    """Loads libkrug.so on its own, every symbol bound at once, before the torch module.
+
+    PyPI's torch carries its own Gloo inside libtorch_cpu.so and exports it. Loaded as a
+    dependency of the torch module, libkrug would find torch's Gloo before its own libgloo (the
+    module needs libtorch_cpu first) and call into another Gloo version: a crash. Loaded first,
+    libkrug's calls bind to its own libgloo; the module then reuses this libkrug.
+    """
+    here = os.path.dirname(os.path.abspath(_build_info.__file__))
+    path = os.path.normpath(os.path.join(here, _build_info.libkrug))
+    if os.path.exists(path):
+        ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+
+
+def _torch_version():
+    torch = sys.modules.get("torch")
+    return getattr(torch, "__version__", "unknown")
+
+
+def torch_core_error(cause, torch_here):
+    rebuild = REBUILD.format(python=sys.executable)
+    if not _build_info.torch_built:
+        return ("krug.torch is not available: this krug was built without its PyTorch binding "
+                "(%s). Install torch into this environment, then rebuild krug: %s"
+                % (_build_info.torch_problem, rebuild))
+    return ("krug.torch's binding does not load (%s). It was built against torch %s for %s; "
+            "this environment has torch %s (%s). Rebuild krug against this torch: %s"
+            % (cause, _build_info.torch_version, _build_info.python, torch_here,
+               sys.executable, rebuild))

@@ -1,0 +1,55 @@
+"""``python -m krug.info``: what this krug was built with and what this environment has.
+
+It prints krug's version and place, the interpreter, the torch importable here beside the one
+the binding was built against (and whether the binding loads), then krugrun's build report
+(``krugrun --check-build``: frameworks, controllers, tensor operations).
+"""
+
+import os
+import subprocess
+import sys
+
+import krug
+from krug import _build_info
+from krug._launcher import krugrun_path
+
+
+def _torch_lines():
+    try:
+        import torch
+        here = "torch %s (%s)" % (torch.__version__, os.path.dirname(torch.__file__))
+    except ImportError as e:
+        here = "no torch (%s)" % e
+    lines = ["torch here:          " + here]
+    if not _build_info.torch_built:
+        lines.append("krug.torch:          not built: " + _build_info.torch_problem)
+        return lines
+    lines.append("krug.torch built:    against torch %s" % _build_info.torch_version)
+    try:
+        import krug.torch  # noqa: F401
+        lines.append("krug.torch loads:    yes")
+    except ImportError as e:
+        lines.append("krug.torch loads:    no: %s" % e)
+    return lines
+
+
+def report():
+    lines = ["krug %s (%s)" % (krug.__version__, os.path.dirname(krug.__file__)),
+             "python:              %s %s" % (sys.executable, sys.version.split()[0])]
+    lines += _torch_lines()
+    lines.append("krugrun:             " + krugrun_path())
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    sys.stdout.write(report() + "\n")
+    sys.stdout.flush()
+    try:
+        return subprocess.call([krugrun_path(), "--check-build"])
+    except OSError as e:
+        sys.stderr.write("krug.info: cannot run krugrun (%s): %s\n" % (krugrun_path(), e))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

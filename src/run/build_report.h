@@ -1,0 +1,25 @@
+// krugrun --check-build and --version: what this krug was built with, in horovodrun
+// --check-build's layout (frameworks, controllers, tensor operations, each [X] or [ ]).
+#pragma once
+
+#include <string>
+
+namespace krug::run {
+
+struct BuildFeatures {
+  std::string version;        // krug's, e.g. "0.1.0"
+  std::string torch_version;  // the torch the binding was built against; empty: not built
+  std::string torch_problem;  // why the binding was not built
+  bool mpi = false;           // the MPI backend
+};
+
+// This build: the generated build configuration and libkrug's own answer for MPI.
+BuildFeatures this_build();
+
+// The report krugrun --check-build prints.
+std::string build_report(const BuildFeatures& features);
+
+// The line krugrun --version prints.
+std::string version_line(const BuildFeatures& features);
+
+}  // namespace krug::run
