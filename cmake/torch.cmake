@@ -81,8 +81,13 @@ if(KRUG_TORCH_ENABLED)
   krug_layer_view(frameworks_torch frameworks/torch)
   # No dependency on any core layer: a binding uses the frontend seam (include/krug/frontend.h)
   # and the public API only, so including a header from src/engine or src/controller here fails.
-  target_link_libraries(krug_torch PUBLIC krug torch PRIVATE krug_frameworks_torch_headers
-    fmt::fmt)
+  # PyPI's torch carries its own Gloo inside libtorch_cpu.so and exports its symbols. A program
+  # that loads libtorch_cpu before libgloo would have libkrug's Gloo calls bind to torch's copy,
+  # another Gloo version: a crash in the first Gloo collective. So programs that link krug::torch
+  # need libgloo ahead of torch's libraries (kept even under --as-needed, since the program itself
+  # calls no Gloo). Python takes the other way round (krug/common/binding.py).
+  target_link_libraries(krug_torch PUBLIC krug "-Wl,--push-state,--no-as-needed" gloo
+    "-Wl,--pop-state" torch PRIVATE krug_frameworks_torch_headers fmt::fmt)
   target_link_options(krug_torch PRIVATE -Wl,--no-undefined)
 
   pybind11_add_module(_torch_core MODULE src/frameworks/torch/python_module.cc)
