@@ -21,9 +21,12 @@ cmake -S "$src/tests/packaging/consumer" -B "$work/consumer" -G Ninja \
   -DCMAKE_PREFIX_PATH="$prefix" -DKRUG_EXAMPLE_SOURCE="$src/examples/cpp/average.cpp" \
   >"$work/consumer-configure.log"
 cmake --build "$work/consumer" >"$work/consumer-build.log"
-# The program links the installed libkrug, not the build tree's.
-if ldd "$work/consumer/average" | grep -q "$build/"; then
-  echo "FAIL: the consumer links the build tree:"; ldd "$work/consumer/average"; exit 1
+# The program links the installed libkrug, not the build tree's (the prefix may itself lie in the
+# build tree, so the resolved path is compared, not searched for the build folder's name).
+libkrug=$(ldd "$work/consumer/average" | awk '$1 == "libkrug.so" {print $3}')
+if [ "$(realpath "$libkrug")" != "$(realpath "$prefix/lib/libkrug.so")" ]; then
+  echo "FAIL: the consumer links $libkrug, not the installed $prefix/lib/libkrug.so:"
+  ldd "$work/consumer/average"; exit 1
 fi
 "$prefix/bin/krugrun" -np 2 "$work/consumer/average"
 
