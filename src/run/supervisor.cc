@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -16,7 +17,9 @@ namespace krug::run {
 
 Supervisor::Supervisor(std::vector<SupervisedRank> ranks, Fd signal_fd, bool verbose,
                        std::string name)
-    : ranks_(std::move(ranks)), signal_fd_(std::move(signal_fd)), verbose_(verbose),
+    : ranks_(std::move(ranks)),
+      signal_fd_(std::move(signal_fd)),
+      verbose_(verbose),
       name_(std::move(name)) {}
 
 std::string Supervisor::who(size_t i) const {
@@ -87,7 +90,8 @@ void Supervisor::on_signals() {
 void Supervisor::on_signal(int sig) {
   if (stop_ == Stop::kNone) {
     own_signal_ = sig;
-    fmt::print(stderr, "krugrun: received {}, stopping all ranks (send it again to kill them now)\n",
+    fmt::print(stderr,
+               "krugrun: received {}, stopping all ranks (send it again to kill them now)\n",
                signal_name(sig));
     begin_stop(Stop::kSignal);
   } else if (!killed_) {
@@ -97,9 +101,21 @@ void Supervisor::on_signal(int sig) {
   }
 }
 
+bool Supervisor::killed(size_t i) const {
+  const int status = *ranks_[i].process.status();
+  if (!ranks_[i].remote) return WIFSIGNALED(status);
+  // ssh reports the remote wrapper's 128 + N; 255 is ssh's own failure.
+  return WIFEXITED(status) && WEXITSTATUS(status) > 128 && WEXITSTATUS(status) != 255;
+}
+
 void Supervisor::reap() {
+  std::vector<size_t> exited;
   for (size_t i = 0; i < ranks_.size(); ++i)
-    if (ranks_[i].process.try_reap()) on_exit(i);
+    if (ranks_[i].process.try_reap()) exited.push_back(i);
+  // When one sweep finds several ranks gone, one killed by a signal is the likelier cause: the
+  // others typically exited with an error because it vanished from under them.
+  std::stable_partition(exited.begin(), exited.end(), [&](size_t i) { return killed(i); });
+  for (size_t i : exited) on_exit(i);
   bool all = true;
   for (const auto& r : ranks_) all = all && r.process.reaped();
   if (all && !drain_until_) {

@@ -45,6 +45,7 @@ class Supervisor {
   void on_signals();
   void on_signal(int sig);
   void reap();
+  bool killed(size_t index) const;  // ended by a signal on its host
   void on_exit(size_t index);
   void begin_stop(Stop why);
   void signal_all(int sig);
@@ -61,9 +62,9 @@ class Supervisor {
   bool killed_ = false;
   Clock::time_point kill_at_{};
   std::optional<Clock::time_point> drain_until_;
-  int own_signal_ = 0;                    // the signal that made krugrun stop its ranks
-  std::optional<size_t> root_cause_;      // first rank to fail
-  std::vector<size_t> also_stopped_;      // ranks that failed afterwards, in order
+  int own_signal_ = 0;                // the signal that made krugrun stop its ranks
+  std::optional<size_t> root_cause_;  // first rank to fail
+  std::vector<size_t> also_stopped_;  // ranks that failed afterwards, in order
 };
 
 }  // namespace krug::run
