@@ -463,27 +463,10 @@ std::vector<Response> Negotiator::compute() {
     if (std::string error = validate(p); !error.empty()) {
       error_on(out, p, std::move(error));
     } else {
-      if (track_readiness_ && first.process_set == 0 &&
-          static_cast<int>(p.arrived_at.size()) == world_size_) {
-        std::vector<Clock::time_point> arrivals;
-        arrivals.reserve(world_size_);
-        for (const auto& [rank, t] : p.arrived_at) arrivals.push_back(t);
-        readiness_.observe(first.name, arrivals);
-      }
+      record_readiness(p);
       Response r = make_response(p);
       apply_membership_change(r);
-      if (r.op == OpType::kRemoveProcessSet) {
-        // Operations still pending on a removed set can never complete.
-        for (auto& [other_key, other] : table_) {
-          if (other.by_rank.begin()->second.process_set == r.root)
-            error_on(out, other,
-                     fmt::format("process set {} was removed while '{}' was pending", r.root,
-                                 other.by_rank.begin()->second.name));
-        }
-        std::erase_if(table_, [&](const auto& kv) {
-          return kv.first != key && kv.second.by_rank.begin()->second.process_set == r.root;
-        });
-      }
+      if (r.op == OpType::kRemoveProcessSet) fail_pending_on_removed_set(out, r.root, key);
       fuse_into(out, std::move(r));
     }
     table_.erase(key);
@@ -499,6 +482,30 @@ std::vector<Response> Negotiator::compute() {
   }
   assign_new_cache_ids(out);
   return out;
+}
+
+void Negotiator::record_readiness(const Pending& p) {
+  const Request& first = p.by_rank.begin()->second;
+  if (!track_readiness_ || first.process_set != 0 ||
+      static_cast<int>(p.arrived_at.size()) != world_size_)
+    return;
+  std::vector<Clock::time_point> arrivals;
+  arrivals.reserve(world_size_);
+  for (const auto& [rank, t] : p.arrived_at) arrivals.push_back(t);
+  readiness_.observe(first.name, arrivals);
+}
+
+void Negotiator::fail_pending_on_removed_set(std::vector<Response>& out, int32_t removed,
+                                             const std::string& removing_key) {
+  // Operations still pending on a removed set can never complete.
+  for (auto& [other_key, other] : table_)
+    if (other.by_rank.begin()->second.process_set == removed && other_key != removing_key)
+      error_on(out, other,
+               fmt::format("process set {} was removed while '{}' was pending", removed,
+                           other.by_rank.begin()->second.name));
+  std::erase_if(table_, [&](const auto& kv) {
+    return kv.first != removing_key && kv.second.by_rank.begin()->second.process_set == removed;
+  });
 }
 
 std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_seconds) const {

@@ -109,6 +109,10 @@ class Negotiator {
   std::string validate_add_process_set(Agreement& agree) const;
   std::string validate_remove_process_set(Agreement& agree) const;
   Response make_response(const Pending& p);
+  void record_readiness(const Pending& p);  // with track_readiness(): the set's arrival times
+  // Fails and drops what is pending on process set `removed`, but for the removal itself.
+  void fail_pending_on_removed_set(std::vector<Response>& out, int32_t removed,
+                                   const std::string& removing_key);
   void find_cached(Response& r) const;
   void assign_new_cache_ids(std::vector<Response>& out);
   void apply_membership_change(Response& r);
