@@ -129,9 +129,8 @@ void Handle::wait() const {
   checked().wait();
   if (auto e = state_->error(); !e.empty()) throw Error(e);
 }
-bool Handle::wait_for(double timeout_seconds) const {
-  return checked().wait_until(std::chrono::steady_clock::now() +
-                              std::chrono::microseconds(int64_t(timeout_seconds * 1e6)));
+bool Handle::wait_for(std::chrono::nanoseconds timeout) const {
+  return checked().wait_until(std::chrono::steady_clock::now() + timeout);
 }
 std::string Handle::error() const { return checked().error(); }
 const std::vector<uint8_t>& Handle::output() const { return checked().result().data; }
