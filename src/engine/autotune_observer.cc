@@ -26,7 +26,8 @@ AutotuneObserver::AutotuneObserver(const Config& config, bool hierarchical, Engi
   // Start inside the ranges: a fusion threshold of 0 (fusion off) starts from the smallest.
   const observe::TunedParameters start{
       std::clamp(config.fusion_threshold_bytes, options.min_fusion_bytes, options.max_fusion_bytes),
-      std::clamp(config.cycle_time_ms, options.min_cycle_ms, options.max_cycle_ms), hierarchical};
+      std::clamp(config.cycle_time.count(), options.min_cycle_ms, options.max_cycle_ms),
+      hierarchical};
   const int rank = config.rank;
   autotuner_ =
       std::make_unique<observe::Autotuner>(start, options, [this, rank](const std::string& line) {

@@ -59,10 +59,6 @@ Reduction reduction(const Response& r) {
                    .process_set = r.process_set};
 }
 
-std::chrono::milliseconds timeout_of(const Config& config) {
-  return std::chrono::milliseconds(static_cast<int64_t>(config.timeout_seconds * 1000.0));
-}
-
 const Config& validated(const Config& config) {
   if (config.size < 1 || config.rank < 0 || config.rank >= config.size)
     throw Error(
@@ -77,7 +73,7 @@ const Config& validated(const Config& config) {
 std::chrono::microseconds busy_poll_for(const Config& config) {
   const int local_ranks = config.local_size > 0 ? config.local_size : config.size;
   if (static_cast<unsigned>(local_ranks) <= std::max(1u, std::thread::hardware_concurrency()))
-    return std::chrono::microseconds(config.busy_poll_us);
+    return config.busy_poll;
   return {};
 }
 
@@ -188,19 +184,21 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
       busy_poll_(busy_poll_for(config_)),
       waiters_drive_(busy_poll_.count() > 0),
       queue_(config_.rank, wakeup_, waiters_drive_, drivers_,
-             {config_.fusion_threshold_bytes, config_.cycle_time_ms}),
+             {config_.fusion_threshold_bytes, config_.cycle_time.count()}),
       table_(queue_),
       cache_(config.cache_capacity) {
-  if (config_.cpu_operations == "mpi") collectives::mpi::require_world(config_.rank, config_.size);
+  if (config_.data_plane == DataPlane::kMpi)
+    collectives::mpi::require_world(config_.rank, config_.size);
   if (config_.hostname.empty()) config_.hostname = net::hostname();
-  const auto timeout = timeout_of(config_);
+  const auto timeout = whole_ms(config_.timeout);
   const bool single_host = config_.local_size < 0 || config_.local_size == config_.size;
   const std::string advertise = !config_.advertise_address.empty() ? config_.advertise_address
                                 : single_host                      ? "127.0.0.1"
                                                                    : config_.hostname;
   // Lists go through shared-memory mailboxes when every rank is on one host (the control plane
   // checks), unless TCP or MPI was asked for: then the data plane's choice holds here too.
-  const bool mailboxes = config_.cpu_operations != "gloo" && config_.cpu_operations != "mpi";
+  const bool mailboxes =
+      config_.data_plane != DataPlane::kGloo && config_.data_plane != DataPlane::kMpi;
   auto mailbox_segment = [&](size_t bytes) {
     rendezvous::PrefixStore prefixed("control/", store_);
     return std::make_unique<transport::Segment>(config_.rank, config_.size, bytes, config_.job_id,
@@ -213,7 +211,7 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
   add_process_set(0, all);
-  config_.cpu_operations = sets_->global_backend();
+  config_.data_plane = sets_->global_backend();
   sets_->wait_for_every_rank_to_connect();
   negotiation_ = std::make_unique<Negotiation>(config_, *control_, cache_, observers_, *this);
   start_observers(std::move(observers));
@@ -245,7 +243,7 @@ void Engine::Impl::retune(int64_t fusion_threshold, double cycle_time_ms) {
 
 void Engine::Impl::apply_tuning(int64_t fusion_threshold, double cycle_time_ms) {
   config_.fusion_threshold_bytes = fusion_threshold;
-  config_.cycle_time_ms = cycle_time_ms;
+  config_.cycle_time = Milliseconds(cycle_time_ms);
   negotiation_->set_fusion_threshold(fusion_threshold);
   queue_.set_tuned(fusion_threshold, cycle_time_ms);
 }
@@ -468,7 +466,7 @@ void Engine::Impl::absorb_queue(bool background) {
     table_.insert(std::move(node), hit, cache_.size());
   }
   arrived_.clear();
-  if (shutting_down) negotiation_->begin_shutdown(Clock::now() + timeout_of(config_));
+  if (shutting_down) negotiation_->begin_shutdown(Clock::now() + whole_ms(config_.timeout));
 }
 
 // ---- Responses ----

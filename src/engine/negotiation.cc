@@ -47,7 +47,7 @@ void Negotiation::send_tuning(int64_t fusion_threshold_bytes, double cycle_time_
 }
 
 std::chrono::microseconds Negotiation::cycle() const {
-  return std::chrono::microseconds(static_cast<int64_t>(config_.cycle_time_ms * 1000));
+  return std::chrono::duration_cast<std::chrono::microseconds>(config_.cycle_time);
 }
 
 std::optional<Clock::time_point> Negotiation::due() const {

@@ -14,10 +14,6 @@
 namespace krug::engine {
 namespace {
 
-std::chrono::milliseconds timeout_of(const Config& config) {
-  return std::chrono::milliseconds(static_cast<int64_t>(config.timeout_seconds * 1000.0));
-}
-
 // KRUG_CPU_OPERATIONS=shm cannot serve a set across hosts: the error lists its members by host.
 [[noreturn]] void throw_shm_across_hosts(int32_t id, const std::vector<int32_t>& ranks,
                                          const std::vector<std::string>& hosts) {
@@ -44,7 +40,7 @@ std::chrono::milliseconds timeout_of(const Config& config) {
 ProcessSets::ProcessSets(const Config& config, std::shared_ptr<rendezvous::Store> store,
                          const ControlPlane& control, std::string advertise)
     : config_(config),
-      requested_(config.cpu_operations),
+      requested_(config.data_plane),
       store_(std::move(store)),
       control_(control),
       advertise_(std::move(advertise)) {
@@ -61,7 +57,7 @@ std::optional<bool> ProcessSets::agree_on_hierarchical_allreduce() {
     store_->set(kKey, std::vector<uint8_t>(mine.begin(), mine.end()));
     return config_.hierarchical_allreduce;
   }
-  const auto bytes = store_->get(kKey, timeout_of(config_));
+  const auto bytes = store_->get(kKey, whole_ms(config_.timeout));
   const std::string coordinator(bytes.begin(), bytes.end());
   if (coordinator != mine)
     log::at(log::Level::kWarning, config_.rank,
@@ -76,13 +72,13 @@ void ProcessSets::wait_for_every_rank_to_connect() {
   constexpr const char *kCount = "engine/connected", *kAll = "engine/all_connected";
   if (store_->add(kCount, 1) == config_.size) store_->set(kAll, {1});
   try {
-    store_->wait({kAll}, timeout_of(config_));
+    store_->wait({kAll}, whole_ms(config_.timeout));
   } catch (const rendezvous::StoreTimeout&) {
     throw Error(
         fmt::format("rank {} ({}) timed out after {} s waiting for every rank to connect "
                     "its data plane; see the other ranks' errors (raise "
                     "KRUG_TIMEOUT_SECONDS for slow starts)",
-                    config_.rank, config_.hostname, config_.timeout_seconds));
+                    config_.rank, config_.hostname, config_.timeout.count()));
   }
 }
 
@@ -108,11 +104,12 @@ ProcessSets::Set* ProcessSets::find(int32_t id) {
   return it == sets_.end() ? nullptr : &it->second;
 }
 
-std::string ProcessSets::global_backend() const {
+DataPlane ProcessSets::global_backend() const {
   auto it = sets_.find(0);
   const auto* global = it == sets_.end() ? nullptr : it->second.comm.get();
-  if (!global || dynamic_cast<const collectives::HierarchicalCommunicator*>(global)) return "gloo";
-  return global->backend_name();
+  if (!global || dynamic_cast<const collectives::HierarchicalCommunicator*>(global))
+    return DataPlane::kGloo;
+  return parse_data_plane(global->backend_name()).value_or(DataPlane::kGloo);
 }
 
 std::unique_ptr<collectives::Communicator> ProcessSets::make_gloo(int32_t id,
@@ -126,7 +123,7 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_gloo(int32_t id,
   std::call_once(device_once_,
                  [&] { device_ = collectives::make_gloo_device(advertise_, config_.iface); });
   return std::make_unique<collectives::GlooCommunicator>(rank, size, std::move(prefixed), device_,
-                                                         timeout_of(config_));
+                                                         whole_ms(config_.timeout));
 }
 
 std::unique_ptr<collectives::shm::ShmCommunicator> ProcessSets::make_shm(int32_t id,
@@ -136,17 +133,17 @@ std::unique_ptr<collectives::shm::ShmCommunicator> ProcessSets::make_shm(int32_t
       scope.empty() ? fmt::format("shm/{}/", id) : fmt::format("shm/{}/{}/", id, scope), store_);
   collectives::shm::Options options;
   options.job_id = config_.job_id;
-  options.timeout = timeout_of(config_);
+  options.timeout = whole_ms(config_.timeout);
   return std::make_unique<collectives::shm::ShmCommunicator>(rank, size, prefixed, options);
 }
 
 std::unique_ptr<collectives::Communicator> ProcessSets::make_communicator(
     int32_t id, const std::vector<int32_t>& ranks, int index) {
-  if (requested_ == "mpi") {
+  if (requested_ == DataPlane::kMpi) {
     // MPI sets keep their flat rank-ordered allreduce: the hierarchical one is built from Gloo
     // groups (see docs/architecture.md).
     collectives::mpi::Options options;
-    options.timeout = timeout_of(config_);
+    options.timeout = whole_ms(config_.timeout);
     return collectives::mpi::make_communicator(ranks, index, id, options);
   }
   const int size = static_cast<int>(ranks.size());
@@ -154,12 +151,12 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_communicator(
   for (int32_t r : ranks) hosts.push_back(control_.host_of(r));
   const bool one_host = std::all_of(hosts.begin(), hosts.end(),
                                     [&](const std::string& h) { return h == hosts.front(); });
-  if (requested_ != "gloo" && one_host) {
+  if (requested_ != DataPlane::kGloo && one_host) {
     auto shm = make_shm(id, "", index, size);
     shm->set_point_to_point([this, id, index, size] { return make_gloo(id, "", index, size); });
     return shm;
   }
-  if (requested_ == "shm") throw_shm_across_hosts(id, ranks, hosts);
+  if (requested_ == DataPlane::kShm) throw_shm_across_hosts(id, ranks, hosts);
   return make_hierarchical(id, ranks, index, hosts);
 }
 
@@ -186,7 +183,7 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_hierarchical(
     log::at(log::Level::kInfo, config_.rank,
             "process set {}: hierarchical allreduce ({}), members by host: {}", id,
             hierarchical_ ? "KRUG_HIERARCHICAL_ALLREDUCE=1" : "auto", layout.describe());
-  const bool use_shm = requested_ != "gloo";
+  const bool use_shm = requested_ != DataPlane::kGloo;
   return std::make_unique<collectives::HierarchicalCommunicator>(
       std::move(layout), index, std::move(flat),
       [&](const std::string& scope, int rank,

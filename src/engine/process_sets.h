@@ -46,9 +46,10 @@ class ProcessSets {
   std::string add(int32_t id, const std::vector<int32_t>& ranks);
   void remove(int32_t id) { sets_.erase(id); }
   Set* find(int32_t id);  // null for an unknown id
-  // The data plane the global set uses, as Config::cpu_operations reports it: the transport
-  // between hosts for a hierarchical set (Gloo; its groups inside a host use shared memory).
-  std::string global_backend() const;
+  // The data plane the global set uses, as the engine's Config::data_plane reports it: the
+  // transport between hosts for a hierarchical set (Gloo; its groups inside a host use shared
+  // memory).
+  DataPlane global_backend() const;
   // A rank whose side of every mesh is up may return from init(), finish and close its sockets
   // while a peer is still completing its side (a hierarchical set connects several meshes one
   // after another): no rank leaves init() before every rank has connected everything.
@@ -70,8 +71,8 @@ class ProcessSets {
                                                               int rank, int size);
 
   const Config& config_;
-  // KRUG_CPU_OPERATIONS as the user set it (empty: shm or gloo per set).
-  const std::string requested_;
+  // KRUG_CPU_OPERATIONS as the user set it (kAuto: shm or gloo per set).
+  const DataPlane requested_;
   std::shared_ptr<rendezvous::Store> store_;
   const ControlPlane& control_;
   const std::string advertise_;
