@@ -1,8 +1,9 @@
 // The engine's coordinator: wires the units of src/engine together and runs the loop. Each job
 // lives in its own unit: the submission queue (submission_queue.h), the table of operations in
 // flight (tensor_table.h), wake-ups (wakeup.h), negotiation traffic (negotiation.h), execution
-// (executor.h), process sets and communicators (process_sets.h), failure fan-out (failure.h),
-// and observers (observer.h: timeline, autotuner, stall inspector, elastic health).
+// (executor.h; dispatch.cc runs each agreed response on it), process sets and communicators
+// (process_sets.h), failure fan-out (failure.h), and observers (observer.h: timeline,
+// autotuner, stall inspector, elastic health). Engine::Impl is declared in engine_impl.h.
 #include "engine/engine.h"
 
 #include <fmt/format.h>
@@ -16,12 +17,12 @@
 #include <span>
 #include <thread>
 
-#include "collectives/adasum.h"
 #include "collectives/mpi/mpi_backend.h"
 #include "common/log.h"
 #include "controller/response_cache.h"
 #include "engine/autotune_observer.h"
 #include "engine/control_plane.h"
+#include "engine/engine_impl.h"
 #include "engine/executor.h"
 #include "engine/failure.h"
 #include "engine/negotiation.h"
@@ -44,21 +45,6 @@ using controller::ResponseType;
 
 namespace {
 
-int64_t elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-// What an allreduce or reducescatter response decided, as the executor takes it.
-Reduction reduction(const Response& r) {
-  return Reduction{.dtype = r.dtype,
-                   .op = r.reduce_op,
-                   .prescale = r.prescale,
-                   .postscale = r.postscale,
-                   .process_set = r.process_set};
-}
-
 const Config& validated(const Config& config) {
   if (config.size < 1 || config.rank < 0 || config.rank >= config.size)
     throw Error(
@@ -78,104 +64,6 @@ std::chrono::microseconds busy_poll_for(const Config& config) {
 }
 
 }  // namespace
-
-// The loop's state belongs to whichever thread holds loop_mu_: the background thread, or a user
-// thread waiting for a handle (drive()), which runs the same loop itself instead of sleeping
-// until the background thread has done the work and woken it.
-class Engine::Impl : public Driver,
-                     public Negotiation::Sink,
-                     public EngineKnobs,
-                     public std::enable_shared_from_this<Engine::Impl> {
- public:
-  Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
-       std::vector<std::shared_ptr<CycleObserver>> observers);
-  ~Impl() override { shutdown(); }
-
-  void shutdown();
-  void abort(const std::string& reason);
-  template <typename Fill>
-  std::shared_ptr<HandleState> enqueue(size_t count, const Fill& fill);
-  std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
-  SubmissionQueue& queue() { return queue_; }
-  const SubmissionQueue& queue() const { return queue_; }
-  const Config& config() const { return config_; }
-  void drive(const HandleState& handle, Clock::time_point deadline) override;
-
-  // Negotiation::Sink
-  void process(ResponseList list) override;
-  void fatal(std::string message, bool tell_peers) override {
-    stop_engine(std::move(message), tell_peers);
-  }
-  bool stopped() const override { return stopped_; }
-  // EngineKnobs
-  void retune(int64_t fusion_threshold, double cycle_time_ms) override;
-  void stop(const std::string& reason) override { stop_engine(reason, true); }
-
- private:
-  void start_observers(std::vector<std::shared_ptr<CycleObserver>> observers);
-  // Background thread.
-  void run();
-  bool loop_once();  // false once the loop has stopped
-  // With loop_mu_ held, on either thread: one round of local work (new operations, requests,
-  // the coordinator's decisions and their execution), without waiting. `background`: the
-  // background thread's round, which leaves a burst of operations that is still being submitted
-  // to the thread that will wait for them (SubmissionQueue::take).
-  void advance(bool background = false);
-  // Whatever peers sent, without waiting. `sockets` false: the mailboxes only (with mailboxes,
-  // the sockets carry only doorbells for a sleeper, lists a mailbox had no room for, and a dead
-  // peer's hang-up: a driving thread looks at them every 64th round).
-  void receive(bool sockets = true);
-  std::vector<pollfd> poll_fds() const;
-  int poll_timeout_ms(Clock::time_point now) const;
-  // A waiting thread leaves drive() (having held the loop or not): the background thread must
-  // look again if anything is left for it (its poll() may sleep on a state from before).
-  void leave_loop(bool held);
-  void fail_loop(const std::exception& e);
-  void absorb_queue(bool background);
-  void apply_tuning(int64_t fusion_threshold, double cycle_time_ms);
-  // Responses: their names for observers, then their execution in list order.
-  void announce(ResponseList& list);
-  void execute(const Response& r);
-  void execute_control(const Response& r);  // process sets, join, barrier
-  void run_allreduce(const Response& r, ProcessSets::Set& set);
-  void run_one(const Response& r, ProcessSets::Set& set);  // allgather, broadcast, ...
-  int64_t payload_bytes(const Response& r) const;
-  void add_process_set(int32_t id, const std::vector<int32_t>& ranks);
-  void finish(const std::string& key, const std::string& error = {});
-  void fail_names(const Response& r, const std::string& error);
-  // Names of a response, from the cache when it carries ids only.
-  std::vector<std::string> names_of(const Response& r) const;
-  // Fails every pending and future operation with `message` and stops the loop.
-  void stop_engine(std::string message, bool tell_peers, bool is_error = true);
-  std::string root_cause(const std::string& local_error);
-
-  Config config_;  // fusion threshold and cycle time as tuned now
-  std::shared_ptr<rendezvous::Store> store_;
-  const std::chrono::microseconds busy_poll_;  // KRUG_BUSY_POLL_MICROSECONDS, 0: oversubscribed
-  // Waiting threads drive the loop (see drive()): only while every rank of this host has a core,
-  // because a driving thread polls for its answer.
-  const bool waiters_drive_;
-  std::atomic<int> drivers_{0};  // threads in drive(): the background loop does not busy-poll then
-  std::atomic<bool> asleep_{false};  // the background thread is in its blocking poll()
-  Wakeup wakeup_;
-  SubmissionQueue queue_;  // shared with user threads
-
-  // The loop's state: only with loop_mu_ held (or in the constructor).
-  std::mutex loop_mu_;
-  TensorTable table_;
-  controller::ResponseCache cache_;
-  std::unique_ptr<ControlPlane> control_;
-  std::unique_ptr<ProcessSets> sets_;
-  Observers observers_;
-  std::unique_ptr<Negotiation> negotiation_;
-  observe::Timeline* timeline_ = nullptr;  // an observer's, for the executor's phases
-  Executor executor_;
-  bool stopped_ = false;
-  std::vector<Table::node_type> arrived_;    // absorb_queue's
-  std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
-  std::vector<FusedTensor> allreduce_tensors_;
-  std::thread thread_;
-};
 
 Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
                    std::vector<std::shared_ptr<CycleObserver>> observers)
@@ -557,125 +445,6 @@ std::vector<std::string> Engine::Impl::names_of(const Response& r) const {
 
 void Engine::Impl::finish(const std::string& key, const std::string& error) {
   negotiation_->completed(table_.finish(key, error));
-}
-
-void Engine::Impl::execute(const Response& r) {
-  switch (r.op) {
-    case OpType::kAddProcessSet:
-    case OpType::kRemoveProcessSet:
-    case OpType::kJoin:
-    case OpType::kBarrier:
-      return execute_control(r);
-    default:
-      break;
-  }
-  ProcessSets::Set* set = sets_->find(r.process_set);
-  if (!set || set->my_index < 0) return;
-  if (r.op == OpType::kAllreduce) return run_allreduce(r, *set);
-  run_one(r, *set);
-}
-
-void Engine::Impl::execute_control(const Response& r) {
-  switch (r.op) {
-    case OpType::kAddProcessSet:
-      add_process_set(r.process_set, r.set_ranks);
-      for (const auto& name : r.names) {
-        auto key = controller::table_key(0, name);
-        if (TableSlot* slot = table_.find(key)) slot->second.handle->result().value = r.process_set;
-        finish(key);
-      }
-      return;
-    case OpType::kRemoveProcessSet:
-      sets_->remove(r.root);
-      queue_.remove_process_set(r.root);
-      for (const auto& name : r.names) finish(controller::table_key(0, name));
-      return;
-    case OpType::kJoin: {
-      auto key = controller::table_key(0, "__join");
-      if (TableSlot* slot = table_.find(key))
-        slot->second.handle->result().value = r.last_joined_rank;
-      finish(key);
-      return;
-    }
-    default:  // kBarrier
-      // Negotiation itself synchronized the ranks: the response exists only once all arrived.
-      for (const auto& name : r.names) finish(controller::table_key(r.process_set, name));
-      return;
-  }
-}
-
-void Engine::Impl::run_one(const Response& r, ProcessSets::Set& set) {
-  auto key = controller::table_key(r.process_set, r.names.at(0));
-  TableSlot* slot = table_.find(key);
-  if (!slot)
-    throw Error(fmt::format("no local tensor for {} '{}' (only allreduce runs on joined ranks)",
-                            controller::op_name(r.op), r.names[0]));
-  LocalEntry& e = slot->second;
-  wait_ready(e.args);
-  std::string phase;
-  if (observers_.tensors()) {
-    phase = phase_name(r.op);
-    const auto now = Clock::now();
-    observers_.each([&](CycleObserver& o) { o.on_phase_begin(r.names[0], phase, now); });
-  }
-  auto& comm = *set.comm;
-  switch (r.op) {
-    case OpType::kAllgather:
-      executor_.allgather(comm, r.dtype, r.rank_dims, e.args, e.handle->result());
-      break;
-    case OpType::kBroadcast:
-      executor_.broadcast(comm, r.dtype, r.shapes[0], r.root, e.args);
-      break;
-    case OpType::kAlltoall:
-      executor_.alltoall(comm, r.dtype, r.rank_dims, e.args, e.handle->result());
-      break;
-    case OpType::kReducescatter:
-      executor_.reducescatter(comm, reduction(r), e.args, e.handle->result());
-      break;
-    default:
-      throw Error(fmt::format("unexpected op {}", controller::op_name(r.op)));
-  }
-  if (observers_.tensors()) {
-    const auto now = Clock::now();
-    observers_.each([&](CycleObserver& o) { o.on_phase_end(r.names[0], phase, now); });
-  }
-  finish(key);
-}
-
-void Engine::Impl::run_allreduce(const Response& r, ProcessSets::Set& set) {
-  // A response from the cache carries ids only (its names are expanded only for the timeline).
-  const bool by_id = r.names.empty();
-  const size_t n = by_id ? r.cache_ids.size() : r.names.size();
-  auto& slots = allreduce_slots_;  // null: no tensor here (a joined rank contributes zeros)
-  auto& tensors = allreduce_tensors_;
-  slots.assign(n, nullptr);
-  tensors.assign(n, FusedTensor{});
-  for (size_t i = 0; i < n; ++i) {
-    if (by_id) {
-      slots[i] = table_.by_id(r.cache_ids[i], cache_);
-      tensors[i].count = static_cast<size_t>(cache_.elements(r.cache_ids[i]));
-    } else {
-      slots[i] = table_.find(controller::table_key(r.process_set, r.names[i]));
-      tensors[i].count = static_cast<size_t>(elements(r.shapes[i]));
-    }
-    if (slots[i]) {
-      wait_ready(slots[i]->second.args);
-      tensors[i].args = &slots[i]->second.args;
-    }
-    if (!r.names.empty()) tensors[i].name = &r.names[i];
-  }
-  if (r.reduce_op == ReduceOp::kAdasum) {
-    // The coordinator rejects these already; every rank reaches the same verdict without
-    // talking to the others, so failing the names here leaves the engine running.
-    std::string why =
-        collectives::adasum_unsupported(r.dtype, static_cast<int>(set.ranks.size()), r.process_set);
-    if (!why.empty()) {
-      fail_names(r, fmt::format("allreduce of [{}]: {}", fmt::join(names_of(r), ", "), why));
-      return;
-    }
-  }
-  executor_.allreduce(*set.comm, reduction(r), tensors);
-  negotiation_->completed(table_.finish(slots));
 }
 
 // ---- Failures ----
