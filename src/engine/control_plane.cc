@@ -18,8 +18,12 @@ constexpr const char* kAddressKey = "control/address";
 // socket.
 constexpr size_t kMailboxBytes = size_t{256} << 10;
 
-std::vector<uint8_t> to_bytes(std::string_view s) { return {s.begin(), s.end()}; }
-std::string to_string(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+std::vector<uint8_t> to_bytes(std::string_view s) {
+  return {s.begin(), s.end()};
+}
+std::string to_string(const std::vector<uint8_t>& b) {
+  return {b.begin(), b.end()};
+}
 
 }  // namespace
 
@@ -31,68 +35,76 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
   hosts_[rank] = hostname;
   stash_.resize(is_coordinator() ? size : 1);
   if (size == 1) return;
-  const auto until = deadline();
-  if (is_coordinator()) {
-    // Bound to the advertised address only: peers reach it there, and nothing else should.
-    net::Listener listener(advertise_host, 0);
-    store.set(kAddressKey, to_bytes(fmt::format("{}:{}", advertise_host, listener.port())));
-    workers_.resize(size);
-    int connected = 0;
-    while (connected < size - 1) {
-      auto conn = listener.accept(until);
-      if (!conn) {
-        std::vector<int> missing;
-        for (int r = 1; r < size; ++r)
-          if (!workers_[r].valid()) missing.push_back(r);
-        throw Error(fmt::format(
-            "rank 0 timed out after {} s waiting for ranks [{}] to connect to the control plane; "
-            "check that they started (krugrun output) and can reach {} (raise "
-            "KRUG_TIMEOUT_SECONDS for slow starts)",
-            timeout.count() / 1000.0, fmt::join(missing, ", "), advertise_host));
-      }
-      if (auto reason = conn->authenticate_as_server(secret, until)) {
-        // A stray process (or another job) found the port: refuse it and keep waiting.
-        log::at(log::Level::kWarning, 0, "control plane: rejected connection from {}: {}",
-                conn->peer(), *reason);
-        continue;
-      }
-      const auto hello_frame = conn->recv_frame(until);  // Reader borrows; keep the bytes alive
-      net::Reader hello(hello_frame);
-      int peer = static_cast<int>(hello.i64());
-      std::string peer_host = hello.str();
-      if (peer <= 0 || peer >= size || workers_[peer].valid())
-        throw Error(fmt::format("control plane: unexpected hello from rank {} on {}", peer,
-                                peer_host));
-      hosts_[peer] = peer_host;
-      workers_[peer] = std::move(*conn);
-      ++connected;
-    }
-    // Every rank learns every host name, for error messages, and whether lists go through
-    // mailboxes.
-    mailboxes = mailboxes && std::all_of(hosts_.begin(), hosts_.end(),
-                                         [&](const std::string& h) { return h == hosts_[0]; });
-    net::Writer w;
-    for (const auto& h : hosts_) w.str(h);
-    w.u8(mailboxes ? 1 : 0);
-    auto table = w.take();
-    for (int r = 1; r < size; ++r) workers_[r].send_frame(table, until);
-  } else {
-    auto address = to_string(store.get(kAddressKey, timeout));
-    auto colon = address.rfind(':');
-    coordinator_ = net::Connection::connect(
-        address.substr(0, colon), static_cast<uint16_t>(std::stoi(address.substr(colon + 1))),
-        until);
-    coordinator_.authenticate_as_client(secret, until);
-    net::Writer hello;
-    hello.i64(rank);
-    hello.str(hostname);
-    coordinator_.send_frame(hello.take(), until);
-    const auto table_frame = coordinator_.recv_frame(until);
-    net::Reader table(table_frame);
-    for (auto& h : hosts_) h = table.str();
-    mailboxes = table.u8() != 0;
-  }
+  mailboxes = is_coordinator() ? accept_workers(advertise_host, store, secret, mailboxes)
+                               : connect_to_coordinator(hostname, store, secret);
   if (mailboxes) map_mailboxes(segment);
+}
+
+bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous::Store& store,
+                                  const std::string& secret, bool mailboxes) {
+  const auto until = deadline();
+  // Bound to the advertised address only: peers reach it there, and nothing else should.
+  net::Listener listener(advertise_host, 0);
+  store.set(kAddressKey, to_bytes(fmt::format("{}:{}", advertise_host, listener.port())));
+  workers_.resize(size_);
+  int connected = 0;
+  while (connected < size_ - 1) {
+    auto conn = listener.accept(until);
+    if (!conn) {
+      std::vector<int> missing;
+      for (int r = 1; r < size_; ++r)
+        if (!workers_[r].valid()) missing.push_back(r);
+      throw Error(fmt::format(
+          "rank 0 timed out after {} s waiting for ranks [{}] to connect to the control plane; "
+          "check that they started (krugrun output) and can reach {} (raise "
+          "KRUG_TIMEOUT_SECONDS for slow starts)",
+          timeout_.count() / 1000.0, fmt::join(missing, ", "), advertise_host));
+    }
+    if (auto reason = conn->authenticate_as_server(secret, until)) {
+      // A stray process (or another job) found the port: refuse it and keep waiting.
+      log::at(log::Level::kWarning, 0, "control plane: rejected connection from {}: {}",
+              conn->peer(), *reason);
+      continue;
+    }
+    const auto hello_frame = conn->recv_frame(until);  // Reader borrows; keep the bytes alive
+    net::Reader hello(hello_frame);
+    int peer = static_cast<int>(hello.i64());
+    std::string peer_host = hello.str();
+    if (peer <= 0 || peer >= size_ || workers_[peer].valid())
+      throw Error(
+          fmt::format("control plane: unexpected hello from rank {} on {}", peer, peer_host));
+    hosts_[peer] = peer_host;
+    workers_[peer] = std::move(*conn);
+    ++connected;
+  }
+  // Every rank learns every host name, for error messages, and whether lists go through
+  // mailboxes (only when all ranks share one host).
+  mailboxes = mailboxes && std::all_of(hosts_.begin(), hosts_.end(),
+                                       [&](const std::string& h) { return h == hosts_[0]; });
+  net::Writer w;
+  for (const auto& h : hosts_) w.str(h);
+  w.u8(mailboxes ? 1 : 0);
+  auto table = w.take();
+  for (int r = 1; r < size_; ++r) workers_[r].send_frame(table, until);
+  return mailboxes;
+}
+
+bool ControlPlane::connect_to_coordinator(const std::string& hostname, rendezvous::Store& store,
+                                          const std::string& secret) {
+  const auto until = deadline();
+  auto address = to_string(store.get(kAddressKey, timeout_));
+  auto colon = address.rfind(':');
+  coordinator_ = net::Connection::connect(
+      address.substr(0, colon), static_cast<uint16_t>(std::stoi(address.substr(colon + 1))), until);
+  coordinator_.authenticate_as_client(secret, until);
+  net::Writer hello;
+  hello.i64(rank_);
+  hello.str(hostname);
+  coordinator_.send_frame(hello.take(), until);
+  const auto table_frame = coordinator_.recv_frame(until);
+  net::Reader table(table_frame);
+  for (auto& h : hosts_) h = table.str();
+  return table.u8() != 0;
 }
 
 void ControlPlane::map_mailboxes(const SegmentFactory& segment) {
@@ -230,6 +242,8 @@ void ControlPlane::awake() {
     if (box) box->awake();
 }
 
-void ControlPlane::close_worker(int rank) { workers_.at(rank).close(); }
+void ControlPlane::close_worker(int rank) {
+  workers_.at(rank).close();
+}
 
 }  // namespace krug::engine

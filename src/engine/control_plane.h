@@ -19,11 +19,11 @@
 #include <string>
 #include <vector>
 
-#include "transport/shm_segment.h"
 #include "controller/message.h"
 #include "engine/mailbox.h"
 #include "net/socket.h"
 #include "rendezvous/store.h"
+#include "transport/shm_segment.h"
 
 namespace krug::engine {
 
@@ -69,7 +69,16 @@ class ControlPlane {
 
  private:
   net::Deadline deadline() const { return net::Clock::now() + timeout_; }
-  net::Connection& connection(int peer) { return is_coordinator() ? workers_.at(peer) : coordinator_; }
+  net::Connection& connection(int peer) {
+    return is_coordinator() ? workers_.at(peer) : coordinator_;
+  }
+  // Rank 0: waits for every worker's hello, then sends all of them the host table. Returns
+  // whether lists go through mailboxes.
+  bool accept_workers(const std::string& advertise_host, rendezvous::Store& store,
+                      const std::string& secret, bool mailboxes);
+  // Other ranks: connects to rank 0 and reads the host table; returns the mailbox choice.
+  bool connect_to_coordinator(const std::string& hostname, rendezvous::Store& store,
+                              const std::string& secret);
   void map_mailboxes(const SegmentFactory& segment);
   void send(int peer, const std::vector<uint8_t>& frame, net::Deadline until);
   std::optional<std::vector<uint8_t>> next_frame(int peer);
