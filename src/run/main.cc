@@ -13,6 +13,7 @@
 #include "net/address.h"
 #include "rendezvous/server.h"
 #include "run/remote_exec.h"
+#include "run/rendezvous_serve.h"
 #include "run/ssh.h"
 #include "run/elastic_driver.h"
 #include "run/hosts.h"
@@ -201,6 +202,9 @@ int main(int argc, char** argv) {
   // The remote half of an ssh-started rank (run/remote_exec.h): not a user-facing command.
   if (argc > 1 && std::strcmp(argv[1], "__remote-exec") == 0)
     return krug::run::remote_exec_main(argc, argv);
+  // The rendezvous server alone, for krug.spark and krug.ray (run/rendezvous_serve.h).
+  if (argc > 1 && std::strcmp(argv[1], "__rendezvous-server") == 0)
+    return krug::run::rendezvous_serve_main(argc, argv);
   // Before any thread starts (the rendezvous server has one), so all threads inherit the mask.
   krug::run::block_supervised_signals();
   auto parsed = krug::run::parse_command_line(argc, argv);
