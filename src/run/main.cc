@@ -16,6 +16,7 @@
 #include "run/rendezvous_serve.h"
 #include "run/ssh.h"
 #include "run/elastic_driver.h"
+#include "run/external_rounds.h"
 #include "run/hosts.h"
 #include "run/mpi_run.h"
 #include "run/options.h"
@@ -205,6 +206,9 @@ int main(int argc, char** argv) {
   // The rendezvous server alone, for krug.spark and krug.ray (run/rendezvous_serve.h).
   if (argc > 1 && std::strcmp(argv[1], "__rendezvous-server") == 0)
     return krug::run::rendezvous_serve_main(argc, argv);
+  // ... with elastic rounds for workers the launcher starts (run/external_rounds.h).
+  if (argc > 1 && std::strcmp(argv[1], "__elastic-rendezvous") == 0)
+    return krug::run::elastic_rendezvous_main(argc, argv);
   // Before any thread starts (the rendezvous server has one), so all threads inherit the mask.
   krug::run::block_supervised_signals();
   auto parsed = krug::run::parse_command_line(argc, argv);
