@@ -40,8 +40,12 @@ def spark():
 
 
 def by_value(module_name):
-    """Test functions travel to the executors by value (their module is not importable there)."""
+    """Test functions travel to the executors by value (their module is not importable there):
+    in krug.spark's payloads (cloudpickle) and in Spark's own UDFs (PySpark's copy of it)."""
+    from pyspark import cloudpickle as spark_cloudpickle
+
     cloudpickle.register_pickle_by_value(sys.modules[module_name])
+    spark_cloudpickle.register_pickle_by_value(sys.modules[module_name])
 
 
 def krug_rank_processes():
