@@ -9,6 +9,9 @@ import sys
 import time
 
 import pytest
+# torch before TensorFlow (the Keras tests import it): this process aborts when TensorFlow's
+# libraries are loaded first and torch's after them.
+import torch  # noqa: F401
 
 try:
     import cloudpickle

@@ -1,6 +1,8 @@
-"""krug.spark.torch.TorchEstimator and the Store, on the tests' local Spark cluster: the digits
+"""The estimators and the Store, on the tests' local Spark cluster: TorchEstimator's digits
 example trains to >= 95 % held-out, checkpoints and logs land in the store, fit_on_parquet
-reuses the written data, and bad input fails before any training."""
+reuses the written data, and bad input fails before any training; then KerasEstimator's (last:
+this process aborts when torch loads libraries after TensorFlow). The Keras tests need krug.keras
+(Horovod's horovod.keras API) and are skipped, saying so, when this build has none."""
 
 import importlib
 import json
@@ -87,3 +89,40 @@ def test_bad_input_fails_before_training(spark, tmp_path):
     with pytest.raises(ValueError, match=r"store LocalStore\(.*\) cannot be written"):
         estimator(Store.create(str(blocked / "store")), ["x"]).fit(df)
     assert not (tmp_path / "train_data").exists()
+
+
+# KerasEstimator -------------------------------------------------------------------------
+try:
+    import krug.keras  # noqa: F401
+    KRUG_KERAS = None
+except ImportError as e:
+    KRUG_KERAS = "krug.keras is not available in this build (%s); KerasEstimator trains with it" % e
+
+@pytest.mark.skipif(KRUG_KERAS is not None, reason=str(KRUG_KERAS))
+def test_keras_digits_example_trains_to_95_percent(spark, tmp_path):
+    sys.path.insert(0, EXAMPLES)
+    try:
+        example = importlib.import_module("spark_keras_digits")
+    finally:
+        sys.path.remove(EXAMPLES)
+    by_value(example.__name__)
+    store_path = str(tmp_path / "store")
+    accuracy, fitted = example.train(spark, num_proc=2, store_path=store_path, epochs=20)
+    assert accuracy >= 0.95, accuracy
+    assert len(fitted.getHistory()["loss"]) == 20
+    assert os.path.getsize(os.path.join(store_path, "runs", fitted.getRunId(),
+                                        "checkpoint")) > 0
+    assert_no_stray_processes()
+
+
+@pytest.mark.skipif(KRUG_KERAS is not None, reason=str(KRUG_KERAS))
+def test_keras_estimator_rejects_a_model_that_is_not_keras(spark, tmp_path):
+    from krug.spark.common.store import Store
+    from krug.spark.keras import KerasEstimator
+
+    df = spark.createDataFrame([([0.0] * 4, 1)], "x array<double>, y long")
+    est = KerasEstimator(num_proc=2, model=object(), store=Store.create(str(tmp_path)),
+                         optimizer="sgd", loss="mse", feature_cols=["x"], label_cols=["y"],
+                         epochs=1)
+    with pytest.raises(ValueError, match="model must be a keras.Model"):
+        est.fit(df)
