@@ -12,11 +12,13 @@
 #include "net/address.h"
 #include "rendezvous/server.h"
 #include "run/elastic_driver.h"
+#include "run/external_rounds.h"
 #include "run/hosts.h"
 #include "run/mpi_run.h"
 #include "run/options.h"
 #include "run/rank_env.h"
 #include "run/remote_exec.h"
+#include "run/rendezvous_serve.h"
 #include "run/signals.h"
 #include "run/srun_starter.h"
 #include "run/ssh.h"
@@ -227,6 +229,12 @@ int main(int argc, char** argv) {
   // The remote half of an ssh-started rank (run/remote_exec.h): not a user-facing command.
   if (argc > 1 && std::strcmp(argv[1], "__remote-exec") == 0)
     return krug::run::remote_exec_main(argc, argv);
+  // The rendezvous server alone, for krug.spark and krug.ray (run/rendezvous_serve.h).
+  if (argc > 1 && std::strcmp(argv[1], "__rendezvous-server") == 0)
+    return krug::run::rendezvous_serve_main(argc, argv);
+  // ... with elastic rounds for workers the launcher starts (run/external_rounds.h).
+  if (argc > 1 && std::strcmp(argv[1], "__elastic-rendezvous") == 0)
+    return krug::run::elastic_rendezvous_main(argc, argv);
   // Before any thread starts (the rendezvous server has one), so all threads inherit the mask.
   krug::run::block_supervised_signals();
   auto parsed = krug::run::parse_command_line(argc, argv);

@@ -1,0 +1,118 @@
+"""A small authenticated message channel from a job's workers to its driver.
+
+krug.spark's tasks report to the driver through it: that they started, each line their rank
+prints, and the rank's result or error, so that the driver can stream output, return results
+in rank order and cancel the whole job at the first failure (a task that merely raised would
+make Spark retry the stage). Each connection proves the job's secret first (HMAC of a random
+challenge), so that a stray process cannot inject results; messages are pickled tuples
+preceded by their length."""
+
+import hashlib
+import hmac
+import os
+import pickle
+import queue
+import socket
+import struct
+import threading
+
+_LEN = struct.Struct("!I")
+
+
+def _send(sock, payload):
+    sock.sendall(_LEN.pack(len(payload)) + payload)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def _recv(sock):
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    return _recv_exact(sock, n)
+
+
+def _proof(secret, challenge):
+    return hmac.new(secret.encode(), challenge, hashlib.sha256).digest()
+
+
+class MessageServer:
+    """Listens on ``bind``; every message of an authenticated client lands in ``self.queue``."""
+
+    def __init__(self, secret, bind="127.0.0.1"):
+        self._secret = secret
+        self.queue = queue.Queue()
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((bind, 0))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+        self._closed = threading.Event()
+        self._conns = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True, name="krug-messages").start()
+
+    def _accept(self):
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        sender = None
+        try:
+            challenge = os.urandom(32)
+            _send(conn, challenge)
+            if not hmac.compare_digest(_recv(conn), _proof(self._secret, challenge)):
+                return  # not one of ours: drop it without reading anything it sends
+            while True:
+                message = pickle.loads(_recv(conn))
+                if message and message[0] == "started":
+                    sender = message[1]
+                self.queue.put(message)
+        except (OSError, ConnectionError, EOFError, pickle.UnpicklingError):
+            pass
+        finally:
+            conn.close()
+        if sender is not None:
+            # The sender's end: after its "done", or instead of it when its process died.
+            self.queue.put(("closed", sender))
+
+    def close(self):
+        self._closed.set()
+        self._sock.close()
+        with self._lock:
+            for c in self._conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+class MessageClient:
+    """A worker's connection to the driver's MessageServer. Thread-safe."""
+
+    def __init__(self, host, port, secret, timeout=60.0):
+        self._sock = socket.create_connection((host, port), timeout=timeout)
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _send(self._sock, _proof(secret, _recv(self._sock)))
+        self._lock = threading.Lock()
+
+    def send(self, *message):
+        data = pickle.dumps(message)
+        with self._lock:
+            _send(self._sock, data)
+
+    def close(self):
+        self._sock.close()

@@ -1,0 +1,5 @@
+"""Run krug jobs on Ray: Horovod's ``horovod.ray`` API. See docs/ray.md."""
+
+from krug.ray._executor import RayExecutor
+
+__all__ = ["RayExecutor"]

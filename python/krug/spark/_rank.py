@@ -1,0 +1,59 @@
+"""A rank of a krug.spark job: the child process a Spark task starts.
+
+    python -m krug.spark._rank PAYLOAD RESULT FD
+
+PAYLOAD holds the pickled (fn, args, kwargs); RESULT receives the pickled ("ok", value) or
+("error", traceback text), and a byte on file descriptor FD says it is there. The rank runs in a process of its own, not in Spark's Python worker,
+so that its environment (KRUG_RANK, ...) and its krug engine end with it, and a task that Spark
+kills takes it down (the parent-death signal) instead of leaving it running."""
+
+import os
+import sys
+import traceback
+
+try:
+    import cloudpickle
+except ImportError:  # pragma: no cover - PySpark ships a copy
+    from pyspark import cloudpickle
+
+
+def _final_rank():
+    """This rank's krug rank when fn returned (an elastic worker's rank in the last round)."""
+    torch_api = sys.modules.get("krug.torch")
+    try:
+        if torch_api is not None and torch_api.is_initialized():
+            return torch_api.rank()
+    except Exception:  # noqa: B902 - no rank to report
+        pass
+    return None
+
+
+def main(payload_path, result_path):
+    code = 0
+    try:
+        with open(payload_path, "rb") as f:
+            fn, args, kwargs = cloudpickle.load(f)
+        value = fn(*args, **kwargs)
+        data = cloudpickle.dumps(("ok", value, _final_rank()))
+    except SystemExit as e:
+        # An elastic worker the job no longer needs leaves with status 0 (elastic.run).
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        data = cloudpickle.dumps(("removed", None, None) if code == 0 else
+                                 ("error", "the rank exited with status %s" % e.code, None))
+    except BaseException:  # noqa: B902 - every failure goes to the driver with its traceback
+        code = 1
+        data = cloudpickle.dumps(("error", traceback.format_exc(), None))
+    with open(result_path + ".tmp", "wb") as f:
+        f.write(data)
+    os.rename(result_path + ".tmp", result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
+    status = main(sys.argv[1], sys.argv[2])
+    # Tell the task the result is there now, before the interpreter's exit shuts krug down:
+    # a failing rank's own error must reach the driver before its peers' errors about it.
+    os.write(int(sys.argv[3]), b"r")
+    sys.exit(status)

@@ -1,0 +1,143 @@
+"""What every Spark barrier task of a krug.spark job runs (on an executor).
+
+The task learns where all tasks of the stage run (BarrierTaskContext.getTaskInfos), derives
+its rank as krugrun would lay ranks out on those hosts (tasks of one executor host get
+consecutive local ranks and share memory), starts the rank as a child process with a
+krugrun rank's environment, forwards its output lines and its result to the driver, and
+returns. It never raises for the rank's own failure: the driver cancels the job instead, so
+Spark does not retry the stage."""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+import krug
+from krug.common.messages import MessageClient
+from krug.common.rendezvous import elastic_worker_environment, layout, rank_environment
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    # Runs in the child between fork and exec: the rank is killed when the task's worker dies
+    # (Spark kills the Python workers of a cancelled stage).
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _host_of(address):
+    # "host:port", IPv6 hosts in brackets.
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def _forward(stream, client, tag, name):
+    for line in iter(stream.readline, b""):
+        client.send("out", tag, name, line.decode(errors="replace"))
+    stream.close()
+
+
+def _child_environment(job, krug_env):
+    env = dict(os.environ)
+    env.update(job["env"])
+    env.update(krug_env)
+    # The rank imports this task's krug; the rest of its path is the task's (not all of
+    # sys.path: site directories there would shadow the interpreter's own packages).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(krug.__file__)))
+    paths = [package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def run_rank(job, env, tag, client, report, early):
+    """Runs one rank (``env``: its krug environment) to its end; its output lines go to the
+    driver under ``tag``. Calls ``report(exit status, result)`` once: result is the pickled
+    outcome the rank wrote, or the text saying how it died without one. ``early``: report as
+    soon as the outcome is written (status 0 then), before the rank's process has exited."""
+    with tempfile.TemporaryDirectory(prefix="krug-spark-") as tmp:
+        payload, result = os.path.join(tmp, "payload"), os.path.join(tmp, "result")
+        with open(payload, "wb") as f:
+            f.write(job["payload"])
+        ready_r, ready_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "krug.spark._rank", payload, result, str(ready_w)],
+                env=_child_environment(job, env), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, preexec_fn=_die_with_parent, pass_fds=(ready_w,))
+        finally:
+            os.close(ready_w)
+        pumps = [threading.Thread(target=_forward, args=(s, client, tag, n), daemon=True)
+                 for s, n in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+        for p in pumps:
+            p.start()
+        with os.fdopen(ready_r, "rb") as ready:
+            ready.read(1)  # the outcome is written, or the rank died (end of file)
+        data = None
+        if os.path.exists(result):
+            with open(result, "rb") as f:
+                data = f.read()
+        if early and data is not None:
+            report(0, data)
+        code = proc.wait()
+        for p in pumps:
+            p.join()
+        if not (early and data is not None):
+            how = ("was killed by signal %d" % -code) if code < 0 else \
+                ("exited with status %d" % code)
+            report(code, data if data is not None else
+                   "the rank's process %s before returning a result" % how)
+
+
+def barrier_task(job):
+    """The mapPartitions function of krug.spark.run's barrier stage (``job``: the driver's
+    dict)."""
+
+    def task(_):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
+        slot = layout(hosts)[ctx.partitionId()]
+        env = rank_environment(slot, job["rendezvous_addr"], job["rendezvous_port"],
+                               job["secret"], job["job_id"])
+        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
+        try:
+            client.send("started", slot.rank, slot.host)
+            run_rank(job, env, slot.rank, client,
+                     lambda code, data: client.send("done", slot.rank, slot.host, code, data),
+                     early=True)
+        finally:
+            client.close()
+        return iter([slot.rank])
+
+    return task
+
+
+def elastic_task(job):
+    """The mapPartitions function of krug.spark.run_elastic's stage: every task attempt is an
+    elastic worker of its own id; a retried task is a new worker that joins the next round."""
+
+    def task(_):
+        import socket
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        worker = "p%da%d" % (ctx.partitionId(), ctx.attemptNumber())
+        host = socket.gethostname()
+        env = elastic_worker_environment(worker, host, job["rendezvous_addr"],
+                                         job["rendezvous_port"], job["secret"], job["job_id"])
+        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
+        try:
+            client.send("started", worker, host)
+            run_rank(job, env, worker, client,
+                     lambda code, data: client.send("done", worker, host, code, data),
+                     early=False)
+        finally:
+            client.close()
+        return iter([worker])
+
+    return task

@@ -1,0 +1,1 @@
+"""Parts of krug.spark shared by its estimators: the Store, data preparation, params."""

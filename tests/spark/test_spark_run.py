@@ -1,0 +1,101 @@
+"""krug.spark.run on a local Spark cluster of two executor processes."""
+
+import io
+import threading
+import time
+
+import pytest
+
+import krug.spark
+from conftest import assert_no_stray_processes, by_value
+
+by_value(__name__)
+
+
+def ranks_and_allreduce(scale):
+    import os
+
+    import torch
+
+    import krug.torch as hvd
+
+    hvd.init()
+    try:
+        total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum, name="sum")
+        print("rank %d of %d says hello" % (hvd.rank(), hvd.size()))
+        return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+                "local_size": hvd.local_size(), "cross_size": hvd.cross_size(),
+                "sum": float(total[0]) * scale, "extra": os.environ.get("KRUG_TEST_EXTRA"),
+                "pid": os.getpid()}
+    finally:
+        hvd.shutdown()
+
+
+def test_results_in_rank_order_with_local_ranks_and_output(spark):
+    out = io.StringIO()
+    results = krug.spark.run(ranks_and_allreduce, args=(2,), num_proc=2,
+                             env={"KRUG_TEST_EXTRA": "yes"}, stdout=out, start_timeout=120)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 for r in results)
+    # Both executors run on this machine: one host, two local ranks (shared memory).
+    assert sorted(r["local_rank"] for r in results) == [0, 1]
+    assert all(r["local_size"] == 2 and r["cross_size"] == 1 for r in results)
+    assert all(r["sum"] == 6.0 for r in results)  # (1 + 2) * 2
+    assert all(r["extra"] == "yes" for r in results)
+    assert results[0]["pid"] != results[1]["pid"]
+    text = out.getvalue()
+    assert "[0]<stdout>:rank 0 of 2 says hello" in text
+    assert "[1]<stdout>:rank 1 of 2 says hello" in text
+    assert_no_stray_processes()
+
+
+def test_default_num_proc_is_the_default_parallelism(spark):
+    results = krug.spark.run(lambda: "ok", start_timeout=120)
+    assert results == ["ok"] * spark.sparkContext.defaultParallelism
+
+
+def failing_on_rank_one():
+    import os
+
+    import torch
+
+    import krug.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank one cannot go on")
+    # Rank 0 would wait for rank 1 here forever without the driver cancelling the job.
+    hvd.allreduce(torch.ones(1), name="never_completes")
+    return os.getpid()
+
+
+def test_failing_rank_fails_the_call_naming_rank_and_host(spark):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        krug.spark.run(failing_on_rank_one, num_proc=2, start_timeout=120)
+    message = str(info.value)
+    assert "krug.spark.run: rank 1 on host " in message
+    assert "ValueError: rank one cannot go on" in message
+    assert time.monotonic() - t0 < 300
+    assert_no_stray_processes()
+    # The cluster is usable again: the failed stage was cancelled, not left running.
+    assert krug.spark.run(lambda: 7, num_proc=2, start_timeout=120) == [7, 7]
+
+
+def test_more_ranks_than_slots_fails_before_starting_naming_missing_slots(spark):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"waiting for 3 task slots: the cluster has 2, 1 "
+                                           r"missing"):
+        krug.spark.run(lambda: None, num_proc=3, start_timeout=2)
+    assert time.monotonic() - t0 < 60
+
+
+def test_unpicklable_fn_fails_before_starting(spark):
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="fn and its arguments must be picklable"):
+        krug.spark.run(lambda: lock.locked(), num_proc=2)
+    assert krug_spark_jobs(spark) == 0
+
+
+def krug_spark_jobs(spark):
+    return len(spark.sparkContext.statusTracker().getActiveJobsIds())
