@@ -11,12 +11,12 @@
 #include <torch/extension.h>
 
 #include <chrono>
-#include <future>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "frameworks/python/interruptible.h"
 #include "frameworks/torch/adapter.h"
 #include "krug/binding_rules.h"
 #include "krug/elastic.h"
@@ -26,6 +26,8 @@
 
 namespace py = pybind11;
 namespace ta = krug::torch_adapter;
+using krug::python::call_interruptibly;
+using krug::python::wait_interruptibly;
 
 namespace {
 
@@ -38,57 +40,8 @@ krug::ReduceOptions reduce_options(int op, double prescale, double postscale, in
   return o;
 }
 
-krug::ProcessSet ps(int id) { return krug::ProcessSet{id}; }
-
-// Blocking waits from Python return to the interpreter this often to run its signal handlers,
-// so that Ctrl-C (KeyboardInterrupt) or a test's timeout stops a wait that would never end.
-constexpr std::chrono::milliseconds kSignalCheckInterval{50};
-
-// With the GIL held and the exception of a signal handler set (PyErr_CheckSignals failed):
-// stops krug on this rank and tells the other ranks why, so that they fail with an error naming
-// this rank instead of waiting for it; then raises the handler's exception.
-[[noreturn]] void raise_interrupted(const char* what) {
-  py::error_already_set interrupt;  // takes the pending exception (KeyboardInterrupt, say)
-  const std::string how =
-      fmt::format("{} ({} in Python)", what, interrupt.type().attr("__name__").cast<std::string>());
-  {
-    py::gil_scoped_release release;
-    krug::report_interrupted(how);
-  }
-  throw interrupt;
-}
-
-// Runs `wait_for(interval) -> bool` (true: done) with the GIL released until it says done,
-// giving Python's signal handlers a turn between slices.
-template <typename WaitFor>
-void wait_interruptibly(const WaitFor& wait_for, const char* what) {
-  for (;;) {
-    bool done;
-    {
-      py::gil_scoped_release release;
-      done = wait_for(kSignalCheckInterval);
-    }
-    if (done) return;
-    if (PyErr_CheckSignals() != 0) raise_interrupted(what);
-  }
-}
-
-// A blocking call of the C++ API (barrier, process-set changes), made interruptible: it runs on
-// a helper thread while this one waits in slices. An interruption stops krug on this rank
-// (raise_interrupted), which fails the call, so the helper always ends.
-template <typename Call>
-auto call_interruptibly(Call call, const char* what) {
-  auto result = std::async(std::launch::async, std::move(call));
-  try {
-    wait_interruptibly(
-        [&](auto interval) { return result.wait_for(interval) == std::future_status::ready; },
-        what);
-  } catch (...) {
-    py::gil_scoped_release release;
-    result.wait();  // the engine stopped: the call has failed or is about to
-    throw;
-  }
-  return result.get();  // its value, or its exception
+krug::ProcessSet ps(int id) {
+  return krug::ProcessSet{id};
 }
 
 // Horovod's handles are integers. This table maps them to the operations, so that the per-call
@@ -303,15 +256,14 @@ PYBIND11_MODULE(_torch_core, m) {
     krug::check_alltoall_splits(splits, input.dim() > 0 ? input.size(0) : 0, ps(process_set));
     return ta::alltoall_async(name, input, splits, ps(process_set));
   });
-  m.def("reducescatter_async",
-        [](const std::string& name, const at::Tensor& input, int op, double prescale,
-           double postscale, int process_set) {
-          return ta::reducescatter_async(name, input,
-                                         reduce_options(op, prescale, postscale, process_set));
-        });
+  m.def("reducescatter_async", [](const std::string& name, const at::Tensor& input, int op,
+                                  double prescale, double postscale, int process_set) {
+    return ta::reducescatter_async(name, input,
+                                   reduce_options(op, prescale, postscale, process_set));
+  });
   m.def("grouped_reducescatter_async",
-        [](const std::string& name, const std::vector<at::Tensor>& inputs, int op,
-           double prescale, double postscale, int process_set) {
+        [](const std::string& name, const std::vector<at::Tensor>& inputs, int op, double prescale,
+           double postscale, int process_set) {
           return ta::grouped_reducescatter_async(
               name, inputs, reduce_options(op, prescale, postscale, process_set));
         });
