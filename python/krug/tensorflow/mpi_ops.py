@@ -14,6 +14,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
 from krug.common import process_sets as _process_sets
+from krug.common import reduce_ops as _reduce_ops
 from krug.common.binding import load_tensorflow_ops
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 
@@ -192,17 +193,7 @@ def _check_op(op):
 
 def handle_average_backwards_compatibility(op, average):
     """Resolves Horovod's deprecated ``average=`` argument into ``op``."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of "
-                             "them.")
-        return op
-    if average is not None:
-        import warnings
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning)
-        return Average if average else Sum
-    return Average
+    return _reduce_ops.handle_average_backwards_compatibility(op, average, Average, Sum)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ Only CPU tensors are supported by this build.
 
 import atexit
 import threading
-import warnings
 
 import torch
 
@@ -16,6 +15,7 @@ from krug.torch.compression import Compression
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from krug.common.binding import load_torch_core
 from krug.common import process_sets as _process_sets
+from krug.common import reduce_ops as _reduce_ops
 
 _core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
@@ -261,16 +261,7 @@ def _all_outputs(h):
 
 def handle_average_backwards_compatibility(op, average):
     """Resolves Horovod's deprecated ``average=`` argument into ``op``."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of "
-                             "them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning)
-        return Average if average else Sum
-    return Average
+    return _reduce_ops.handle_average_backwards_compatibility(op, average, Average, Sum)
 
 
 def _check_op(op):
