@@ -2,8 +2,9 @@
 # CMake arguments, so KRUG_WITH_<X>=1 / KRUG_WITHOUT_<X>=1 (and Horovod's HOROVOD_WITH_<X> /
 # HOROVOD_WITHOUT_<X>) say whether part <X> must be built or must be left out.
 #   PYTORCH  the torch binding (KRUG_BUILD_TORCH)     MPI  the MPI backend (KRUG_WITH_MPI)
+#   TENSORFLOW  the TensorFlow and Keras binding (KRUG_BUILD_TENSORFLOW)
 #   GLOO     always built (krug's TCP data plane); WITHOUT_GLOO is an error
-#   TENSORFLOW, MXNET, JAX: no binding yet; WITH_<X> is an error, WITHOUT_<X> is accepted
+#   MXNET, JAX: no binding yet; WITH_<X> is an error, WITHOUT_<X> is accepted
 
 # The value of a WITH/WITHOUT switch: whether KRUG_<kind>_<part> or HOROVOD_<kind>_<part> is set
 # to something other than empty or 0.
@@ -50,10 +51,10 @@ if(without)
   message(FATAL_ERROR "krug: ${name} is set, but krug cannot be built without Gloo: it is the "
     "data plane across hosts (install libgloo-dev)")
 endif()
-foreach(part TENSORFLOW MXNET JAX)
+foreach(part MXNET JAX)
   _krug_env_switch(WITH ${part} with name)
   if(with)
     message(FATAL_ERROR "krug: ${name} is set, but this version of krug has no ${part} binding "
-      "(only PyTorch's); unset it")
+      "(only PyTorch's and TensorFlow's); unset it")
   endif()
 endforeach()

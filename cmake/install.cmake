@@ -74,7 +74,7 @@ file(RELATIVE_PATH KRUG_PC_PREFIX_FROM_PCDIR /prefix/${CMAKE_INSTALL_LIBDIR}/pkg
 configure_file(${CMAKE_CURRENT_LIST_DIR}/templates/krug.pc.in ${CMAKE_BINARY_DIR}/krug.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/krug.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
-# The Python package: the sources, the build information with install paths, the torch module.
+# The Python package: the sources, the build information with install paths, the modules.
 if(DEFINED KRUG_INSTALL_PYTHONDIR)
   install(DIRECTORY ${CMAKE_SOURCE_DIR}/python/krug DESTINATION ${KRUG_INSTALL_PYTHONDIR}
     FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
@@ -90,5 +90,15 @@ if(DEFINED KRUG_INSTALL_PYTHONDIR)
     krug_relative_rpath(module_rpath ${KRUG_INSTALL_PYTHONDIR}/krug/torch)
     set_target_properties(_torch_core PROPERTIES INSTALL_RPATH "${module_rpath}")
     install(TARGETS _torch_core LIBRARY DESTINATION ${KRUG_INSTALL_PYTHONDIR}/krug/torch)
+  endif()
+  # The TensorFlow op library (TensorFlow's own libraries are found through the interpreter's
+  # tensorflow package, loaded before it) and the framework-free module.
+  if(TARGET _tensorflow_ops)
+    krug_relative_rpath(tf_rpath ${KRUG_INSTALL_PYTHONDIR}/krug/tensorflow)
+    set_target_properties(_tensorflow_ops PROPERTIES INSTALL_RPATH "${tf_rpath}")
+    install(TARGETS _tensorflow_ops LIBRARY DESTINATION ${KRUG_INSTALL_PYTHONDIR}/krug/tensorflow)
+    krug_relative_rpath(basics_rpath ${KRUG_INSTALL_PYTHONDIR}/krug/common)
+    set_target_properties(_basics PROPERTIES INSTALL_RPATH "${basics_rpath}")
+    install(TARGETS _basics LIBRARY DESTINATION ${KRUG_INSTALL_PYTHONDIR}/krug/common)
   endif()
 endif()

@@ -91,7 +91,8 @@ if(KRUG_TORCH_ENABLED)
   target_link_options(krug_torch PRIVATE -Wl,--no-undefined)
 
   pybind11_add_module(_torch_core MODULE src/frameworks/torch/python_module.cc)
-  target_link_libraries(_torch_core PRIVATE krug_torch krug_frameworks_torch_headers torch
+  target_link_libraries(_torch_core PRIVATE krug_torch krug_frameworks_torch_headers
+    krug_frameworks_python_headers torch
     ${KRUG_TORCH_PYTHON_LIBRARY} fmt::fmt)
   # What torch.utils.cpp_extension defines, so pybind11 types interoperate with torch._C.
   target_compile_definitions(_torch_core PRIVATE TORCH_EXTENSION_NAME=_torch_core

@@ -1,7 +1,8 @@
 """``python -m krug.info``: what this krug was built with and what this environment has.
 
 It prints krug's version and place, the interpreter, the torch importable here beside the one
-the binding was built against (and whether the binding loads), then krugrun's build report
+the binding was built against (and whether the binding loads), the TensorFlow the TensorFlow
+binding was built against and the one here, then krugrun's build report
 (``krugrun --check-build``: frameworks, controllers, tensor operations).
 """
 
@@ -33,10 +34,23 @@ def _torch_lines():
     return lines
 
 
+def _tensorflow_lines():
+    if not _build_info.tensorflow_built:
+        return ["krug.tensorflow:     not built: " + _build_info.tensorflow_problem]
+    lines = ["krug.tensorflow:     built against TensorFlow %s" % _build_info.tensorflow_version]
+    try:
+        import tensorflow
+        lines.append("tensorflow here:     %s" % tensorflow.__version__)
+    except ImportError as e:
+        lines.append("tensorflow here:     none (%s)" % e)
+    return lines
+
+
 def report():
     lines = ["krug %s (%s)" % (krug.__version__, os.path.dirname(krug.__file__)),
              "python:              %s %s" % (sys.executable, sys.version.split()[0])]
     lines += _torch_lines()
+    lines += _tensorflow_lines()
     lines.append("krugrun:             " + krugrun_path())
     return "\n".join(lines) + "\n"
 

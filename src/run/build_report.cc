@@ -17,16 +17,19 @@ std::string item(bool built, const std::string& name, const std::string& detail 
 }  // namespace
 
 BuildFeatures this_build() {
-  return BuildFeatures{KRUG_VERSION, KRUG_BUILD_TORCH_VERSION, KRUG_BUILD_TORCH_PROBLEM,
-                       krug::mpi_built()};
+  return BuildFeatures{
+      KRUG_VERSION,      KRUG_BUILD_TORCH_VERSION,      KRUG_BUILD_TORCH_PROBLEM,
+      krug::mpi_built(), KRUG_BUILD_TENSORFLOW_VERSION, KRUG_BUILD_TENSORFLOW_PROBLEM};
 }
 
 std::string build_report(const BuildFeatures& f) {
   const bool torch = !f.torch_version.empty();
   std::string out = fmt::format("krug v{}:\n\nAvailable Frameworks:\n", f.version);
-  out += item(false, "TensorFlow");
-  out += item(torch, "PyTorch",
-              torch ? "built against torch " + f.torch_version : f.torch_problem);
+  const bool tensorflow = !f.tensorflow_version.empty();
+  out +=
+      item(tensorflow, "TensorFlow",
+           tensorflow ? "built against TensorFlow " + f.tensorflow_version : f.tensorflow_problem);
+  out += item(torch, "PyTorch", torch ? "built against torch " + f.torch_version : f.torch_problem);
   out += item(false, "MXNet");
   out += item(false, "JAX");
   out += "\nAvailable Controllers:\n";
@@ -42,6 +45,8 @@ std::string build_report(const BuildFeatures& f) {
   return out;
 }
 
-std::string version_line(const BuildFeatures& f) { return fmt::format("krugrun {}", f.version); }
+std::string version_line(const BuildFeatures& f) {
+  return fmt::format("krugrun {}", f.version);
+}
 
 }  // namespace krug::run

@@ -7,10 +7,12 @@
 namespace krug::run {
 
 struct BuildFeatures {
-  std::string version;        // krug's, e.g. "0.1.0"
-  std::string torch_version;  // the torch the binding was built against; empty: not built
-  std::string torch_problem;  // why the binding was not built
-  bool mpi = false;           // the MPI backend
+  std::string version;                  // krug's, e.g. "0.1.0"
+  std::string torch_version;            // the torch the binding was built against; empty: not built
+  std::string torch_problem;            // why the binding was not built
+  bool mpi = false;                     // the MPI backend
+  std::string tensorflow_version = {};  // the TensorFlow the binding was built against
+  std::string tensorflow_problem = {};  // why the TensorFlow binding was not built
 };
 
 // This build: the generated build configuration and libkrug's own answer for MPI.

@@ -19,17 +19,19 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 TEST(BuildReport, ListsWhatWasBuiltWithVersions) {
-  const std::string r = build_report({"1.2.3", "2.15.0", "", true});
+  const std::string r = build_report({"1.2.3", "2.15.0", "", true, "", "no TensorFlow here"});
   EXPECT_TRUE(contains(r, "krug v1.2.3:\n\nAvailable Frameworks:\n")) << r;
   EXPECT_TRUE(contains(r, "    [X] PyTorch (built against torch 2.15.0)\n")) << r;
-  EXPECT_TRUE(contains(r, "    [ ] TensorFlow\n")) << r;
+  EXPECT_TRUE(contains(r, "    [ ] TensorFlow (no TensorFlow here)\n")) << r;
   EXPECT_TRUE(contains(r, "Available Controllers:\n    [X] MPI\n    [X] Gloo\n")) << r;
   EXPECT_TRUE(contains(r, "Available Tensor Operations:\n    [ ] NCCL\n")) << r;
   EXPECT_TRUE(contains(r, "    [X] Shared memory (ranks of one host)\n")) << r;
 }
 
 TEST(BuildReport, SaysWhyABindingWasNotBuilt) {
-  const std::string r = build_report({"1.2.3", "", "torch 1.12.1 is not supported", false});
+  const std::string r =
+      build_report({"1.2.3", "", "torch 1.12.1 is not supported", false, "2.21.0", ""});
+  EXPECT_TRUE(contains(r, "    [X] TensorFlow (built against TensorFlow 2.21.0)\n")) << r;
   EXPECT_TRUE(contains(r, "    [ ] PyTorch (torch 1.12.1 is not supported)\n")) << r;
   EXPECT_TRUE(contains(r, "Available Controllers:\n    [ ] MPI\n    [X] Gloo\n")) << r;
 }
@@ -40,6 +42,7 @@ TEST(BuildReport, ThisBuildIsTheGeneratedConfiguration) {
   EXPECT_EQ(f.mpi, krug::mpi_built());
   // Exactly one of the two says what happened to the torch binding.
   EXPECT_NE(f.torch_version.empty(), f.torch_problem.empty());
+  EXPECT_NE(f.tensorflow_version.empty(), f.tensorflow_problem.empty());
   EXPECT_EQ(version_line(f), std::string("krugrun ") + KRUG_VERSION);
 }
 

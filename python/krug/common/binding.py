@@ -12,7 +12,7 @@ import sys
 
 from krug import _build_info
 
-REBUILD = ("KRUG_WITH_PYTORCH=1 {python} -m pip install --no-cache-dir --force-reinstall "
+REBUILD = ("KRUG_WITH_{part}=1 {python} -m pip install --no-cache-dir --force-reinstall "
            "--no-deps <krug source: a clone or sdist>  (from a clone for development: "
            "scripts/build)")
 
@@ -46,7 +46,7 @@ def _torch_version():
 
 
 def torch_core_error(cause, torch_here):
-    rebuild = REBUILD.format(python=sys.executable)
+    rebuild = REBUILD.format(part="PYTORCH", python=sys.executable)
     if not _build_info.torch_built:
         return ("krug.torch is not available: this krug was built without its PyTorch binding "
                 "(%s). Install torch into this environment, then rebuild krug: %s"
@@ -55,3 +55,26 @@ def torch_core_error(cause, torch_here):
             "this environment has torch %s (%s). Rebuild krug against this torch: %s"
             % (cause, _build_info.torch_version, _build_info.python, torch_here,
                sys.executable, rebuild))
+
+
+def load_tensorflow_ops():
+    """(krug.common._basics, the loaded TensorFlow op library), or an ImportError that explains
+    why they cannot be loaded."""
+    import tensorflow as tf
+    rebuild = REBUILD.format(part="TENSORFLOW", python=sys.executable)
+    if not _build_info.tensorflow_built:
+        raise ImportError("krug.tensorflow is not available: this krug was built without its "
+                          "TensorFlow binding (%s). Install tensorflow into this environment, "
+                          "then rebuild krug: %s" % (_build_info.tensorflow_problem, rebuild))
+    try:
+        _load_core_first()
+        basics = importlib.import_module("krug.common._basics")
+        here = os.path.dirname(os.path.abspath(_build_info.__file__))
+        ops = tf.load_op_library(os.path.join(here, "tensorflow", "_tensorflow_ops.so"))
+    except (ImportError, tf.errors.NotFoundError, OSError) as e:
+        raise ImportError("krug.tensorflow's binding does not load (%s). It was built against "
+                          "TensorFlow %s for %s; this environment has TensorFlow %s (%s). "
+                          "Rebuild krug against this TensorFlow: %s"
+                          % (e, _build_info.tensorflow_version, _build_info.python,
+                             tf.__version__, sys.executable, rebuild)) from e
+    return basics, ops

@@ -8,13 +8,14 @@ Only CPU tensors are supported by this build.
 
 import atexit
 import threading
-import warnings
 
 import torch
 
 from krug.torch.compression import Compression
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from krug.common.binding import load_torch_core
+from krug.common import process_sets as _process_sets
+from krug.common import reduce_ops as _reduce_ops
 
 _core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
@@ -38,68 +39,11 @@ _NoCompression = Compression.none
 # Process sets
 
 
-class ProcessSet:
-    """A subset of ranks that runs collectives among themselves.
-
-    Create it with a list of global ranks and register it with :func:`add_process_set` (or
-    ``init(process_sets=[...])``); every rank must register the same sets in the same order.
-    ``process_set_id`` is None until registered."""
-
-    def __init__(self, ranks_or_comm):
-        if isinstance(ranks_or_comm, ProcessSet):
-            ranks_or_comm = ranks_or_comm.ranks
-        if not isinstance(ranks_or_comm, (list, tuple, range)):
-            raise ValueError("ProcessSet takes a list of ranks; MPI communicators are not "
-                             "supported (krug runs on Gloo)")
-        self.ranks = sorted(int(r) for r in ranks_or_comm)
-        self.process_set_id = None
-        self.mpi_comm = None
-
-    def _invalidate(self):
-        self.process_set_id = None
-
-    def size(self):
-        """Number of ranks in the set, or None when it is not registered."""
-        if self.process_set_id is None:
-            return None
-        return len(_core.process_set_ranks(self.process_set_id))
-
-    def rank(self):
-        """This process's rank within the set (-1 when not a member), or None when the set
-        is not registered."""
-        if self.process_set_id is None:
-            return None
-        ranks = _core.process_set_ranks(self.process_set_id)
-        me = _core.rank()
-        return ranks.index(me) if me in ranks else -1
-
-    def included(self):
-        """Whether this process is a member, or None when the set is not registered."""
-        if self.process_set_id is None:
-            return None
-        return _core.rank() in _core.process_set_ranks(self.process_set_id)
-
-    def __str__(self):
-        return "ProcessSet(process_set_id={}, ranks={})".format(self.process_set_id, self.ranks)
-
-    __repr__ = __str__
-
-
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
-
+_process_sets.use_core(_core)
+ProcessSet = _process_sets.ProcessSet
+global_process_set = _process_sets.global_process_set
+_set_id = _process_sets.set_id
 _lock = threading.Lock()
-_registered_sets = []  # sets registered since init() (invalidated by shutdown())
-
-
-def _set_id(process_set):
-    if not isinstance(process_set, ProcessSet):
-        raise ValueError("process_set must be a krug.torch.ProcessSet, got {!r}".format(
-            process_set))
-    if process_set.process_set_id is None:
-        raise ValueError("{} is not registered: call hvd.add_process_set() on every rank "
-                         "first".format(process_set))
-    return process_set.process_set_id
 
 
 def add_process_set(process_set):
@@ -108,28 +52,14 @@ def add_process_set(process_set):
     Collective: every rank must call it with the same ranks, in the same order relative to
     other add/remove calls. Returns the registered ProcessSet."""
     _check_initialized()
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    if process_set.process_set_id is not None:
-        raise ValueError("{} is already registered".format(process_set))
-    process_set.process_set_id = _core.add_process_set(process_set.ranks)
-    with _lock:
-        _registered_sets.append(process_set)
-    return process_set
+    return _process_sets.add_process_set(process_set)
 
 
 def remove_process_set(process_set):
     """Removes a registered process set on every rank (collective). Returns True if it was
     removed; the global process set cannot be removed."""
     _check_initialized()
-    if process_set is global_process_set or process_set.process_set_id in (None, 0):
-        return False
-    _core.remove_process_set(process_set.process_set_id)
-    with _lock:
-        if process_set in _registered_sets:
-            _registered_sets.remove(process_set)
-    process_set._invalidate()
-    return True
+    return _process_sets.remove_process_set(process_set)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,15 +82,10 @@ def init(comm=None, process_sets=None):
     if not _core.is_initialized():
         _core.init()
         _register_atexit()
-        global_process_set.process_set_id = 0
-        global_process_set.ranks = list(range(_core.size()))
     if comm is not None and list(comm) != list(range(_core.size())):
         raise ValueError("init(comm=...) is not supported: krug always uses every rank of the "
                          "job; use process sets for subsets")
-    if process_sets is not None and process_sets != "dynamic":
-        for ps in process_sets:
-            if ps.process_set_id is None:
-                add_process_set(ps)
+    _process_sets.on_init(_core.size(), process_sets)
 
 
 _atexit_registered = False
@@ -181,10 +106,8 @@ def shutdown():
     # The core first: it completes every pending operation, so dropping the handles below
     # never waits for one (a handle's destructor waits for its operation).
     _core.shutdown()
+    _process_sets.on_shutdown()
     with _lock:
-        for ps in _registered_sets:
-            ps._invalidate()
-        _registered_sets.clear()
         _results.clear()
     _handles.clear()
 
@@ -338,16 +261,7 @@ def _all_outputs(h):
 
 def handle_average_backwards_compatibility(op, average):
     """Resolves Horovod's deprecated ``average=`` argument into ``op``."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of "
-                             "them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning)
-        return Average if average else Sum
-    return Average
+    return _reduce_ops.handle_average_backwards_compatibility(op, average, Average, Sum)
 
 
 def _check_op(op):
@@ -631,18 +545,7 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 # Broadcast
 
 
-def _root_index(root_rank, process_set):
-    """The position of ``root_rank`` (a global rank, as in Horovod) within ``process_set``: the
-    core numbers roots within their set."""
-    root_rank = int(root_rank)
-    if process_set is global_process_set and 0 <= root_rank < size():
-        return root_rank
-    try:
-        return process_set.ranks.index(root_rank)
-    except ValueError:
-        raise ValueError("root_rank {} is not a member of {}: with process_set=, root_rank is a "
-                         "global rank of one of the set's members".format(root_rank,
-                                                                         process_set)) from None
+_root_index = _process_sets.root_index
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):

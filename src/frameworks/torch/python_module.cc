@@ -11,12 +11,13 @@
 #include <torch/extension.h>
 
 #include <chrono>
-#include <future>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "frameworks/python/basics.h"
+#include "frameworks/python/interruptible.h"
 #include "frameworks/torch/adapter.h"
 #include "krug/binding_rules.h"
 #include "krug/elastic.h"
@@ -26,6 +27,7 @@
 
 namespace py = pybind11;
 namespace ta = krug::torch_adapter;
+using krug::python::wait_interruptibly;
 
 namespace {
 
@@ -38,57 +40,8 @@ krug::ReduceOptions reduce_options(int op, double prescale, double postscale, in
   return o;
 }
 
-krug::ProcessSet ps(int id) { return krug::ProcessSet{id}; }
-
-// Blocking waits from Python return to the interpreter this often to run its signal handlers,
-// so that Ctrl-C (KeyboardInterrupt) or a test's timeout stops a wait that would never end.
-constexpr std::chrono::milliseconds kSignalCheckInterval{50};
-
-// With the GIL held and the exception of a signal handler set (PyErr_CheckSignals failed):
-// stops krug on this rank and tells the other ranks why, so that they fail with an error naming
-// this rank instead of waiting for it; then raises the handler's exception.
-[[noreturn]] void raise_interrupted(const char* what) {
-  py::error_already_set interrupt;  // takes the pending exception (KeyboardInterrupt, say)
-  const std::string how =
-      fmt::format("{} ({} in Python)", what, interrupt.type().attr("__name__").cast<std::string>());
-  {
-    py::gil_scoped_release release;
-    krug::report_interrupted(how);
-  }
-  throw interrupt;
-}
-
-// Runs `wait_for(interval) -> bool` (true: done) with the GIL released until it says done,
-// giving Python's signal handlers a turn between slices.
-template <typename WaitFor>
-void wait_interruptibly(const WaitFor& wait_for, const char* what) {
-  for (;;) {
-    bool done;
-    {
-      py::gil_scoped_release release;
-      done = wait_for(kSignalCheckInterval);
-    }
-    if (done) return;
-    if (PyErr_CheckSignals() != 0) raise_interrupted(what);
-  }
-}
-
-// A blocking call of the C++ API (barrier, process-set changes), made interruptible: it runs on
-// a helper thread while this one waits in slices. An interruption stops krug on this rank
-// (raise_interrupted), which fails the call, so the helper always ends.
-template <typename Call>
-auto call_interruptibly(Call call, const char* what) {
-  auto result = std::async(std::launch::async, std::move(call));
-  try {
-    wait_interruptibly(
-        [&](auto interval) { return result.wait_for(interval) == std::future_status::ready; },
-        what);
-  } catch (...) {
-    py::gil_scoped_release release;
-    result.wait();  // the engine stopped: the call has failed or is about to
-    throw;
-  }
-  return result.get();  // its value, or its exception
+krug::ProcessSet ps(int id) {
+  return krug::ProcessSet{id};
 }
 
 // Horovod's handles are integers. This table maps them to the operations, so that the per-call
@@ -196,70 +149,9 @@ class HandleTable {
 PYBIND11_MODULE(_torch_core, m) {
   m.doc() = "krug's torch adapter (internal; use krug.torch)";
 
-  // Registered before the exceptions themselves are raised: the Python classes live in
-  // krug.common.exceptions so that they exist without torch too (elastic, the launcher).
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const krug::InvalidArgument& e) {  // ta::UnsupportedTensor among them
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const krug::elastic::WorkerRemoved& e) {
-      py::object cls = py::module_::import("krug.common.exceptions").attr("WorkerRemoved");
-      PyErr_SetString(cls.ptr(), e.what());
-    } catch (const krug::Error& e) {
-      py::object cls = py::module_::import("krug.common.exceptions").attr("HorovodInternalError");
-      PyErr_SetString(cls.ptr(), e.what());
-    }
-  });
-
-  m.def("init", &krug::init, py::call_guard<py::gil_scoped_release>());
-  m.def("shutdown", &krug::shutdown, py::call_guard<py::gil_scoped_release>());
-  m.def("is_initialized", &krug::is_initialized);
-  m.def("rank", &krug::rank);
-  m.def("size", &krug::size);
-  m.def("local_rank", &krug::local_rank);
-  m.def("local_size", &krug::local_size);
-  m.def("cross_rank", &krug::cross_rank);
-  m.def("cross_size", &krug::cross_size);
-  m.def("cpu_operations", &krug::cpu_operations);
-  // Elastic mode (krug.torch.elastic builds Horovod's API on these).
-  m.def("elastic_enabled", &krug::elastic::enabled);
-  m.def("elastic_round", [] {
-    auto r = krug::elastic::round_info();
-    return py::make_tuple(r.round, r.has_new_workers);
-  });
-  m.def("elastic_host_update", [] {
-    krug::elastic::HostUpdate u;
-    {
-      py::gil_scoped_release release;  // a round trip to krugrun
-      u = krug::elastic::host_update();
-    }
-    return py::make_tuple(u.changed, u.only_removed);
-  });
-  m.def("mpi_built", &krug::mpi_built);
-  m.def("mpi_threads_supported", &krug::mpi_threads_supported);
+  // Lifecycle, topology, elastic, op values, process sets, barrier, exception translation.
+  krug::python::define_basics(m);
   m.def("adasum_available", &ta::adasum_available);
-
-  // What every binding takes from the core (krug/binding_rules.h).
-  m.def("reduce_ops", [] {
-    std::vector<std::pair<std::string, int>> ops;
-    for (const auto& o : krug::reduce_ops()) ops.emplace_back(o.name, static_cast<int>(o.op));
-    return ops;
-  });
-  m.def("unnamed_op_name", [](const std::string& kind, int process_set) {
-    return krug::unnamed_op_name(kind, ps(process_set));
-  });
-
-  m.def("add_process_set", [](std::vector<int> ranks) {
-    return call_interruptibly(
-        [ranks = std::move(ranks)]() mutable { return krug::add_process_set(std::move(ranks)).id; },
-        "add_process_set");
-  });
-  m.def("remove_process_set", [](int id) {
-    call_interruptibly([=] { krug::remove_process_set(ps(id)); }, "remove_process_set");
-  });
-  m.def("process_set_ranks", [](int id) { return krug::process_set_ranks(ps(id)); });
-  m.def("barrier", [](int id) { call_interruptibly([=] { krug::barrier(ps(id)); }, "barrier"); });
 
   // A finished operation's results; waiting goes through Handles.synchronize.
   py::class_<ta::TorchHandle, ta::HandlePtr>(m, "Handle")
@@ -305,15 +197,14 @@ PYBIND11_MODULE(_torch_core, m) {
     krug::check_alltoall_splits(splits, input.dim() > 0 ? input.size(0) : 0, ps(process_set));
     return ta::alltoall_async(name, input, splits, ps(process_set));
   });
-  m.def("reducescatter_async",
-        [](const std::string& name, const at::Tensor& input, int op, double prescale,
-           double postscale, int process_set) {
-          return ta::reducescatter_async(name, input,
-                                         reduce_options(op, prescale, postscale, process_set));
-        });
+  m.def("reducescatter_async", [](const std::string& name, const at::Tensor& input, int op,
+                                  double prescale, double postscale, int process_set) {
+    return ta::reducescatter_async(name, input,
+                                   reduce_options(op, prescale, postscale, process_set));
+  });
   m.def("grouped_reducescatter_async",
-        [](const std::string& name, const std::vector<at::Tensor>& inputs, int op,
-           double prescale, double postscale, int process_set) {
+        [](const std::string& name, const std::vector<at::Tensor>& inputs, int op, double prescale,
+           double postscale, int process_set) {
           return ta::grouped_reducescatter_async(
               name, inputs, reduce_options(op, prescale, postscale, process_set));
         });

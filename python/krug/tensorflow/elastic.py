@@ -1,0 +1,94 @@
+"""Elastic training with TensorFlow and Keras (Horovod's ``horovod.tensorflow.elastic``).
+
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        ...                 # train, state.commit() at consistent points
+
+A failed collective raises a TensorFlow error inside the training function; ``run`` turns
+the errors of krug's ops into HorovodInternalError, which the recovery loop of
+krug.common.elastic handles (roll back to the last commit, re-form, sync from rank 0).
+"""
+
+import functools
+
+import tensorflow as tf
+
+from krug.common import elastic as common
+from krug.common.exceptions import HorovodInternalError, WorkerRemoved
+from krug.tensorflow import mpi_ops
+from krug.tensorflow.functions import broadcast_object, broadcast_variables
+
+
+def _reset():
+    mpi_ops.shutdown()
+    mpi_ops.init()
+
+
+def _bindings():
+    return dict(bcast_object=lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"),
+                get_rank=mpi_ops.rank,
+                host_update=lambda: mpi_ops._basics.elastic_host_update(),
+                elastic_enabled=lambda: mpi_ops._basics.elastic_enabled())
+
+
+def run(func):
+    """Decorator: runs ``func(state, ...)`` in the elastic recovery loop (see
+    krug.common.elastic.run_fn)."""
+    @functools.wraps(func)
+    def converting(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except (tf.errors.UnknownError, tf.errors.AbortedError) as e:
+            # A failed krug op (a lost peer, a stopped engine) surfaces as a TensorFlow error.
+            raise HorovodInternalError(e.message) from e
+    return common.run_fn(converting, _reset, elastic_round=mpi_ops._basics.elastic_round,
+                         topology=lambda: (mpi_ops.rank(), mpi_ops.size()),
+                         elastic_enabled=mpi_ops._basics.elastic_enabled)
+
+
+class ObjectState(common.ObjectState):
+    """Plain Python values as attributes, committed, restored and synced from rank 0."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**_bindings(), **kwargs)
+
+
+class TensorFlowKerasState(common.ObjectState):
+    """A Keras model's (and optimizer's) variables plus plain values: commit() copies them,
+    restore() puts the copy back, sync() broadcasts rank 0's."""
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer",
+                                                                         None)
+        self._saved_variables = None
+        super().__init__(**_bindings(), **kwargs)
+
+    def _variables(self):
+        variables = list(self.model.variables)
+        if self.optimizer is not None:
+            variables += list(self.optimizer.variables)
+        return variables
+
+    def _snapshot(self):
+        self._saved_variables = [tf.identity(tf.convert_to_tensor(v)) for v in self._variables()]
+
+    def save(self):
+        self._snapshot()
+        super().save()
+
+    def restore(self):
+        if self._saved_variables is not None:
+            for v, saved in zip(self._variables(), self._saved_variables):
+                v.assign(saved)
+        super().restore()
+
+    def sync(self):
+        broadcast_variables(self._variables(), root_rank=0)
+        super().sync()
+        self._snapshot()  # a failure before the next commit rolls back to the synced state
+
+
+__all__ = ["run", "ObjectState", "TensorFlowKerasState", "WorkerRemoved"]

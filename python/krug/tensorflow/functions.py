@@ -1,0 +1,87 @@
+"""Broadcasting variables and Python objects (Horovod's ``horovod.tensorflow.functions``)."""
+
+import io
+import pickle
+
+import numpy as np
+import tensorflow as tf
+
+from krug.tensorflow.mpi_ops import (_executing_eagerly, allgather, broadcast,
+                                     global_process_set, rank)
+
+# One fixed name for every unnamed broadcast_object / allgather_object: non-root ranks that
+# pass None must use the root's name (krug.torch does the same).
+_OBJECT_NAME = "krug.object"
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=None):
+    """Assigns ``root_rank``'s value to every variable (tf.Variable, Keras variables) on every
+    rank. Returns the grouped assign op (None in eager mode)."""
+    variables = list(variables)
+    if not variables:
+        return None
+    if _executing_eagerly():
+        _broadcast_group(variables, root_rank, process_set)
+        return None
+    return tf.group(*[v.assign(broadcast(tf.convert_to_tensor(v), root_rank,
+                                         process_set=process_set, name="KrugBroadcast_%d" % i))
+                      for i, v in enumerate(variables)])
+
+
+def _broadcast_group(variables, root_rank, process_set):
+    # Eager: one tf.function per call, so that every broadcast is a named node and they run
+    # concurrently rather than one round trip each.
+    @tf.function(autograph=False)
+    def run(values):
+        return [broadcast(x, root_rank, process_set=process_set, name="KrugBroadcast_%d" % i)
+                for i, x in enumerate(values)]
+    values = run([tf.convert_to_tensor(v) for v in variables])
+    for v, x in zip(variables, values):
+        v.assign(x)
+
+
+def _dumps(obj):
+    buf = io.BytesIO()
+    pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
+    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank. Eager mode only."""
+    name = name or _OBJECT_NAME
+    if rank() == root_rank:
+        data = _dumps(obj)
+        length = tf.constant([len(data)], dtype=tf.int64)
+    else:
+        data = None
+        length = tf.constant([0], dtype=tf.int64)
+    length = int(broadcast(length, root_rank, name=name + ".len",
+                           process_set=process_set).numpy()[0])
+    payload = tf.constant(data) if data is not None else tf.zeros([length], tf.uint8)
+    payload = broadcast(payload, root_rank, name=name + ".data", process_set=process_set)
+    if rank() == root_rank:
+        return obj
+    return pickle.loads(payload.numpy().tobytes())
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function that broadcasts its argument from ``root_rank`` (Horovod's helper)."""
+    return lambda obj: broadcast_object(obj, root_rank, session, name, process_set)
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Returns the list of every rank's ``obj`` (any picklable object), in rank order."""
+    name = name or _OBJECT_NAME + ".gather"
+    data = _dumps(obj)
+    lengths = allgather(tf.constant([len(data)], dtype=tf.int64), name=name + ".len",
+                        process_set=process_set).numpy()
+    gathered = allgather(tf.constant(data), name=name + ".data",
+                         process_set=process_set).numpy().tobytes()
+    out, offset = [], 0
+    for n in lengths:
+        out.append(pickle.loads(gathered[offset:offset + int(n)]))
+        offset += int(n)
+    return out
+
+
+__all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]

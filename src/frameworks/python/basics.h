@@ -1,0 +1,86 @@
+// The calls every Python frontend of krug exposes from its pybind11 module, defined once:
+// lifecycle, topology, elastic rounds, the core's op values and unnamed names, process sets and
+// barrier; and the translation of krug's exceptions (krug::InvalidArgument becomes ValueError,
+// krug::elastic::WorkerRemoved and krug::Error the classes of krug.common.exceptions, which exist
+// without any framework). Blocking calls release the GIL and stay interruptible.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "frameworks/python/interruptible.h"
+#include "krug/binding_rules.h"
+#include "krug/elastic.h"
+#include "krug/krug.h"
+#include "krug/types.h"
+
+namespace krug::python {
+
+inline krug::ProcessSet ps(int id) { return krug::ProcessSet{id}; }
+
+inline void define_basics(pybind11::module_& m) {
+  namespace py = pybind11;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const krug::InvalidArgument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const krug::elastic::WorkerRemoved& e) {
+      py::object cls = py::module_::import("krug.common.exceptions").attr("WorkerRemoved");
+      PyErr_SetString(cls.ptr(), e.what());
+    } catch (const krug::Error& e) {
+      py::object cls = py::module_::import("krug.common.exceptions").attr("HorovodInternalError");
+      PyErr_SetString(cls.ptr(), e.what());
+    }
+  });
+
+  m.def("init", &krug::init, py::call_guard<py::gil_scoped_release>());
+  m.def("shutdown", &krug::shutdown, py::call_guard<py::gil_scoped_release>());
+  m.def("is_initialized", &krug::is_initialized);
+  m.def("rank", &krug::rank);
+  m.def("size", &krug::size);
+  m.def("local_rank", &krug::local_rank);
+  m.def("local_size", &krug::local_size);
+  m.def("cross_rank", &krug::cross_rank);
+  m.def("cross_size", &krug::cross_size);
+  m.def("cpu_operations", &krug::cpu_operations);
+  m.def("mpi_built", &krug::mpi_built);
+  m.def("mpi_threads_supported", &krug::mpi_threads_supported);
+  m.def("elastic_enabled", &krug::elastic::enabled);
+  m.def("elastic_round", [] {
+    auto r = krug::elastic::round_info();
+    return py::make_tuple(r.round, r.has_new_workers);
+  });
+  m.def("elastic_host_update", [] {
+    krug::elastic::HostUpdate u;
+    {
+      py::gil_scoped_release release;  // a round trip to krugrun
+      u = krug::elastic::host_update();
+    }
+    return py::make_tuple(u.changed, u.only_removed);
+  });
+  m.def("reduce_ops", [] {
+    std::vector<std::pair<std::string, int>> ops;
+    for (const auto& o : krug::reduce_ops()) ops.emplace_back(o.name, static_cast<int>(o.op));
+    return ops;
+  });
+  m.def("unnamed_op_name", [](const std::string& kind, int process_set) {
+    return krug::unnamed_op_name(kind, ps(process_set));
+  });
+  m.def("add_process_set", [](std::vector<int> ranks) {
+    return call_interruptibly(
+        [ranks = std::move(ranks)]() mutable { return krug::add_process_set(std::move(ranks)).id; },
+        "add_process_set");
+  });
+  m.def("remove_process_set", [](int id) {
+    call_interruptibly([=] { krug::remove_process_set(ps(id)); }, "remove_process_set");
+  });
+  m.def("process_set_ranks", [](int id) { return krug::process_set_ranks(ps(id)); });
+  m.def("barrier", [](int id) { call_interruptibly([=] { krug::barrier(ps(id)); }, "barrier"); });
+}
+
+}  // namespace krug::python

@@ -1,0 +1,194 @@
+"""krug.keras (Keras 3) and krug.tensorflow.keras (tf_keras): DistributedOptimizer against
+single-process training on the concatenated batch, the callbacks, SyncBatchNormalization,
+load_model and elastic state, inside every rank of `krugrun -np N python -m pytest`."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import tf_keras  # noqa: E402
+
+import krug.keras as hvd  # noqa: E402
+import krug.tensorflow.keras as hvd_tfk  # noqa: E402
+
+FLAVOURS = {"keras3": (keras, hvd), "tf_keras": (tf_keras, hvd_tfk)}
+
+
+def n():
+    return hvd.size()
+
+
+def r():
+    return hvd.rank()
+
+
+def data_of(rank, rows=4, seed=0):
+    rng = np.random.RandomState(seed + rank)
+    x = rng.rand(rows, 3).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.1 * rank).astype(np.float32)
+    return x, y
+
+
+def linear(kmod, seed):
+    model = kmod.Sequential([kmod.Input((3,)), kmod.layers.Dense(1)])
+    rng = np.random.RandomState(seed)
+    model.set_weights([rng.rand(3, 1).astype(np.float32), rng.rand(1).astype(np.float32)])
+    return model
+
+
+def reference_weights(kmod, steps, passes=1, lr=0.1):
+    """Plain SGD on every rank's data concatenated (what the distributed run must equal)."""
+    model = linear(kmod, seed=7)
+    opt = kmod.optimizers.SGD(lr)
+    for step in range(steps):
+        xs, ys = zip(*[data_of(k, seed=step * passes + p) for p in range(passes)
+                       for k in range(n())])
+        x, y = tf.constant(np.concatenate(xs)), tf.constant(np.concatenate(ys))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+    return [w for w in model.get_weights()]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_distributed_optimizer_equals_training_on_the_concatenated_batch(flavour):
+    kmod, api = FLAVOURS[flavour]
+    model = linear(kmod, seed=7)
+    opt = api.DistributedOptimizer(kmod.optimizers.SGD(0.1))
+    for step in range(3):
+        x, y = data_of(r(), seed=step)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(tf.constant(x)) - y))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+    for got, want in zip(model.get_weights(), reference_weights(kmod, 3)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_fit_with_backward_passes_per_step(flavour):
+    kmod, api = FLAVOURS[flavour]
+    model = linear(kmod, seed=7)
+    opt = api.DistributedOptimizer(kmod.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                   average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    # Two local batches per applied step; 2 applied steps.
+    xs, ys = zip(*[data_of(r(), seed=s) for s in range(4)])
+    model.fit(np.concatenate(xs), np.concatenate(ys), batch_size=4, epochs=1, shuffle=False,
+              verbose=0)
+    for got, want in zip(model.get_weights(), reference_weights(kmod, 2, passes=2)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def all_equal_across_ranks(arrays):
+    gathered = hvd.allgather_object([np.asarray(a) for a in arrays])
+    for other in gathered[1:]:
+        for a, b in zip(gathered[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_callbacks_leave_equal_weights_and_averaged_metrics(flavour):
+    kmod, api = FLAVOURS[flavour]
+    model = linear(kmod, seed=100 + r())  # different on every rank until the broadcast
+    lr = 0.05 * n()
+    model.compile(optimizer=api.DistributedOptimizer(kmod.optimizers.SGD(lr, momentum=0.5)),
+                  loss="mse")
+    x, y = data_of(r(), rows=8)
+    history = model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[
+        api.callbacks.BroadcastGlobalVariablesCallback(0),
+        api.callbacks.MetricAverageCallback(),
+        api.callbacks.LearningRateWarmupCallback(initial_lr=lr, warmup_epochs=2)])
+    all_equal_across_ranks(model.get_weights())
+    losses = hvd.allgather_object(history.history["loss"])
+    for other in losses[1:]:
+        np.testing.assert_allclose(other, losses[0], rtol=1e-6)
+    # The warm-up ramps from lr/size (epoch 0) to lr (epoch 2 and after).
+    np.testing.assert_allclose(history.history["lr"][-1], lr, rtol=1e-6)
+    np.testing.assert_allclose(float(np.asarray(model.optimizer.learning_rate)), lr, rtol=1e-6)
+
+
+def test_learning_rate_schedule_callback():
+    model = linear(keras, seed=1)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(1.0)), loss="mse")
+    x, y = data_of(r(), rows=4)
+    history = model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[
+        hvd.callbacks.LearningRateScheduleCallback(initial_lr=1.0, multiplier=lambda e: 0.1 ** e,
+                                                   start_epoch=1)])
+    np.testing.assert_allclose(history.history["lr"], [1.0, 0.1, 0.01], rtol=1e-6)
+
+
+def test_sync_batch_normalization_equals_batch_norm_on_the_concatenated_batch():
+    rows = [k + 2 for k in range(n())]  # uneven batches
+    rng = np.random.RandomState(3)
+    full = rng.rand(sum(rows), 4).astype(np.float32) * 5
+    start = sum(rows[:r()])
+    mine = full[start:start + rows[r()]]
+    sync = hvd.SyncBatchNormalization(momentum=0.5)
+    plain = keras.layers.BatchNormalization(momentum=0.5)
+    with tf.GradientTape(persistent=True) as tape:
+        x_mine = tf.constant(mine)
+        x_full = tf.constant(full)
+        tape.watch([x_mine, x_full])
+        out_mine = sync(x_mine, training=True)
+        out_full = plain(x_full, training=True)
+        loss_mine = tf.reduce_sum(out_mine * tf.range(1.0, 5.0))
+        loss_full = tf.reduce_sum(out_full * tf.range(1.0, 5.0))
+    np.testing.assert_allclose(out_mine.numpy(), out_full.numpy()[start:start + rows[r()]],
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(sync.moving_mean.numpy(), plain.moving_mean.numpy(), rtol=1e-5)
+    g_mine = tape.gradient(loss_mine, x_mine).numpy()
+    g_full = tape.gradient(loss_full, x_full).numpy()
+    np.testing.assert_allclose(g_mine, g_full[start:start + rows[r()]], rtol=1e-3, atol=1e-4)
+
+
+def test_load_model_restores_a_distributed_optimizer(tmp_path):
+    path = str(tmp_path / ("model%d.keras" % r()))
+    model = linear(keras, seed=5)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    x, y = data_of(r())
+    model.fit(x, y, epochs=1, verbose=0)
+    model.save(path)
+    loaded = hvd.load_model(path)
+    assert type(loaded.optimizer).__name__ == "Adam"
+    assert hasattr(loaded.optimizer, "_krug_reduce")
+    np.testing.assert_allclose(int(loaded.optimizer.iterations), 1)
+    loaded.fit(x, y, epochs=1, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    all_equal_across_ranks(loaded.get_weights())
+
+
+def test_best_model_checkpoint(tmp_path):
+    path = str(tmp_path / ("best%d.keras" % r()))
+    model = linear(keras, seed=5)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    x, y = data_of(r())
+    checkpoint = hvd.callbacks.BestModelCheckpoint(monitor="loss")
+    checkpoint.filepath = path
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[checkpoint])
+    assert os.path.exists(path)
+
+
+def test_elastic_keras_state_commit_and_restore():
+    model = linear(keras, seed=9)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    x, y = data_of(r())
+    # Horovod's order: update the counters, then commit them.
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[
+        hvd.elastic.UpdateBatchStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state),
+        hvd.elastic.CommitStateCallback(state)])
+    assert state.epoch == 1 and state.batch == 0
+    committed = model.get_weights()
+    model.set_weights([w + 1 for w in committed])
+    state.epoch = 5
+    state.restore()
+    assert state.epoch == 1
+    for got, want in zip(model.get_weights(), committed):
+        np.testing.assert_array_equal(got, want)

@@ -1,0 +1,301 @@
+"""krug.tensorflow's collectives as TensorFlow ops, eagerly and inside tf.function, with their
+gradients, run inside every rank of `krugrun -np N python -m pytest`.
+
+Rank r contributes 2r+1, so over n ranks Sum = n^2, Average = n, Min = 1, Max = 2n-1,
+Product = 1*3*5*..., exact in every dtype for n <= 3.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import krug.tensorflow as hvd
+
+NUMERIC = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+           tf.float32, tf.float64]
+OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+       "product": hvd.Product}
+
+
+def n():
+    return hvd.size()
+
+
+def r():
+    return hvd.rank()
+
+
+def expected(op):
+    values = [2 * k + 1 for k in range(n())]
+    return {"sum": sum(values), "average": sum(values) // n(), "min": min(values),
+            "max": max(values), "product": math.prod(values)}[op]
+
+
+def mine(dtype, shape=(2, 3)):
+    return tf.cast(tf.fill(shape, 2 * r() + 1), dtype)
+
+
+def as_np(t):
+    return tf.cast(t, tf.float64).numpy()
+
+
+@pytest.mark.parametrize("dtype", NUMERIC, ids=lambda d: d.name)
+def test_allreduce_every_op_eager_and_in_a_function(dtype):
+    for name, op in OPS.items():
+        out = hvd.allreduce(mine(dtype), op=op)
+        assert out.dtype == dtype and out.shape == (2, 3)
+        np.testing.assert_array_equal(as_np(out), expected(name), err_msg=name)
+
+    @tf.function
+    def every_op(x):
+        return [hvd.allreduce(x, op=op) for op in OPS.values()]
+
+    for name, out in zip(OPS, every_op(mine(dtype))):
+        np.testing.assert_array_equal(as_np(out), expected(name), err_msg=name)
+
+
+def test_allreduce_bool_min_and_max():
+    x = tf.constant([True, r() == 0, False])
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Max).numpy(), [True, True, False])
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Min).numpy(),
+                                  [True, n() == 1, False])
+
+
+def test_allreduce_scale_factors_and_deprecated_average():
+    x = tf.fill([4], float(2 * r() + 1))
+    out = hvd.allreduce(x, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0)
+    np.testing.assert_allclose(out.numpy(), 1.5 * n() * n())
+    with pytest.warns(DeprecationWarning):
+        out = hvd.allreduce(x, average=False)
+    np.testing.assert_allclose(out.numpy(), n() * n())
+    with pytest.raises(ValueError):
+        hvd.allreduce(x, average=True, op=hvd.Sum)
+
+
+def test_adasum_of_equal_tensors_is_the_tensor():
+    if n() & (n() - 1):
+        pytest.skip("Adasum needs a power-of-two number of ranks")
+    x = tf.constant([1.0, -2.0, 3.0])
+    np.testing.assert_allclose(hvd.allreduce(x, op=hvd.Adasum).numpy(), x.numpy(), rtol=1e-6)
+
+
+def test_grouped_allreduce_mixed_dtypes_eager_and_function():
+    tensors = [mine(tf.float32, (3,)), mine(tf.int64, (2, 2)), mine(tf.float16, (1,))]
+    for out in (hvd.grouped_allreduce(tensors, op=hvd.Sum),
+                tf.function(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum))(tensors)):
+        assert [o.dtype for o in out] == [t.dtype for t in tensors]
+        for o in out:
+            np.testing.assert_array_equal(as_np(o), expected("sum"))
+
+
+def test_fp16_compression_keeps_the_dtype():
+    x = tf.fill([5], 0.5 * (r() + 1))
+    out = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
+    assert out.dtype == tf.float32
+    np.testing.assert_allclose(out.numpy(), 0.5 * n() * (n() + 1) / 2)
+
+
+@pytest.mark.parametrize("dtype", NUMERIC + [tf.bool], ids=lambda d: d.name)
+def test_allgather_uneven_first_dimension(dtype):
+    x = tf.cast(tf.fill([r() + 1, 2], r()), dtype)
+    for out in (hvd.allgather(x), tf.function(hvd.allgather)(x)):
+        want = np.concatenate([np.full([k + 1, 2], k) for k in range(n())])
+        assert out.dtype == dtype
+        np.testing.assert_array_equal(as_np(out), want.astype(bool) if dtype == tf.bool else want)
+
+
+def test_grouped_allgather():
+    out = hvd.grouped_allgather([tf.fill([r() + 1], r()), tf.fill([1, 3], float(r()))])
+    np.testing.assert_array_equal(out[0].numpy(), np.concatenate(
+        [np.full([k + 1], k) for k in range(n())]))
+    np.testing.assert_array_equal(out[1].numpy(), np.repeat(np.arange(n()), 3).reshape(n(), 3))
+
+
+@pytest.mark.parametrize("dtype", NUMERIC + [tf.bool], ids=lambda d: d.name)
+def test_broadcast_from_every_root(dtype):
+    for root in range(n()):
+        x = tf.cast(tf.fill([3], r() + 1), dtype)
+        for out in (hvd.broadcast(x, root), tf.function(lambda t: hvd.broadcast(t, root))(x)):
+            np.testing.assert_array_equal(as_np(out), as_np(tf.cast(tf.fill([3], root + 1),
+                                                                    dtype)))
+
+
+def test_alltoall_with_splits_and_received_splits():
+    # Rank r sends k+1 rows of value 10r+k to rank k.
+    rows = [tf.fill([k + 1, 2], 10 * r() + k) for k in range(n())]
+    x = tf.concat(rows, 0)
+    splits = [k + 1 for k in range(n())]
+    for out, received in (hvd.alltoall(x, splits),
+                          tf.function(lambda t: hvd.alltoall(t, splits))(x)):
+        np.testing.assert_array_equal(received.numpy(), [r() + 1] * n())
+        want = np.concatenate([np.full([r() + 1, 2], 10 * k + r()) for k in range(n())])
+        np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_alltoall_even_split():
+    x = tf.reshape(tf.range(2 * n()) + 100 * r(), [2 * n(), 1])
+    out, received = hvd.alltoall(x)
+    np.testing.assert_array_equal(received.numpy(), [2] * n())
+    want = np.concatenate([[[100 * k + 2 * r()], [100 * k + 2 * r() + 1]] for k in range(n())])
+    np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_alltoall_bad_splits_raise_on_the_caller():
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError)):
+        hvd.alltoall(tf.zeros([3, 1]), splits=[4] + [0] * (n() - 1))
+
+
+def test_reducescatter_and_grouped():
+    rows = 2 * n() + 1
+    x = tf.reshape(tf.range(rows * 2, dtype=tf.float32), [rows, 2]) * (r() + 1)
+    total = np.arange(rows * 2, dtype=np.float64).reshape(rows, 2) * n() * (n() + 1) / 2
+    share = [rows // n() + (1 if k < rows % n() else 0) for k in range(n())]
+    start = sum(share[:r()])
+    out = hvd.reducescatter(x, op=hvd.Sum)
+    np.testing.assert_allclose(out.numpy(), total[start:start + share[r()]])
+    outs = hvd.grouped_reducescatter([x, x * 2], op=hvd.Average)
+    np.testing.assert_allclose(outs[1].numpy(), 2 * total[start:start + share[r()]] / n())
+    out = tf.function(lambda t: hvd.reducescatter(t, op=hvd.Sum))(x)
+    np.testing.assert_allclose(out.numpy(), total[start:start + share[r()]])
+
+
+def test_join_barrier_and_topology_ops():
+    assert 0 <= int(hvd.join()) < n()
+    hvd.barrier()
+
+    @tf.function
+    def topology():
+        return hvd.size_op(), hvd.rank_op(), hvd.local_size_op(), hvd.local_rank_op()
+
+    assert [int(v) for v in topology()] == [n(), r(), hvd.local_size(), hvd.local_rank()]
+    assert hvd.is_homogeneous()
+
+
+def test_names_ignore_name_scope():
+    # Different scopes on different ranks: the same name once the scope is ignored.
+    @tf.function
+    def scoped(x):
+        with tf.name_scope("scope%d" % r()):
+            return hvd.allreduce(x, op=hvd.Sum, name="scoped_sum", ignore_name_scope=True)
+    np.testing.assert_allclose(scoped(tf.ones([2])).numpy(), n())
+
+
+def grad_of(fn, x):
+    x = tf.convert_to_tensor(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return tape.gradient(y, x).numpy()
+
+
+def test_gradients_against_analytic_values():
+    x = tf.fill([2, 2], float(r() + 1))
+    # d/dx sum(allreduce_Sum(x)) = n; Average: 1; with scale factors 2*3*n.
+    np.testing.assert_allclose(grad_of(lambda t: tf.reduce_sum(hvd.allreduce(t, op=hvd.Sum)),
+                                       x), n())
+    np.testing.assert_allclose(grad_of(lambda t: tf.reduce_sum(hvd.allreduce(t)), x), 1.0)
+    np.testing.assert_allclose(grad_of(lambda t: tf.reduce_sum(hvd.allreduce(
+        t, op=hvd.Sum, prescale_factor=2.0, postscale_factor=3.0)), x), 6.0 * n())
+    # allgather: the weight of each gathered row is its global index + 1; rank r's rows start
+    # at r(r+1)/2 (rank k has k+1 rows).
+    xg = tf.ones([r() + 1, 2])
+    total_rows = n() * (n() + 1) // 2
+    weights = tf.reshape(tf.range(1, total_rows + 1, dtype=tf.float32), [total_rows, 1])
+    g = grad_of(lambda t: tf.reduce_sum(hvd.allgather(t) * weights), xg)
+    start = r() * (r() + 1) // 2
+    np.testing.assert_allclose(g, np.repeat(np.arange(start + 1, start + r() + 2)[:, None], 2, 1))
+    # broadcast: 1 on the root, 0 elsewhere.
+    g = grad_of(lambda t: tf.reduce_sum(hvd.broadcast(t, 0)), x)
+    np.testing.assert_allclose(g, 1.0 if r() == 0 else 0.0)
+    # alltoall: the gradient comes back to the rows that were sent.
+    xa = tf.ones([n(), 3])
+    g = grad_of(lambda t: tf.reduce_sum(hvd.alltoall(t)[0] * 2.0), xa)
+    np.testing.assert_allclose(g, 2.0)
+    # reducescatter: Sum gives n, Average 1 (Horovod's rule).
+    xr = tf.ones([2 * n(), 2])
+    np.testing.assert_allclose(grad_of(lambda t: tf.reduce_sum(hvd.reducescatter(
+        t, op=hvd.Sum)), xr), n())
+    np.testing.assert_allclose(grad_of(lambda t: tf.reduce_sum(hvd.reducescatter(t)), xr), 1.0)
+
+
+def test_indexed_slices_are_allgathered_unless_sparse_as_dense():
+    params = tf.Variable(tf.zeros([5, 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(params, [r() % 5]) * (r() + 1))
+    tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
+    grad = tape.gradient(loss, [params])[0]
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(grad.indices.numpy(), [k % 5 for k in range(n())])
+    dense = tf.convert_to_tensor(grad).numpy()
+    want = np.zeros([5, 2])
+    for k in range(n()):
+        want[k % 5] += k + 1
+    np.testing.assert_allclose(dense, want)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(params, [r() % 5]) * (r() + 1))
+    tape = hvd.DistributedGradientTape(tape, op=hvd.Sum, sparse_as_dense=True)
+    grad = tape.gradient(loss, [params])[0]
+    assert not isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_allclose(grad.numpy(), want)
+
+
+def test_distributed_gradient_tape_averages_and_partial_keeps_local():
+    w = tf.Variable([1.0, 2.0])
+    local = tf.Variable([3.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * (r() + 1)) + tf.reduce_sum(local * (r() + 1))
+    tape = hvd.DistributedGradientTape(tape)
+    tape.register_local_source(local)
+    gw, gl = tape.gradient(loss, [w, local])
+    np.testing.assert_allclose(gw.numpy(), (n() + 1) / 2.0)
+    np.testing.assert_allclose(gl.numpy(), (r() + 1) / n())  # local, scaled by 1/size
+    dense = tf.keras.layers.Dense(1)
+    dense.build((None, 1))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(dense(tf.fill([1, 1], float(r() + 1))))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[dense],
+                                              scale_local_gradients=False)
+    gk, gb = tape.gradient(loss, dense.trainable_weights)
+    np.testing.assert_allclose(gk.numpy(), [[r() + 1]])
+    np.testing.assert_allclose(gb.numpy(), [1.0])
+
+
+def test_process_sets():
+    if n() == 1:
+        pytest.skip("a set of one rank is the global set")
+    members = [1] if n() == 2 else [0, n() - 1]  # a proper subset
+    ps = hvd.add_process_set(members)
+    try:
+        if r() in members:
+            out = hvd.allreduce(tf.fill([2], float(r() + 1)), op=hvd.Sum, process_set=ps)
+            np.testing.assert_allclose(out.numpy(), sum(k + 1 for k in set(members)))
+            root = members[-1]
+            out = hvd.broadcast(tf.fill([1], r()), root, process_set=ps)
+            assert int(out.numpy()[0]) == root
+            assert int(hvd.size_op(ps.process_set_id)) == len(set(members))
+        else:
+            assert int(hvd.process_set_included_op(ps.process_set_id)) == 0
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                hvd.allreduce(tf.ones([1]), process_set=ps)
+    finally:
+        hvd.remove_process_set(ps)
+
+
+def test_mismatched_shapes_fail_on_every_rank():
+    if n() == 1:
+        pytest.skip("needs two ranks to disagree")
+    with pytest.raises(tf.errors.UnknownError, match="(?i)mismatch"):
+        hvd.allreduce(tf.ones([r() + 1]), name="mismatch")
+    # The next operations run normally.
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy(), n())
+
+
+def test_broadcast_variables_and_objects():
+    v = tf.Variable(tf.fill([3], float(r())))
+    hvd.broadcast_variables([v], root_rank=n() - 1)
+    np.testing.assert_allclose(v.numpy(), n() - 1)
+    obj = hvd.broadcast_object({"rank": r(), "list": [1, 2]} if r() == 0 else None)
+    assert obj == {"rank": 0, "list": [1, 2]}
+    assert hvd.allgather_object(("r", r())) == [("r", k) for k in range(n())]
