@@ -80,6 +80,8 @@ Handle finish_enqueue(std::shared_ptr<engine::HandleState> state,
     state->on_done([raw, engine, done = callbacks.done, type = op.type, set = op.process_set.id] {
       done(status_of(*raw, *engine, type, set));
     });
+    // Nobody will wait on the handle and drive the loop for it.
+    engine->expedite();
   }
   return Handle(krug::Handle(std::move(state)), op, std::move(engine));
 }

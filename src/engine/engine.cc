@@ -489,6 +489,9 @@ std::shared_ptr<HandleState> Engine::enqueue(TensorArgs tensor) {
 std::shared_ptr<HandleState> Engine::enqueue(const TensorView& tensor) {
   return impl_->enqueue(tensor);
 }
+void Engine::expedite() const {
+  impl_->queue().expedite();
+}
 const Config& Engine::config() const {
   return impl_->config();
 }

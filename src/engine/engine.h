@@ -94,6 +94,10 @@ class Engine {
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
   std::shared_ptr<HandleState> enqueue(TensorArgs tensor);  // one tensor, without a list
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
+  // What was just enqueued completes through a callback, with no thread waiting to drive the
+  // loop for it (TensorFlow's async kernels): the background thread takes it at once instead of
+  // after the batching window that waiting threads use. Const: callers hold a const engine.
+  void expedite() const;
 
   const Config& config() const;
   int rank() const;

@@ -118,7 +118,7 @@ std::chrono::microseconds SubmissionQueue::cycle() const {
 bool SubmissionQueue::take(bool background, std::vector<Table::node_type>& arrived,
                            bool& shutting_down) {
   std::lock_guard lock(mu_);
-  if (background && waiters_drive_ && !queue_.empty() && !shutdown_requested_) {
+  if (background && waiters_drive_ && !queue_.empty() && !shutdown_requested_ && !expedite_) {
     // Woken by the cycle timer of an earlier burst, or by a peer, while this one is still being
     // submitted: taking part of it would split the step into several responses, each a round
     // trip and a collective. The thread that waits for it takes it whole; this thread does only
@@ -135,6 +135,7 @@ bool SubmissionQueue::take(bool background, std::vector<Table::node_type>& arriv
     }
   }
   changed_.store(false, std::memory_order_relaxed);
+  expedite_ = false;
   arrived.swap(queue_);  // both keep their capacity from step to step
   shutting_down = shutdown_requested_;
   return true;
@@ -167,6 +168,15 @@ void SubmissionQueue::request_shutdown() {
 bool SubmissionQueue::has_work() const {
   std::lock_guard lock(mu_);
   return !queue_.empty() || shutdown_requested_;
+}
+
+void SubmissionQueue::expedite() {
+  {
+    std::lock_guard lock(mu_);
+    if (queue_.empty()) return;  // already taken (or failed): nothing to hurry
+    expedite_ = true;
+  }
+  wakeup_.wake();
 }
 
 void SubmissionQueue::timer_fired() {

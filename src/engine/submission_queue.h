@@ -71,6 +71,7 @@ class SubmissionQueue {
   std::vector<Table::node_type> fail(const std::string& message);
   void request_shutdown();
   bool has_work() const;  // queued operations, or a shutdown to carry out
+  void expedite();        // see Engine::expedite
   void timer_fired();     // the loop read the cycle timer's expiry
 
   // Process sets as user threads see them (the loop's ProcessSets owns the communicators).
@@ -127,6 +128,7 @@ class SubmissionQueue {
   // compute between a gradient's enqueue and the wait for it. Never disarmed: that would cost a
   // system call per operation, more than the timer's one wake-up per cycle.
   bool timer_armed_ = false;
+  bool expedite_ = false;  // take the queue without waiting out the batching window
   std::chrono::steady_clock::time_point queue_since_{};  // when queue_ last became non-empty
 };
 

@@ -4,6 +4,7 @@
 #include "krug/frontend.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <atomic>
 #include <chrono>
@@ -62,6 +63,25 @@ TEST_F(Frontend, TheDoneCallbackRunsOnceWithAnOkStatus) {
   EXPECT_EQ(x, (std::vector<float>{1, 2, 3}));
   krug::shutdown();
   EXPECT_EQ(calls.load(), 1);
+}
+
+// An operation completed by its callback has no waiting thread to drive the loop: it must not
+// sit out the batching window (the cycle time) that waiting threads rely on. With a cycle of
+// 30 s it would take 30 s; the bound is a hang guard far below that, not a timing.
+TEST(FrontendCallbacks, AnOperationWithOnlyADoneCallbackDoesNotWaitOutTheCycleTime) {
+  ::setenv("KRUG_CYCLE_TIME", "30000", 1);
+  krug::init();
+  std::vector<float> x{1, 2, 3};
+  std::promise<Status> status;
+  Callbacks callbacks;
+  callbacks.done = [&](const Status& s) { status.set_value(s); };
+  Handle h = enqueue("x", Op{.type = OpType::kAllreduce}, floats(x, {3}), x.data(), callbacks);
+  auto done = status.get_future();
+  const bool finished = done.wait_for(10s) == std::future_status::ready;
+  krug::shutdown();
+  ::unsetenv("KRUG_CYCLE_TIME");
+  ASSERT_TRUE(finished) << "the operation waited for the 30 s cycle";
+  EXPECT_TRUE(done.get().ok());
 }
 
 TEST_F(Frontend, TheEngineReadsTheInputsOnlyAfterTheReadyEventAndWaitsForItOnce) {
