@@ -17,8 +17,9 @@ std::string item(bool built, const std::string& name, const std::string& detail 
 }  // namespace
 
 BuildFeatures this_build() {
-  return BuildFeatures{KRUG_VERSION, KRUG_BUILD_TORCH_VERSION, KRUG_BUILD_TORCH_PROBLEM,
-                       krug::mpi_built()};
+  return BuildFeatures{KRUG_VERSION,          KRUG_BUILD_TORCH_VERSION, KRUG_BUILD_TORCH_PROBLEM,
+                       krug::mpi_built(),     krug::cuda_version(),     KRUG_BUILD_CUDA_PROBLEM,
+                       krug::nccl_version(), KRUG_BUILD_NCCL_PROBLEM};
 }
 
 std::string build_report(const BuildFeatures& f) {
@@ -33,12 +34,16 @@ std::string build_report(const BuildFeatures& f) {
   out += item(f.mpi, "MPI");
   out += item(true, "Gloo");
   out += "\nAvailable Tensor Operations:\n";
-  out += item(false, "NCCL");
+  const bool nccl = !f.nccl_version.empty();
+  out += item(nccl, "NCCL", nccl ? f.nccl_version : f.nccl_problem);
   out += item(false, "DDL");
   out += item(false, "CCL");
   out += item(f.mpi, "MPI");
   out += item(true, "Gloo");
   out += item(true, "Shared memory", "ranks of one host");
+  out += "\nAvailable Devices:\n";
+  const bool cuda = !f.cuda_version.empty();
+  out += item(cuda, "CUDA", cuda ? "CUDA " + f.cuda_version : f.cuda_problem);
   return out;
 }
 

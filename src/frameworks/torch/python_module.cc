@@ -235,6 +235,8 @@ PYBIND11_MODULE(_torch_core, m) {
     return py::make_tuple(u.changed, u.only_removed);
   });
   m.def("mpi_built", &krug::mpi_built);
+  m.def("cuda_built", &krug::cuda_built);
+  m.def("nccl_built", &krug::nccl_built);
   m.def("mpi_threads_supported", &krug::mpi_threads_supported);
   m.def("adasum_available", &ta::adasum_available);
 
