@@ -26,7 +26,7 @@ bool same_fusion_key(const Response& a, const Response& b) {
   return a.type == ResponseType::kOp && b.type == ResponseType::kOp &&
          a.op == OpType::kAllreduce && b.op == OpType::kAllreduce &&
          a.process_set == b.process_set && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
-         a.prescale == b.prescale && a.postscale == b.postscale;
+         a.prescale == b.prescale && a.postscale == b.postscale && a.device == b.device;
 }
 
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
@@ -56,7 +56,7 @@ bool same_terms(const Request& a, const Request& b) {
   return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.root == b.root &&
          a.prescale == b.prescale && a.postscale == b.postscale && shapes_agree &&
          a.set_ranks == b.set_ranks && a.target_process_set == b.target_process_set &&
-         a.group == b.group && a.group_size == b.group_size;
+         a.group == b.group && a.group_size == b.group_size && a.device == b.device;
 }
 
 }  // namespace
@@ -213,6 +213,10 @@ std::string Negotiator::validate(const std::string& key, const Pending& p) const
     return e;
   if (!(e = what("data types", [](const Request& r) { return std::string(dtype_name(r.dtype)); }))
            .empty())
+    return e;
+  if (!(e = what("devices", [](const Request& r) {
+          return std::string(r.device == kCudaMemory ? "CUDA" : "CPU");
+        })).empty())
     return e;
   switch (first.op) {
     case OpType::kAllreduce:
@@ -404,7 +408,8 @@ void Negotiator::compute_cached(std::vector<Response>& out) {
     for (size_t i = out.size(); q.op == OpType::kAllreduce && i-- > first_new;) {
       Response& r = out[i];
       if (r.op != OpType::kAllreduce || r.process_set != q.process_set || r.dtype != q.dtype ||
-          r.reduce_op != q.reduce_op || r.prescale != q.prescale || r.postscale != q.postscale)
+          r.reduce_op != q.reduce_op || r.prescale != q.prescale || r.postscale != q.postscale ||
+          r.device != q.device)
         continue;
       if (bytes[i - first_new] + size > fusion_threshold_) continue;
       r.cache_ids.push_back(id);

@@ -67,7 +67,8 @@ Reduction reduction(const Response& r) {
                    .op = r.reduce_op,
                    .prescale = r.prescale,
                    .postscale = r.postscale,
-                   .process_set = r.process_set};
+                   .process_set = r.process_set,
+                   .on_device = r.device != controller::kHostMemory};
 }
 
 std::chrono::milliseconds seconds_to_ms(double s) {
@@ -326,7 +327,9 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   }
   if (config_.rank == 0 && !config_.timeline_path.empty())
     timeline_ = std::make_unique<observe::Timeline>(config_.timeline_path);
-  executor_ = Executor(timeline_.get());
+  executor_ = Executor(timeline_.get(), DeviceOptions{.timeout_seconds = config_.timeout_seconds,
+                                                      .rank = config_.rank,
+                                                      .hostname = config_.hostname});
   tuned_ = {config_.fusion_threshold_bytes, config_.cycle_time_ms};
   if (control_->is_coordinator() && config_.autotune) start_autotuner();
   thread_ = std::thread([this] { run(); });
