@@ -111,11 +111,17 @@ if(KRUG_CUDA_ENABLED AND NOT KRUG_WITH_NCCL STREQUAL "OFF")
   if(NOT _krug_nccl_home)
     set(_krug_nccl_home $ENV{KRUG_NCCL_HOME} $ENV{HOROVOD_NCCL_HOME})
   endif()
-  find_path(KRUG_NCCL_INCLUDE_DIR nccl.h
-    HINTS ${_krug_nccl_home} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
-  find_library(KRUG_NCCL_LIBRARY NAMES nccl libnccl.so.2
-    HINTS ${_krug_nccl_home} ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_LIBRARY_DIR}
-    PATH_SUFFIXES lib lib64)
+  # Header and library from one place: a given KRUG_NCCL_HOME first and alone (a torch
+  # environment's nvidia/nccl has only libnccl.so.2), then the usual places.
+  if(_krug_nccl_home)
+    find_path(KRUG_NCCL_INCLUDE_DIR nccl.h PATHS ${_krug_nccl_home} PATH_SUFFIXES include
+      NO_DEFAULT_PATH)
+    find_library(KRUG_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+      PATHS ${_krug_nccl_home} PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
+  endif()
+  find_path(KRUG_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(KRUG_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR
+    HINTS ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_LIBRARY_DIR} PATH_SUFFIXES lib lib64)
   if(KRUG_NCCL_INCLUDE_DIR AND KRUG_NCCL_LIBRARY)
     file(STRINGS ${KRUG_NCCL_INCLUDE_DIR}/nccl.h _krug_nccl_defs
       REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")

@@ -151,7 +151,7 @@ TEST(NcclPlane, EveryCollectiveOverOneRank) {
   if (!collectives::nccl::built()) GTEST_SKIP() << "krug was built without NCCL";
   auto stream = std::make_shared<device::Stream>(0);
   OneRank bootstrap;
-  auto nccl = collectives::nccl::make_communicator(bootstrap, stream, {.timeout_seconds = 30});
+  auto nccl = collectives::nccl::make_communicator(bootstrap, stream, {.timeout_seconds = 30, .host_id = ""});
   EXPECT_STREQ(nccl->backend_name(), "nccl");
   one_rank_collectives(*nccl, *stream);
   std::printf("NCCL built %s, loaded %s\n", collectives::nccl::build_version().c_str(),
