@@ -14,7 +14,9 @@ namespace {
 // 16-bit floats are widened to float32 this many elements at a time (stack buffers).
 constexpr size_t kBlock = 512;
 
-bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+bool is_power_of_two(int n) {
+  return n > 0 && (n & (n - 1)) == 0;
+}
 
 // Partial sums of one tensor's piece: a.b, |a|^2, |b|^2.
 struct Partial {
@@ -57,8 +59,8 @@ void accumulate16(ToFloat widen, const uint16_t* a, const uint16_t* b, size_t n,
   }
 }
 
-void combine16(ToFloat widen, FromFloat narrow, uint16_t* out, const uint16_t* a,
-               const uint16_t* b, size_t n, double ca, double cb) {
+void combine16(ToFloat widen, FromFloat narrow, uint16_t* out, const uint16_t* a, const uint16_t* b,
+               size_t n, double ca, double cb) {
   alignas(64) float fa[kBlock];
   alignas(64) float fb[kBlock];
   for (size_t i = 0; i < n; i += kBlock) {
@@ -134,9 +136,10 @@ void block_sum(Communicator& comm, std::vector<double>& values, int levels,
 
 std::string adasum_unsupported(DataType dtype, int set_size, int32_t process_set) {
   if (!is_floating(dtype))
-    return fmt::format("Adasum supports only floating-point tensors (float16, bfloat16, float32, "
-                       "float64), not {}",
-                       dtype_name(dtype));
+    return fmt::format(
+        "Adasum supports only floating-point tensors (float16, bfloat16, float32, "
+        "float64), not {}",
+        dtype_name(dtype));
   if (!is_power_of_two(set_size))
     return fmt::format("Adasum needs a power-of-two number of ranks (process set {} has {})",
                        process_set, set_size);
@@ -152,80 +155,111 @@ AdasumCoefficients adasum_coefficients(double dot, double anorm2, double bnorm2)
   return c;
 }
 
-void adasum_allreduce(Communicator& comm, void* data, DataType dtype,
-                      const std::vector<size_t>& tensor_counts, int32_t process_set) {
-  const int size = comm.size();
-  if (std::string why = adasum_unsupported(dtype, size, process_set); !why.empty())
-    throw Error(why);
-  const size_t n = std::accumulate(tensor_counts.begin(), tensor_counts.end(), size_t{0});
-  if (size == 1 || n == 0) return;
+namespace {
 
-  const int rank = comm.rank();
-  const size_t esize = dtype_size(dtype);
-  auto* bytes = static_cast<uint8_t*>(data);
-  const size_t tensors = tensor_counts.size();
-  std::vector<size_t> starts(tensors + 1, 0);
-  std::partial_sum(tensor_counts.begin(), tensor_counts.end(), starts.begin() + 1);
+// One adasum_allreduce: the fused buffer of several tensors, where each starts in it, and the
+// scratch the exchanges reuse. Vector halving with distance doubling reduces, then distance
+// halving gathers the reduced pieces back.
+class AdasumReduction {
+ public:
+  AdasumReduction(Communicator& comm, void* data, DataType dtype,
+                  const std::vector<size_t>& tensor_counts)
+      : comm_(comm),
+        bytes_(static_cast<uint8_t*>(data)),
+        dtype_(dtype),
+        esize_(dtype_size(dtype)),
+        starts_(tensor_counts.size() + 1, 0),
+        sums_(3 * tensor_counts.size()) {
+    std::partial_sum(tensor_counts.begin(), tensor_counts.end(), starts_.begin() + 1);
+    while ((1 << levels_) < comm.size()) ++levels_;
+    // The larger half of the first split is the most any exchange receives.
+    received_.resize((total() - total() / 2) * esize_);
+    kept_.resize(levels_);
+  }
 
-  int levels = 0;
-  while ((1 << levels) < size) ++levels;
-  // The larger half of the first split is the most any exchange receives.
-  std::vector<uint8_t> received((n - n / 2) * esize);
-  std::vector<double> sums(3 * tensors), scratch;
-  std::vector<Segment> kept(levels);
+  void run() {
+    Segment current{0, total()};
+    for (int l = 0; l < levels_; ++l) current = kept_[l] = reduce_level(l, current);
+    for (int l = levels_ - 1; l >= 0; --l) distribute_level(l);
+  }
 
-  // Reduction: vector halving, distance doubling.
-  Segment current{0, n};
-  for (int l = 0; l < levels; ++l) {
-    const int peer = rank ^ (1 << l);
-    const bool lower = (rank & (1 << l)) == 0;
+ private:
+  size_t total() const { return starts_.back(); }
+  size_t tensors() const { return starts_.size() - 1; }
+
+  // Swaps halves of `current` with the peer at distance 2^level and keeps this rank's half,
+  // combined: Adasum of the lower block's partial result (a) and the upper block's (b).
+  Segment reduce_level(int level, Segment current) {
+    const int peer = comm_.rank() ^ (1 << level);
+    const bool lower = (comm_.rank() & (1 << level)) == 0;
     const size_t mid = current.lo + current.size() / 2;
     const Segment low{current.lo, mid}, high{mid, current.hi};
     const Segment mine = lower ? low : high;
     const Segment theirs = lower ? high : low;
-    comm.sendrecv(bytes + theirs.lo * esize, theirs.size() * esize, peer, received.data(),
-                  mine.size() * esize, peer);
-
-    uint8_t* own = bytes + mine.lo * esize;
-    const uint8_t* a = lower ? own : received.data();  // the lower block's partial result
-    const uint8_t* b = lower ? received.data() : own;
-    // Tensors overlapping this rank's piece: [first, last).
-    const size_t first =
-        std::upper_bound(starts.begin(), starts.end(), mine.lo) - starts.begin() - 1;
-    std::fill(sums.begin(), sums.end(), 0.0);
-    auto for_each_overlap = [&](auto&& f) {
-      for (size_t t = first; t < tensors && starts[t] < mine.hi; ++t) {
-        const size_t lo = std::max(starts[t], mine.lo), hi = std::min(starts[t + 1], mine.hi);
-        if (lo < hi) f(t, (lo - mine.lo) * esize, hi - lo);
-      }
-    };
-    for_each_overlap([&](size_t t, size_t off, size_t count) {
+    comm_.sendrecv(bytes_ + theirs.lo * esize_, theirs.size() * esize_, peer, received_.data(),
+                   mine.size() * esize_, peer);
+    uint8_t* own = bytes_ + mine.lo * esize_;
+    const uint8_t* a = lower ? own : received_.data();
+    const uint8_t* b = lower ? received_.data() : own;
+    std::fill(sums_.begin(), sums_.end(), 0.0);
+    for_each_overlap(mine, [&](size_t t, size_t off, size_t count) {
       Partial p;
-      accumulate_any(dtype, a + off, b + off, count, p);
-      sums[3 * t] = p.dot;
-      sums[3 * t + 1] = p.anorm2;
-      sums[3 * t + 2] = p.bnorm2;
+      accumulate_any(dtype_, a + off, b + off, count, p);
+      sums_[3 * t] = p.dot;
+      sums_[3 * t + 1] = p.anorm2;
+      sums_[3 * t + 2] = p.bnorm2;
     });
-    // The 2^(l+1) ranks sharing this rank's bits above l hold the whole of both vectors.
-    block_sum(comm, sums, l + 1, scratch);
-    for_each_overlap([&](size_t t, size_t off, size_t count) {
-      const auto c = adasum_coefficients(sums[3 * t], sums[3 * t + 1], sums[3 * t + 2]);
-      combine_any(dtype, own + off, a + off, b + off, count, c.a, c.b);
+    // The 2^(level+1) ranks sharing this rank's bits above `level` hold both vectors whole.
+    block_sum(comm_, sums_, level + 1, scratch_);
+    for_each_overlap(mine, [&](size_t t, size_t off, size_t count) {
+      const auto c = adasum_coefficients(sums_[3 * t], sums_[3 * t + 1], sums_[3 * t + 2]);
+      combine_any(dtype_, own + off, a + off, b + off, count, c.a, c.b);
     });
-    kept[l] = mine;
-    current = mine;
+    return mine;
   }
 
-  // Distribution: distance halving allgather, undoing the splits in reverse.
-  for (int l = levels - 1; l >= 0; --l) {
-    const int peer = rank ^ (1 << l);
-    const Segment parent = l == 0 ? Segment{0, n} : kept[l - 1];
-    const Segment mine = kept[l];
-    const bool lower = (rank & (1 << l)) == 0;
+  // Undoes the split of reduce_level(level): each side sends its reduced half to the other.
+  void distribute_level(int level) {
+    const int peer = comm_.rank() ^ (1 << level);
+    const Segment parent = level == 0 ? Segment{0, total()} : kept_[level - 1];
+    const Segment mine = kept_[level];
+    const bool lower = (comm_.rank() & (1 << level)) == 0;
     const Segment theirs = lower ? Segment{mine.hi, parent.hi} : Segment{parent.lo, mine.lo};
-    comm.sendrecv(bytes + mine.lo * esize, mine.size() * esize, peer, bytes + theirs.lo * esize,
-                  theirs.size() * esize, peer);
+    comm_.sendrecv(bytes_ + mine.lo * esize_, mine.size() * esize_, peer,
+                   bytes_ + theirs.lo * esize_, theirs.size() * esize_, peer);
   }
+
+  // f(tensor, byte offset into `piece`, element count) for each tensor overlapping `piece`.
+  template <typename F>
+  void for_each_overlap(Segment piece, F&& f) const {
+    const size_t first =
+        std::upper_bound(starts_.begin(), starts_.end(), piece.lo) - starts_.begin() - 1;
+    for (size_t t = first; t < tensors() && starts_[t] < piece.hi; ++t) {
+      const size_t lo = std::max(starts_[t], piece.lo), hi = std::min(starts_[t + 1], piece.hi);
+      if (lo < hi) f(t, (lo - piece.lo) * esize_, hi - lo);
+    }
+  }
+
+  Communicator& comm_;
+  uint8_t* bytes_;
+  DataType dtype_;
+  size_t esize_;
+  std::vector<size_t> starts_;  // element offset of each tensor, then the total
+  int levels_ = 0;
+  std::vector<uint8_t> received_;
+  std::vector<double> sums_, scratch_;  // per tensor: a.b, |a|^2, |b|^2
+  std::vector<Segment> kept_;           // this rank's piece after each level
+};
+
+}  // namespace
+
+void adasum_allreduce(Communicator& comm, void* data, DataType dtype,
+                      const std::vector<size_t>& tensor_counts, int32_t process_set) {
+  if (std::string why = adasum_unsupported(dtype, comm.size(), process_set); !why.empty())
+    throw Error(why);
+  const size_t n = std::accumulate(tensor_counts.begin(), tensor_counts.end(), size_t{0});
+  if (comm.size() == 1 || n == 0) return;
+  AdasumReduction(comm, data, dtype, tensor_counts).run();
 }
 
 }  // namespace krug::collectives

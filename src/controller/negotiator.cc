@@ -23,13 +23,15 @@ int64_t response_bytes(const Response& r) {
 namespace {
 
 bool same_fusion_key(const Response& a, const Response& b) {
-  return a.type == ResponseType::kOp && b.type == ResponseType::kOp &&
-         a.op == OpType::kAllreduce && b.op == OpType::kAllreduce &&
-         a.process_set == b.process_set && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
-         a.prescale == b.prescale && a.postscale == b.postscale && a.device == b.device;
+  return a.type == ResponseType::kOp && b.type == ResponseType::kOp && a.op == OpType::kAllreduce &&
+         b.op == OpType::kAllreduce && a.process_set == b.process_set && a.dtype == b.dtype &&
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale &&
+         a.device == b.device;
 }
 
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
 // "rank 0: float32; ranks 1, 2: int32" for the ranks that disagree on `field`.
 std::string disagreement(const std::map<int32_t, Request>& by_rank,
@@ -49,10 +51,9 @@ std::string disagreement(const std::map<int32_t, Request>& by_rank,
 bool same_terms(const Request& a, const Request& b) {
   const bool first_dim_free = a.op == OpType::kAllgather || a.op == OpType::kAlltoall;
   const bool shapes_agree =
-      first_dim_free
-          ? a.shape.size() == b.shape.size() && !a.shape.empty() &&
-                std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1)
-          : a.shape == b.shape;
+      first_dim_free ? a.shape.size() == b.shape.size() && !a.shape.empty() &&
+                           std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1)
+                     : a.shape == b.shape;
   return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.root == b.root &&
          a.prescale == b.prescale && a.postscale == b.postscale && shapes_agree &&
          a.set_ranks == b.set_ranks && a.target_process_set == b.target_process_set &&
@@ -60,6 +61,23 @@ bool same_terms(const Request& a, const Request& b) {
 }
 
 }  // namespace
+
+Agreement::Agreement(const std::map<int32_t, Request>& by_rank)
+    : by_rank_(by_rank), first_(by_rank.begin()->second) {
+  // The common case: every rank sent the same terms. Then no field can disagree, and the
+  // per-field descriptions (strings for every rank) need not be built at all.
+  uniform_ = std::all_of(by_rank.begin(), by_rank.end(),
+                         [&](const auto& entry) { return same_terms(first_, entry.second); });
+}
+
+Agreement& Agreement::on(std::string_view field,
+                         const std::function<std::string(const Request&)>& value) {
+  if (uniform_ || !error_.empty()) return *this;
+  if (std::string d = disagreement(by_rank_, value); !d.empty())
+    error_ = fmt::format("Mismatched {} for {} '{}' (process set {}): {}", field,
+                         op_name(first_.op), first_.name, first_.process_set, d);
+  return *this;
+}
 
 std::string describe(const std::vector<Stall>& stalls) {
   std::string out;
@@ -73,7 +91,9 @@ std::string describe(const std::vector<Stall>& stalls) {
 }
 
 Negotiator::Negotiator(int world_size, int64_t fusion_threshold_bytes, ResponseCache& cache)
-    : world_size_(world_size), fusion_threshold_(fusion_threshold_bytes), cache_(cache),
+    : world_size_(world_size),
+      fusion_threshold_(fusion_threshold_bytes),
+      cache_(cache),
       readiness_(world_size) {
   std::vector<int32_t> all(world_size);
   for (int i = 0; i < world_size; ++i) all[i] = i;
@@ -147,17 +167,16 @@ void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_p
     return;
   }
   auto set = sets_.find(request.process_set);
-  if (set == sets_.end() ||
-      !std::binary_search(set->second.begin(), set->second.end(), rank)) {
+  if (set == sets_.end() || !std::binary_search(set->second.begin(), set->second.end(), rank)) {
     Response r;
     r.type = ResponseType::kError;
     r.op = request.op;
     r.process_set = request.process_set;
     r.names = {request.name};
-    r.error = fmt::format("{} '{}' from rank {}: process set {} {}", op_name(request.op),
-                          request.name, rank, request.process_set,
-                          set == sets_.end() ? "does not exist (was it removed?)"
-                                             : "does not include this rank");
+    r.error = fmt::format(
+        "{} '{}' from rank {}: process set {} {}", op_name(request.op), request.name, rank,
+        request.process_set,
+        set == sets_.end() ? "does not exist (was it removed?)" : "does not include this rank");
     // Only the submitting rank holds this name; others ignore errors for names they lack.
     immediate_errors_.push_back(std::move(r));
     return;
@@ -185,132 +204,125 @@ bool Negotiator::is_ready(const Pending& p) const {
   return true;
 }
 
-std::string Negotiator::validate(const std::string& key, const Pending& p) const {
+std::string Negotiator::validate(const Pending& p) const {
   const Request& first = p.by_rank.begin()->second;
-  const auto& set = members(first.process_set);
-  // The common case: every rank sent the same terms. Then no field can disagree, and the
-  // per-field descriptions (strings for every rank) need not be built at all.
-  const bool uniform = std::all_of(p.by_rank.begin(), p.by_rank.end(), [&](const auto& entry) {
-    return same_terms(first, entry.second);
-  });
-  auto what = [&](const std::string& field, const std::function<std::string(const Request&)>& f) {
-    if (uniform) return std::string();
-    std::string d = disagreement(p.by_rank, f);
-    return d.empty() ? d
-                     : fmt::format("Mismatched {} for {} '{}' (process set {}): {}", field,
-                                   op_name(first.op), first.name, first.process_set, d);
-  };
-  for (int32_t m : set) {
-    if (!p.by_rank.count(m) && joined_.count(m))
-      if (first.op != OpType::kAllreduce)
-        return fmt::format(
-            "{} '{}' cannot run while rank {} has joined: only allreduce proceeds with joined "
-            "ranks (they contribute zeros)",
-            op_name(first.op), first.name, m);
-  }
-  std::string e;
-  if (!(e = what("operations", [](const Request& r) { return std::string(op_name(r.op)); })).empty())
-    return e;
-  if (!(e = what("data types", [](const Request& r) { return std::string(dtype_name(r.dtype)); }))
-           .empty())
-    return e;
-  if (!(e = what("devices", [](const Request& r) {
-          return std::string(r.device == kCudaMemory ? "CUDA" : "CPU");
-        })).empty())
-    return e;
+  for (int32_t m : members(first.process_set))
+    if (!p.by_rank.count(m) && joined_.count(m) && first.op != OpType::kAllreduce)
+      return fmt::format(
+          "{} '{}' cannot run while rank {} has joined: only allreduce proceeds with joined "
+          "ranks (they contribute zeros)",
+          op_name(first.op), first.name, m);
+  Agreement agree(p.by_rank);
+  agree.on("operations", [](const Request& r) { return std::string(op_name(r.op)); })
+      .on("data types", [](const Request& r) { return std::string(dtype_name(r.dtype)); })
+      .on("devices",
+          [](const Request& r) { return std::string(r.device == kCudaMemory ? "CUDA" : "CPU"); });
+  if (!agree.error().empty()) return agree.error();
   switch (first.op) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
-      if (!(e = what("reduction ops",
-                     [](const Request& r) { return std::string(reduce_op_name(r.reduce_op)); }))
-               .empty())
-        return e;
-      if (first.reduce_op == ReduceOp::kAdasum) {
-        if (first.op != OpType::kAllreduce)
-          return fmt::format("{} '{}': the adasum reduction runs only as an allreduce",
-                             op_name(first.op), first.name);
-        if (std::string why = collectives::adasum_unsupported(
-                first.dtype, static_cast<int>(set.size()), first.process_set);
-            !why.empty())
-          return fmt::format("allreduce '{}': {}", first.name, why);
-      }
-      if (!(e = what("scale factors", [](const Request& r) {
-              return fmt::format("prescale {} postscale {}", r.prescale, r.postscale);
-            })).empty())
-        return e;
-      if (!(e = what("shapes", [](const Request& r) { return shape_str(r.shape); })).empty())
-        return e;
-      if (!(e = what("groups", [](const Request& r) {
-              return r.group.empty() ? std::string("none")
-                                     : fmt::format("{} of {}", r.group, r.group_size);
-            })).empty())
-        return e;
-      if (first.op == OpType::kReducescatter && first.shape.empty())
-        return fmt::format("reducescatter '{}' needs a tensor with at least one dimension",
-                           first.name);
-      break;
+      return validate_reduction(p, agree);
     case OpType::kBroadcast:
-      if (!(e = what("root ranks", [](const Request& r) { return std::to_string(r.root); })).empty())
-        return e;
-      if (!(e = what("shapes", [](const Request& r) { return shape_str(r.shape); })).empty())
-        return e;
-      if (first.root < 0 || first.root >= static_cast<int32_t>(set.size()))
-        return fmt::format("broadcast '{}': root rank {} is outside process set {} of size {}",
-                           first.name, first.root, first.process_set, set.size());
-      break;
+      return validate_broadcast(p, agree);
     case OpType::kAllgather:
-    case OpType::kAlltoall: {
-      auto trailing = [](const Request& r) {
-        if (r.shape.empty()) return std::string("a scalar (needs at least one dimension)");
-        return fmt::format("[*, {}]", fmt::join(r.shape.begin() + 1, r.shape.end(), ", "));
-      };
-      if (!(e = what("shapes (all but the first dimension must agree)", trailing)).empty())
-        return e;
-      if (first.shape.empty())
-        return fmt::format("{} '{}' needs a tensor with at least one dimension",
-                           op_name(first.op), first.name);
-      if (first.op == OpType::kAlltoall) {
-        for (const auto& [rank, r] : p.by_rank)
-          if (auto problem = alltoall_splits_problem(r.splits, r.shape[0], set.size());
-              !problem.empty())
-            return fmt::format("alltoall '{}' on rank {}: {}", first.name, rank, problem);
-      }
-      break;
-    }
-    case OpType::kAddProcessSet: {
-      if (!(e = what("ranks", [](const Request& r) {
-              return fmt::format("[{}]", fmt::join(r.set_ranks, ", "));
-            })).empty())
-        return e;
-      const auto& ranks = first.set_ranks;
-      if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
-          std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
-          ranks.back() >= world_size_)
-        return fmt::format(
-            "add_process_set([{}]): ranks must be distinct, ascending, and in [0, {})",
-            fmt::join(ranks, ", "), world_size_);
-      for (const auto& [id, existing] : sets_)
-        if (existing == ranks)
-          return fmt::format("add_process_set([{}]): process set {} already has these ranks",
-                             fmt::join(ranks, ", "), id);
-      break;
-    }
+    case OpType::kAlltoall:
+      return validate_gather(p, agree);
+    case OpType::kAddProcessSet:
+      return validate_add_process_set(agree);
     case OpType::kRemoveProcessSet:
-      if (!(e = what("process sets to remove",
-                     [](const Request& r) { return std::to_string(r.target_process_set); }))
-               .empty())
-        return e;
-      if (first.target_process_set == 0)
-        return "remove_process_set: the global process set (0) cannot be removed";
-      if (!sets_.count(first.target_process_set))
-        return fmt::format("remove_process_set: process set {} does not exist",
-                           first.target_process_set);
-      break;
+      return validate_remove_process_set(agree);
     case OpType::kBarrier:
     case OpType::kJoin:
       break;
   }
-  (void)key;
+  return {};
+}
+
+std::string Negotiator::validate_reduction(const Pending& p, Agreement& agree) const {
+  const Request& first = p.by_rank.begin()->second;
+  agree.on("reduction ops",
+           [](const Request& r) { return std::string(reduce_op_name(r.reduce_op)); });
+  if (!agree.error().empty()) return agree.error();
+  if (first.reduce_op == ReduceOp::kAdasum) {
+    if (first.op != OpType::kAllreduce)
+      return fmt::format("{} '{}': the adasum reduction runs only as an allreduce",
+                         op_name(first.op), first.name);
+    const auto size = static_cast<int>(members(first.process_set).size());
+    if (std::string why = collectives::adasum_unsupported(first.dtype, size, first.process_set);
+        !why.empty())
+      return fmt::format("allreduce '{}': {}", first.name, why);
+  }
+  agree
+      .on("scale factors",
+          [](const Request& r) {
+            return fmt::format("prescale {} postscale {}", r.prescale, r.postscale);
+          })
+      .on("shapes", [](const Request& r) { return shape_str(r.shape); })
+      .on("groups", [](const Request& r) {
+        return r.group.empty() ? std::string("none")
+                               : fmt::format("{} of {}", r.group, r.group_size);
+      });
+  if (!agree.error().empty()) return agree.error();
+  if (first.op == OpType::kReducescatter && first.shape.empty())
+    return fmt::format("reducescatter '{}' needs a tensor with at least one dimension", first.name);
+  return {};
+}
+
+std::string Negotiator::validate_broadcast(const Pending& p, Agreement& agree) const {
+  const Request& first = p.by_rank.begin()->second;
+  agree.on("root ranks", [](const Request& r) { return std::to_string(r.root); })
+      .on("shapes", [](const Request& r) { return shape_str(r.shape); });
+  if (!agree.error().empty()) return agree.error();
+  const size_t size = members(first.process_set).size();
+  if (first.root < 0 || first.root >= static_cast<int32_t>(size))
+    return fmt::format("broadcast '{}': root rank {} is outside process set {} of size {}",
+                       first.name, first.root, first.process_set, size);
+  return {};
+}
+
+std::string Negotiator::validate_gather(const Pending& p, Agreement& agree) const {
+  const Request& first = p.by_rank.begin()->second;
+  agree.on("shapes (all but the first dimension must agree)", [](const Request& r) {
+    if (r.shape.empty()) return std::string("a scalar (needs at least one dimension)");
+    return fmt::format("[*, {}]", fmt::join(r.shape.begin() + 1, r.shape.end(), ", "));
+  });
+  if (!agree.error().empty()) return agree.error();
+  if (first.shape.empty())
+    return fmt::format("{} '{}' needs a tensor with at least one dimension", op_name(first.op),
+                       first.name);
+  if (first.op != OpType::kAlltoall) return {};
+  const size_t size = members(first.process_set).size();
+  for (const auto& [rank, r] : p.by_rank)
+    if (auto problem = alltoall_splits_problem(r.splits, r.shape[0], size); !problem.empty())
+      return fmt::format("alltoall '{}' on rank {}: {}", first.name, rank, problem);
+  return {};
+}
+
+std::string Negotiator::validate_add_process_set(Agreement& agree) const {
+  agree.on("ranks",
+           [](const Request& r) { return fmt::format("[{}]", fmt::join(r.set_ranks, ", ")); });
+  if (!agree.error().empty()) return agree.error();
+  const auto& ranks = agree.first().set_ranks;
+  if (ranks.empty() || !std::is_sorted(ranks.begin(), ranks.end()) ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.front() < 0 ||
+      ranks.back() >= world_size_)
+    return fmt::format("add_process_set([{}]): ranks must be distinct, ascending, and in [0, {})",
+                       fmt::join(ranks, ", "), world_size_);
+  for (const auto& [id, existing] : sets_)
+    if (existing == ranks)
+      return fmt::format("add_process_set([{}]): process set {} already has these ranks",
+                         fmt::join(ranks, ", "), id);
+  return {};
+}
+
+std::string Negotiator::validate_remove_process_set(Agreement& agree) const {
+  agree.on("process sets to remove",
+           [](const Request& r) { return std::to_string(r.target_process_set); });
+  if (!agree.error().empty()) return agree.error();
+  const int32_t target = agree.first().target_process_set;
+  if (target == 0) return "remove_process_set: the global process set (0) cannot be removed";
+  if (!sets_.count(target))
+    return fmt::format("remove_process_set: process set {} does not exist", target);
   return {};
 }
 
@@ -452,30 +464,13 @@ std::vector<Response> Negotiator::compute() {
     if (!first.group.empty() &&
         group_ready[table_key(first.process_set, first.group)] < first.group_size)
       continue;
-    if (std::string error = validate(key, p); !error.empty()) {
+    if (std::string error = validate(p); !error.empty()) {
       error_on(out, p, std::move(error));
     } else {
-      if (track_readiness_ && first.process_set == 0 &&
-          static_cast<int>(p.arrived_at.size()) == world_size_) {
-        std::vector<Clock::time_point> arrivals;
-        arrivals.reserve(world_size_);
-        for (const auto& [rank, t] : p.arrived_at) arrivals.push_back(t);
-        readiness_.observe(first.name, arrivals);
-      }
+      record_readiness(p);
       Response r = make_response(p);
       apply_membership_change(r);
-      if (r.op == OpType::kRemoveProcessSet) {
-        // Operations still pending on a removed set can never complete.
-        for (auto& [other_key, other] : table_) {
-          if (other.by_rank.begin()->second.process_set == r.root)
-            error_on(out, other,
-                     fmt::format("process set {} was removed while '{}' was pending", r.root,
-                                 other.by_rank.begin()->second.name));
-        }
-        std::erase_if(table_, [&](const auto& kv) {
-          return kv.first != key && kv.second.by_rank.begin()->second.process_set == r.root;
-        });
-      }
+      if (r.op == OpType::kRemoveProcessSet) fail_pending_on_removed_set(out, r.root, key);
       fuse_into(out, std::move(r));
     }
     table_.erase(key);
@@ -491,6 +486,30 @@ std::vector<Response> Negotiator::compute() {
   }
   assign_new_cache_ids(out);
   return out;
+}
+
+void Negotiator::record_readiness(const Pending& p) {
+  const Request& first = p.by_rank.begin()->second;
+  if (!track_readiness_ || first.process_set != 0 ||
+      static_cast<int>(p.arrived_at.size()) != world_size_)
+    return;
+  std::vector<Clock::time_point> arrivals;
+  arrivals.reserve(world_size_);
+  for (const auto& [rank, t] : p.arrived_at) arrivals.push_back(t);
+  readiness_.observe(first.name, arrivals);
+}
+
+void Negotiator::fail_pending_on_removed_set(std::vector<Response>& out, int32_t removed,
+                                             const std::string& removing_key) {
+  // Operations still pending on a removed set can never complete.
+  for (auto& [other_key, other] : table_)
+    if (other.by_rank.begin()->second.process_set == removed && other_key != removing_key)
+      error_on(out, other,
+               fmt::format("process set {} was removed while '{}' was pending", removed,
+                           other.by_rank.begin()->second.name));
+  std::erase_if(table_, [&](const auto& kv) {
+    return kv.first != removing_key && kv.second.by_rank.begin()->second.process_set == removed;
+  });
 }
 
 std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_seconds) const {

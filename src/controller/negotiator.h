@@ -7,9 +7,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "controller/message.h"
@@ -33,6 +35,23 @@ std::string describe(const std::vector<Stall>& stalls);
 
 // Bytes of payload a response moves (every tensor's elements times the dtype's size).
 int64_t response_bytes(const Response& r);
+
+// Compares the ranks' requests for one name field by field and words the first disagreement:
+// "Mismatched shapes for allreduce 'w' (process set 0): rank 0: [2]; rank 1: [3]".
+class Agreement {
+ public:
+  explicit Agreement(const std::map<int32_t, Request>& by_rank);
+  // Checks `field` (each rank's value as text) unless an earlier check already failed.
+  Agreement& on(std::string_view field, const std::function<std::string(const Request&)>& value);
+  const std::string& error() const { return error_; }  // empty while every rank agrees
+  const Request& first() const { return first_; }
+
+ private:
+  const std::map<int32_t, Request>& by_rank_;
+  const Request& first_;
+  bool uniform_ = false;
+  std::string error_;
+};
 
 class Negotiator {
  public:
@@ -81,8 +100,19 @@ class Negotiator {
   void compute_cached(std::vector<Response>& out);
   void add_request(int32_t rank, const Request& request, Clock::time_point now);
   bool is_ready(const Pending& p) const;
-  std::string validate(const std::string& key, const Pending& p) const;
+  // Empty when the ranks' requests for one name may run together; else the error every rank
+  // gets.
+  std::string validate(const Pending& p) const;
+  std::string validate_reduction(const Pending& p, Agreement& agree) const;
+  std::string validate_broadcast(const Pending& p, Agreement& agree) const;
+  std::string validate_gather(const Pending& p, Agreement& agree) const;
+  std::string validate_add_process_set(Agreement& agree) const;
+  std::string validate_remove_process_set(Agreement& agree) const;
   Response make_response(const Pending& p);
+  void record_readiness(const Pending& p);  // with track_readiness(): the set's arrival times
+  // Fails and drops what is pending on process set `removed`, but for the removal itself.
+  void fail_pending_on_removed_set(std::vector<Response>& out, int32_t removed,
+                                   const std::string& removing_key);
   void find_cached(Response& r) const;
   void assign_new_cache_ids(std::vector<Response>& out);
   void apply_membership_change(Response& r);

@@ -13,7 +13,6 @@
 #include <memory>
 #include <optional>
 
-#include "transport/shm_segment.h"
 #include "krug/types.h"
 #include "net/address.h"
 #include "rendezvous/elastic_protocol.h"
@@ -27,6 +26,7 @@
 #include "run/ssh.h"
 #include "run/starter.h"
 #include "run/supervisor.h"
+#include "transport/shm_segment.h"
 
 namespace krug::run {
 namespace {
@@ -400,19 +400,35 @@ class Driver {
     if (!waiting_since_) waiting_since_ = now;
     const double waited = std::chrono::duration<double>(now - *waiting_since_).count();
     if (!absent.empty()) {
-      // Only a broken round (one of its members is back asking) has a deadline: new workers
-      // may wait for the members' next commit however far apart commits are.
-      const bool broken = std::any_of(waiting.begin(), waiting.end(),
-                                      [](const Worker* w) { return w->rank.has_value(); });
-      if (broken && waited > e_.elastic_timeout_s) {
-        std::string names;
-        for (Worker* w : absent) names += (names.empty() ? "" : ", ") + who(*w);
-        stop(1, fmt::format("{} did not come back to re-form the job within {} s "
-                            "(--elastic-timeout); stopping",
-                            names, e_.elastic_timeout_s));
-      }
+      stop_if_broken_round_timed_out(waiting, absent, waited);
       return;
     }
+    const std::vector<Worker*> members = release_removed(waiting);
+    if (!enough_members(members.size(), waited)) return;
+    if (round_ >= 0 && ++resets_ > e_.reset_limit && e_.reset_limit >= 0) {
+      stop(1, fmt::format("reset limit reached ({} resets, --reset-limit {}); stopping", resets_,
+                          e_.reset_limit));
+      return;
+    }
+    start_round(members, now);
+  }
+
+  // Only a broken round (one of its members is back asking) has a deadline: new workers may
+  // wait for the members' next commit however far apart commits are.
+  void stop_if_broken_round_timed_out(const std::vector<Worker*>& waiting,
+                                      const std::vector<Worker*>& absent, double waited) {
+    const bool broken = std::any_of(waiting.begin(), waiting.end(),
+                                    [](const Worker* w) { return w->rank.has_value(); });
+    if (!broken || waited <= e_.elastic_timeout_s) return;
+    std::string names;
+    for (Worker* w : absent) names += (names.empty() ? "" : ", ") + who(*w);
+    stop(1, fmt::format("{} did not come back to re-form the job within {} s "
+                        "(--elastic-timeout); stopping",
+                        names, e_.elastic_timeout_s));
+  }
+
+  // Tells the waiting workers that are leaving so; returns the others.
+  std::vector<Worker*> release_removed(const std::vector<Worker*>& waiting) {
     std::vector<Worker*> members;
     for (Worker* w : waiting) {
       // Once a worker finished training, the job is done: one that asks for another round
@@ -428,25 +444,29 @@ class Driver {
         members.push_back(w);
       }
     }
-    if (static_cast<int>(members.size()) < e_.min_np) {
-      if (!warned_min_np_) {
-        fmt::print(stderr,
-                   "krugrun: elastic: {} worker(s) ready, --min-np is {}: waiting up to "
-                   "{} s for more slots\n",
-                   members.size(), e_.min_np, e_.elastic_timeout_s);
-        warned_min_np_ = true;
-      }
-      if (waited > e_.elastic_timeout_s)
-        stop(1, fmt::format("only {} worker(s) available after {} s, fewer than --min-np {}; "
-                            "stopping",
-                            members.size(), e_.elastic_timeout_s, e_.min_np));
-      return;
+    return members;
+  }
+
+  // Whether `count` workers may form a round; below --min-np, warns once and stops the job
+  // after --elastic-timeout.
+  bool enough_members(size_t count, double waited) {
+    if (static_cast<int>(count) >= e_.min_np) return true;
+    if (!warned_min_np_) {
+      fmt::print(stderr,
+                 "krugrun: elastic: {} worker(s) ready, --min-np is {}: waiting up to "
+                 "{} s for more slots\n",
+                 count, e_.min_np, e_.elastic_timeout_s);
+      warned_min_np_ = true;
     }
-    if (round_ >= 0 && ++resets_ > e_.reset_limit && e_.reset_limit >= 0) {
-      stop(1, fmt::format("reset limit reached ({} resets, --reset-limit {}); stopping", resets_,
-                          e_.reset_limit));
-      return;
-    }
+    if (waited > e_.elastic_timeout_s)
+      stop(1, fmt::format("only {} worker(s) available after {} s, fewer than --min-np {}; "
+                          "stopping",
+                          count, e_.elastic_timeout_s, e_.min_np));
+    return false;
+  }
+
+  // Assigns ranks for the next round and tells every member its own.
+  void start_round(const std::vector<Worker*>& members, Clock::time_point now) {
     ++round_;
     std::vector<RoundMember> plan;
     for (Worker* w : members) plan.push_back({w->id, w->host, w->slot, w->rank});

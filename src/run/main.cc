@@ -8,21 +8,21 @@
 #include <filesystem>
 #include <set>
 
-#include "transport/shm_segment.h"
 #include "krug/types.h"
 #include "net/address.h"
 #include "rendezvous/server.h"
-#include "run/remote_exec.h"
-#include "run/ssh.h"
 #include "run/elastic_driver.h"
 #include "run/hosts.h"
 #include "run/mpi_run.h"
 #include "run/options.h"
 #include "run/rank_env.h"
+#include "run/remote_exec.h"
 #include "run/signals.h"
 #include "run/srun_starter.h"
+#include "run/ssh.h"
 #include "run/starter.h"
 #include "run/supervisor.h"
+#include "transport/shm_segment.h"
 
 namespace krug::run {
 namespace {
@@ -65,7 +65,8 @@ int check_hosts_command(const LaunchOptions& options) {
   std::vector<std::string> names;
   for (const auto& h : options.hosts) {
     names.push_back(h.host);
-    if (is_local_host(h.host, me, addresses)) fmt::print("krugrun: host {}: ok (this machine)\n", h.host);
+    if (is_local_host(h.host, me, addresses))
+      fmt::print("krugrun: host {}: ok (this machine)\n", h.host);
   }
   return all_reachable(remote_hosts(names, me, addresses), ssh_options(options), true) ? 0 : 1;
 }
@@ -84,88 +85,114 @@ std::string rendezvous_address_for(const std::string& host, bool multi_host,
   try {
     return net::source_address_toward(target);
   } catch (const Error& e) {
-    throw Error(fmt::format("krugrun: cannot find this machine's address toward host {}: {}; "
-                            "name the interface with --network-interface",
-                            target, e.what()));
+    throw Error(
+        fmt::format("krugrun: cannot find this machine's address toward host {}: {}; "
+                    "name the interface with --network-interface",
+                    target, e.what()));
   }
+}
+
+// What every rank of one launch_step shares.
+struct StepContext {
+  explicit StepContext(const LaunchOptions& o) : options(o) {}
+
+  const LaunchOptions& options;
+  std::string this_host = local_hostname();
+  std::vector<std::string> my_addresses = net::local_addresses();
+  std::vector<std::string> remote;  // the layout's hosts that are not this machine
+  JobInfo job;
+  EnvMap base_env = current_environment();
+  std::vector<std::string> forward_names;  // -x names and those --env sets
+
+  bool multi_host() const { return !remote.empty(); }
+  bool via_srun() const { return !options.slurm_job_id.empty(); }
+};
+
+// Starts one rank and wraps it for the supervisor: its output pumps and whether it is remote.
+SupervisedRank start_rank(const StepContext& step, const RankSlot& slot, RankStarter& starter) {
+  const LaunchOptions& options = step.options;
+  JobInfo rank_job = step.job;
+  rank_job.rendezvous_addr =
+      rendezvous_address_for(slot.host, step.multi_host(), options, step.this_host,
+                             step.my_addresses, step.multi_host() ? step.remote.front() : "");
+  RankLaunch launch{slot, options.command,
+                    to_envp(rank_environment(step.base_env, options, slot, rank_job)),
+                    step.forward_names};
+  auto [out_file, err_file] = output_files(options.output_dir, fmt::format("rank.{}", slot.rank));
+  StartedRank started = starter.start(launch);
+  // srun ranks are local children whatever their host; their status is the rank's.
+  const bool is_remote =
+      !step.via_srun() && !is_local_host(slot.host, step.this_host, step.my_addresses);
+  if (options.verbose)
+    fmt::print(stderr, "krugrun: rank {}: pid {} on host {}{}: {}\n", slot.rank,
+               started.process.pid(), slot.host,
+               step.via_srun() ? " (srun)"
+               : is_remote     ? " (ssh)"
+                               : "",
+               join(options.command));
+  std::string out_prefix = options.prefix ? output_prefix(slot.rank, false) : "";
+  std::string err_prefix = options.prefix ? output_prefix(slot.rank, true) : "";
+  return SupervisedRank{
+      slot,
+      std::move(started.process),
+      StreamPump(std::move(started.stdout_pipe), STDOUT_FILENO, out_prefix, std::move(out_file)),
+      StreamPump(std::move(started.stderr_pipe), STDERR_FILENO, err_prefix, std::move(err_file)),
+      is_remote,
+      std::move(started.stdin_keepalive)};
 }
 
 // One krugrun job: every rank of options.command, supervised until all are gone.
 int launch_step(const LaunchOptions& options) {
   if (options.mpi) return launch_mpi(options);
-  const std::string this_host = local_hostname();
-  const std::vector<std::string> my_addresses = net::local_addresses();
+  StepContext step{options};
   const SshOptions ssh = ssh_options(options);
   std::vector<RankSlot> layout = layout_ranks(options.hosts, options.np);
   std::vector<std::string> used_hosts;
   for (const auto& slot : layout) used_hosts.push_back(slot.host);
-  const std::vector<std::string> remote = remote_hosts(used_hosts, this_host, my_addresses);
-  const bool multi_host = !remote.empty();
+  step.remote = remote_hosts(used_hosts, step.this_host, step.my_addresses);
   // Every remote host is checked before any rank starts, so a typo or a dead host costs
-  // seconds and names itself, instead of a half-started job.
-  // (srun reaches Slurm's nodes without ssh.)
-  if (multi_host && options.slurm_job_id.empty() && !all_reachable(remote, ssh, false)) {
-    fmt::print(stderr, "krugrun: no rank was started; check the host names, ssh access "
-                       "(ssh HOST true must work without a password) and --ssh-* options\n");
+  // seconds and names itself, instead of a half-started job. (srun needs no ssh.)
+  if (step.multi_host() && !step.via_srun() && !all_reachable(step.remote, ssh, false)) {
+    fmt::print(stderr,
+               "krugrun: no rank was started; check the host names, ssh access "
+               "(ssh HOST true must work without a password) and --ssh-* options\n");
     return 1;
   }
   std::vector<std::unique_ptr<RankStarter>> starters;
   for (const auto& slot : layout)
-    starters.push_back(options.slurm_job_id.empty()
-                           ? make_starter(slot.host, this_host, my_addresses, ssh)
-                           : std::make_unique<SrunStarter>(options.slurm_job_id));
+    starters.push_back(step.via_srun()
+                           ? std::make_unique<SrunStarter>(options.slurm_job_id)
+                           : make_starter(slot.host, step.this_host, step.my_addresses, ssh));
 
   Fd signal_fd = open_signal_fd();
   // Remote ranks need a listener on an address they can reach; the secret keeps strangers out.
-  const std::string bind_addr = multi_host ? "0.0.0.0" : kLocalBindAddr;
-  JobInfo job{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id(),
-              build_python_dir()};
-  rendezvous::RendezvousServer server(bind_addr, 0, job.secret, [](const std::string& m) {
+  const std::string bind_addr = step.multi_host() ? "0.0.0.0" : kLocalBindAddr;
+  step.job =
+      JobInfo{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id(), build_python_dir()};
+  rendezvous::RendezvousServer server(bind_addr, 0, step.job.secret, [](const std::string& m) {
     std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
   });
-  job.rendezvous_port = server.port();
+  step.job.rendezvous_port = server.port();
   if (options.verbose)
     fmt::print(stderr, "krugrun: job {}: {} ranks on {} host(s), rendezvous server on {}:{}\n",
-               job.job_id, options.np, count_hosts(layout), bind_addr, job.rendezvous_port);
-
-  EnvMap base = current_environment();
-  std::vector<std::string> forward_names = options.forward_env;
-  for (const auto& [name, value] : options.set_env) forward_names.push_back(name);
+               step.job.job_id, options.np, count_hosts(layout), bind_addr,
+               step.job.rendezvous_port);
+  step.forward_names = options.forward_env;
+  for (const auto& [name, value] : options.set_env) step.forward_names.push_back(name);
   std::vector<SupervisedRank> ranks;
   ranks.reserve(layout.size());
-  for (size_t i = 0; i < layout.size(); ++i) {
-    const RankSlot& slot = layout[i];
-    JobInfo rank_job = job;
-    rank_job.rendezvous_addr = rendezvous_address_for(slot.host, multi_host, options, this_host,
-                                                      my_addresses, multi_host ? remote.front() : "");
-    RankLaunch launch{slot, options.command, to_envp(rank_environment(base, options, slot, rank_job)),
-                      forward_names};
-    auto [out_file, err_file] =
-        output_files(options.output_dir, fmt::format("rank.{}", slot.rank));
-    StartedRank started = starters[i]->start(launch);
-    // srun ranks are local children whatever their host; their status is the rank's.
-    const bool via_srun = !options.slurm_job_id.empty();
-    const bool is_remote = !via_srun && !is_local_host(slot.host, this_host, my_addresses);
-    if (options.verbose)
-      fmt::print(stderr, "krugrun: rank {}: pid {} on host {}{}: {}\n", slot.rank,
-                 started.process.pid(), slot.host, via_srun ? " (srun)" : is_remote ? " (ssh)" : "",
-                 join(options.command));
-    std::string out_prefix = options.prefix ? output_prefix(slot.rank, false) : "";
-    std::string err_prefix = options.prefix ? output_prefix(slot.rank, true) : "";
-    ranks.push_back(SupervisedRank{
-        slot, std::move(started.process),
-        StreamPump(std::move(started.stdout_pipe), STDOUT_FILENO, out_prefix, std::move(out_file)),
-        StreamPump(std::move(started.stderr_pipe), STDERR_FILENO, err_prefix, std::move(err_file)),
-        is_remote, std::move(started.stdin_keepalive)});
-  }
+  for (size_t i = 0; i < layout.size(); ++i)
+    ranks.push_back(start_rank(step, layout[i], *starters[i]));
   // The server outlives the supervisor: it is destroyed only after every rank is gone.
   const int code = Supervisor(std::move(ranks), std::move(signal_fd), options.verbose).run();
   // Shared-memory segments are unlinked once every rank of their set has mapped them; one is
   // left only by a rank that died in between, and this host's are removed here.
-  if (const int removed = transport::remove_job_segments(job.job_id);
+  if (const int removed = transport::remove_job_segments(step.job.job_id);
       removed > 0 && options.verbose)
-    fmt::print(stderr, "krugrun: removed {} shared-memory segment(s) left by ranks that died "
-                       "during init\n", removed);
+    fmt::print(stderr,
+               "krugrun: removed {} shared-memory segment(s) left by ranks that died "
+               "during init\n",
+               removed);
   return code;
 }
 
@@ -182,9 +209,8 @@ int launch(LaunchOptions options) {
     options.command = steps[i];
     const int code = launch_step(options);
     if (code != 0) {
-      fmt::print(stderr,
-                 "krugrun: step {}/{} failed (exit code {}): {}{}\n", i + 1, steps.size(), code,
-                 line,
+      fmt::print(stderr, "krugrun: step {}/{} failed (exit code {}): {}{}\n", i + 1, steps.size(),
+                 code, line,
                  i + 1 < steps.size()
                      ? fmt::format("; the {} step(s) after it were not run", steps.size() - i - 1)
                      : "");

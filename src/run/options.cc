@@ -36,7 +36,8 @@ CLI::Validator number_at_least(double min, bool inclusive) {
         }
         if (used != value.size() || value.empty()) return "'" + value + "' is not a number";
         if (inclusive ? v < min : v <= min)
-          return fmt::format("{} must be {} {}", value, inclusive ? "at least" : "greater than", min);
+          return fmt::format("{} must be {} {}", value, inclusive ? "at least" : "greater than",
+                             min);
         return {};
       },
       inclusive ? "NONNEGATIVE" : "POSITIVE");
@@ -58,11 +59,16 @@ CLI::Validator knob_check(const KnobFlag& flag) {
 
 std::string knob_type_name(KnobFlag::Kind kind) {
   switch (kind) {
-    case KnobFlag::Kind::kMebibytes: return "MB";
-    case KnobFlag::Kind::kInteger: return "INT";
-    case KnobFlag::Kind::kNumber: return "FLOAT";
-    case KnobFlag::Kind::kText: return "PATH";
-    case KnobFlag::Kind::kLogLevel: return "LEVEL";
+    case KnobFlag::Kind::kMebibytes:
+      return "MB";
+    case KnobFlag::Kind::kInteger:
+      return "INT";
+    case KnobFlag::Kind::kNumber:
+      return "FLOAT";
+    case KnobFlag::Kind::kText:
+      return "PATH";
+    case KnobFlag::Kind::kLogLevel:
+      return "LEVEL";
   }
   return "TEXT";
 }
@@ -93,8 +99,9 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
   app.add_option("--output-filename", o.output_dir,
                  "Also write DIR/rank.N/stdout and DIR/rank.N/stderr");
   app.add_flag("--verbose", o.verbose, "Print the rendezvous address and each rank's start");
-  app.add_flag("--no-prefix", [&o](int64_t) { o.prefix = false; },
-               "Do not prefix output lines with [rank]<stdout>:");
+  app.add_flag(
+      "--no-prefix", [&o](int64_t) { o.prefix = false; },
+      "Do not prefix output lines with [rank]<stdout>:");
   app.add_flag("--mpi", o.mpi,
                "Start the ranks with Open MPI's mpirun (KRUG_CPU_OPERATIONS=mpi unless set)");
   app.add_option("--start-timeout", o.start_timeout_s,
@@ -164,7 +171,7 @@ std::vector<std::string> normalize_args(const CLI::App& app, int argc, const cha
     if (a.rfind("-np=", 0) == 0) a = "-" + a;
     if (a.find('=') != std::string::npos) continue;
     const CLI::Option* opt = app.get_option_no_throw(a);
-    if (opt == nullptr) break;                 // unknown: CLI11 / the check below reports it
+    if (opt == nullptr) break;                   // unknown: CLI11 / the check below reports it
     if (opt->get_items_expected_min() > 0) ++i;  // skip the option's value (flags have none)
   }
   return args;
@@ -188,8 +195,9 @@ void set_knobs(const CLI::App& app, const KnobText& k, LaunchOptions& o) {
     if (app.count(flag_name(flag.key)) > 0)
       o.knob_env[std::string(flag.env)] = knob_value(flag, k.at(flag.key));
   if (app.count("--hierarchical-allreduce") > 0 && app.count("--no-hierarchical-allreduce") > 0)
-    throw Error("krugrun: --hierarchical-allreduce and --no-hierarchical-allreduce contradict "
-                "each other; give one (neither leaves the choice to krug)");
+    throw Error(
+        "krugrun: --hierarchical-allreduce and --no-hierarchical-allreduce contradict "
+        "each other; give one (neither leaves the choice to krug)");
 }
 
 // The flags given on the command line, named by their job spec keys (job_spec.h).
@@ -214,7 +222,8 @@ std::set<std::string> flags_given(const CLI::App& app) {
 
 // With --config the command is optional: it replaces the file's `run:` steps.
 void take_command(std::vector<std::string> rest, LaunchOptions& o) {
-  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (!rest.empty() && rest.front() == "--")
+    rest.erase(rest.begin());
   else if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-')
     throw Error("krugrun: unknown option '" + rest.front() + "' (see krugrun --help)");
   if (rest.empty() && o.config_file.empty())
@@ -226,11 +235,13 @@ void take_command(std::vector<std::string> rest, LaunchOptions& o) {
 void check_elastic(const CLI::App& app, LaunchOptions& o) {
   ElasticOptions& e = o.elastic;
   if (!e.enabled())
-    throw Error("krugrun: --min-np / --max-np start an elastic job, which needs "
-                "--host-discovery-script (a command printing host:slots lines)");
+    throw Error(
+        "krugrun: --min-np / --max-np start an elastic job, which needs "
+        "--host-discovery-script (a command printing host:slots lines)");
   if (!o.hosts.empty())
-    throw Error("krugrun: an elastic job takes its hosts from --host-discovery-script; drop -H / "
-                "--hostfile");
+    throw Error(
+        "krugrun: an elastic job takes its hosts from --host-discovery-script; drop -H / "
+        "--hostfile");
   if (o.mpi) throw Error("krugrun: --mpi cannot start an elastic job (mpirun's ranks are fixed)");
   if (!o.steps.empty() && o.steps.size() > 1)
     throw Error("krugrun: an elastic job runs one command, not several run: steps");
@@ -247,8 +258,9 @@ void check_elastic(const CLI::App& app, LaunchOptions& o) {
       (e.cooldown_range->first < 0 || e.cooldown_range->second < e.cooldown_range->first))
     throw Error("krugrun: --blacklist-cooldown-range A B needs 0 <= A <= B seconds");
   if (e.straggler_factor != 0 && e.straggler_factor <= 1)
-    throw Error("krugrun: --straggler-factor must be above 1 (how many times slower than the "
-                "others a rank may be), or 0 to turn straggler removal off");
+    throw Error(
+        "krugrun: --straggler-factor must be above 1 (how many times slower than the "
+        "others a rank may be), or 0 to turn straggler removal off");
 }
 
 }  // namespace
@@ -259,12 +271,45 @@ bool is_env_name(std::string_view name) {
   return valid;
 }
 
+// The hosts of -H or --hostfile, into o.hosts.
+void read_hosts(const CLI::App& app, const std::string& hosts_flag, LaunchOptions& o) {
+  if (app.count("-H") && app.count("--hostfile"))
+    throw Error("krugrun: give the hosts with -H or --hostfile, not both");
+  if (app.count("-H"))
+    o.hosts = parse_hosts(hosts_flag);
+  else if (app.count("--hostfile"))
+    o.hosts = read_hostfile(o.hostfile);
+}
+
+// A fixed-size job's -np and hosts: given, from the job spec, from a Slurm allocation, or
+// localhost; throws when the slots cannot hold the ranks.
+void settle_ranks_and_hosts(const CLI::App& app, LaunchOptions& o) {
+  // -np, or the job spec's np: (or the slots of its workers).
+  const bool has_np = app.count("--np") > 0 || o.np != 0;
+  // Given hosts win over Slurm: `-H localhost:N` starts ranks without srun in an allocation.
+  std::optional<slurm::Allocation> allocation;
+  if (o.hosts.empty()) allocation = slurm::detect_allocation(current_environment());
+  if (!has_np && !allocation)
+    throw Error(o.config_file.empty()
+                    ? "krugrun: -np N is required (see krugrun --help)"
+                    : "krugrun: -np N is required: give it on the command line, as np: in " +
+                          o.config_file + ", or list workers there");
+  if (allocation) {
+    o.np = slurm::ranks_to_start(*allocation, has_np ? std::optional<int>(o.np) : std::nullopt);
+    o.hosts = allocation->hosts;
+    o.slurm_job_id = allocation->job_id;
+  }
+  if (o.hosts.empty()) o.hosts = {{"localhost", o.np}};
+  layout_ranks(o.hosts, o.np);  // checks -np >= 1 and that the slots cover it
+}
+
 std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"krugrun: start N ranks of a krug (or Horovod) training command", "krugrun"};
-  app.footer("Synopsis: krugrun -np N [-H host:slots,...] [options] command [args...]\n"
-             "Example: krugrun -np 4 -H localhost:4 python3 train.py --lr 0.1\n"
-             "Inside a Slurm allocation without -H, ranks start with srun on the allocation's\n"
-             "hosts and -np defaults to its task count.\n");
+  app.footer(
+      "Synopsis: krugrun -np N [-H host:slots,...] [options] command [args...]\n"
+      "Example: krugrun -np 4 -H localhost:4 python3 train.py --lr 0.1\n"
+      "Inside a Slurm allocation without -H, ranks start with srun on the allocation's\n"
+      "hosts and -np defaults to its task count.\n");
   LaunchOptions o;
   KnobText k;
   std::vector<std::string> xs;
@@ -286,12 +331,7 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     }
     split_env(xs, o);
     set_knobs(app, k, o);
-    if (app.count("-H") && app.count("--hostfile"))
-      throw Error("krugrun: give the hosts with -H or --hostfile, not both");
-    if (app.count("-H"))
-      o.hosts = parse_hosts(hosts);
-    else if (app.count("--hostfile"))
-      o.hosts = read_hostfile(o.hostfile);
+    read_hosts(app, hosts, o);
     if (o.check_hosts_only && o.config_file.empty()) {
       if (o.hosts.empty()) throw Error("krugrun: --check-hosts needs -H or --hostfile");
       return o;
@@ -312,23 +352,7 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
       check_elastic(app, o);
       return o;
     }
-    // -np, or the job spec's np: (or the slots of its workers).
-    const bool has_np = app.count("--np") > 0 || o.np != 0;
-    // Given hosts win over Slurm: `-H localhost:N` starts ranks without srun in an allocation.
-    std::optional<slurm::Allocation> allocation;
-    if (o.hosts.empty()) allocation = slurm::detect_allocation(current_environment());
-    if (!has_np && !allocation)
-      throw Error(o.config_file.empty()
-                      ? "krugrun: -np N is required (see krugrun --help)"
-                      : "krugrun: -np N is required: give it on the command line, as np: in " +
-                            o.config_file + ", or list workers there");
-    if (allocation) {
-      o.np = slurm::ranks_to_start(*allocation, has_np ? std::optional<int>(o.np) : std::nullopt);
-      o.hosts = allocation->hosts;
-      o.slurm_job_id = allocation->job_id;
-    }
-    if (o.hosts.empty()) o.hosts = {{"localhost", o.np}};
-    layout_ranks(o.hosts, o.np);  // checks -np >= 1 and that the slots cover it
+    settle_ranks_and_hosts(app, o);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const Error& e) {

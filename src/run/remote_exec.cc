@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "run/fd.h"
 #include "run/hosts.h"
 
 namespace krug::run {
@@ -23,14 +24,19 @@ namespace {
 
 constexpr auto kGrace = std::chrono::seconds(5);
 
-int fail(const std::string& message, int code) {
-  std::fprintf(stderr, "krugrun on host %s: %s\n", local_hostname().c_str(), message.c_str());
-  return code;
+// Why the wrapper could not start the rank, and its exit code (126: set-up, 127: the command).
+struct StartFailure {
+  std::string message;
+  int code;
+};
+
+int exit_code_of(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-}  // namespace
-
-int remote_exec_main(int argc, char** argv) {
+// `__remote-exec [--cwd DIR] VAR=value... -- command...`: sets the variables, enters DIR and
+// returns the command.
+char** parse_and_apply(int argc, char** argv) {
   int i = 2;  // argv[1] is "__remote-exec"
   std::string cwd;
   if (i + 1 < argc && std::strcmp(argv[i], "--cwd") == 0) {
@@ -39,30 +45,40 @@ int remote_exec_main(int argc, char** argv) {
   }
   for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
     const char* eq = std::strchr(argv[i], '=');
-    if (eq == nullptr) return fail(std::string("bad environment entry '") + argv[i] + "'", 126);
+    if (eq == nullptr)
+      throw StartFailure{std::string("bad environment entry '") + argv[i] + "'", 126};
     ::setenv(std::string(static_cast<const char*>(argv[i]), eq).c_str(), eq + 1, 1);
   }
-  if (i + 1 >= argc) return fail("no command to run", 126);
-  char** command = argv + i + 1;
+  if (i + 1 >= argc) throw StartFailure{"no command to run", 126};
   if (!cwd.empty() && ::chdir(cwd.c_str()) != 0)
-    return fail("cannot enter the working directory " + cwd + ": " + std::strerror(errno) +
-                    " (krugrun runs remote ranks in its own working directory: it must exist on "
-                    "every host)",
-                126);
+    throw StartFailure{"cannot enter the working directory " + cwd + ": " + std::strerror(errno) +
+                           " (krugrun runs remote ranks in its own working directory: it must "
+                           "exist on every host)",
+                       126};
+  return argv + i + 1;
+}
 
+// Blocks the signals the wrapper handles and returns a signalfd that reports them.
+Fd stop_signals_fd() {
   sigset_t handled;
   ::sigemptyset(&handled);
   for (int sig : {SIGCHLD, SIGTERM, SIGHUP, SIGINT}) ::sigaddset(&handled, sig);
   ::sigprocmask(SIG_BLOCK, &handled, nullptr);
-  int sfd = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (sfd < 0) return fail(std::string("signalfd failed: ") + std::strerror(errno), 126);
+  Fd sfd(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sfd) throw StartFailure{std::string("signalfd failed: ") + std::strerror(errno), 126};
+  return sfd;
+}
 
+// Starts `command` in its own process group, dying with the wrapper; an exec failure comes
+// back through a close-on-exec pipe, so it is reported here rather than as a bare 127.
+pid_t start_child(char** command) {
   int status_pipe[2];
   if (::pipe2(status_pipe, O_CLOEXEC) != 0)
-    return fail(std::string("pipe failed: ") + std::strerror(errno), 126);
+    throw StartFailure{std::string("pipe failed: ") + std::strerror(errno), 126};
+  Fd from_child(status_pipe[0]), to_parent(status_pipe[1]);
   const pid_t parent = ::getpid();
   const pid_t child = ::fork();
-  if (child < 0) return fail(std::string("fork failed: ") + std::strerror(errno), 126);
+  if (child < 0) throw StartFailure{std::string("fork failed: ") + std::strerror(errno), 126};
   if (child == 0) {
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -74,51 +90,59 @@ int remote_exec_main(int argc, char** argv) {
     if (null_fd >= 0) ::dup2(null_fd, 0);
     ::execvp(command[0], command);
     int e = errno;
-    ssize_t ignored = ::write(status_pipe[1], &e, sizeof(e));
+    ssize_t ignored = ::write(to_parent.get(), &e, sizeof(e));
     (void)ignored;
     ::_exit(127);
   }
   ::setpgid(child, child);
-  ::close(status_pipe[1]);
+  to_parent.reset();
   int child_errno = 0;
   ssize_t n;
-  do n = ::read(status_pipe[0], &child_errno, sizeof(child_errno));
+  do n = ::read(from_child.get(), &child_errno, sizeof(child_errno));
   while (n < 0 && errno == EINTR);
-  ::close(status_pipe[0]);
   if (n == static_cast<ssize_t>(sizeof(child_errno))) {
     ::waitpid(child, nullptr, 0);
-    return fail(std::string("cannot start '") + command[0] + "': " + std::strerror(child_errno),
-                127);
+    throw StartFailure{
+        std::string("cannot start '") + command[0] + "': " + std::strerror(child_errno), 127};
   }
+  return child;
+}
 
+// Whether stdin reached its end: the ssh session is over (krugrun is gone or stopping us).
+bool stdin_closed() {
+  char buf[256];
+  ssize_t got = ::read(0, buf, sizeof(buf));
+  return got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN);
+}
+
+// Waits for the rank, forwarding a stop (signal or closed ssh session) as SIGTERM to its group,
+// then SIGKILL after the grace period. Returns the rank's exit code in krugrun's convention.
+int supervise(pid_t child, const Fd& sfd) {
   using Clock = std::chrono::steady_clock;
   bool stdin_open = true, stopping = false;
   Clock::time_point kill_at{};
   while (true) {
-    pollfd fds[2] = {{sfd, POLLIN, 0}, {0, POLLIN, 0}};
+    pollfd fds[2] = {{sfd.get(), POLLIN, 0}, {0, POLLIN, 0}};
     int timeout = -1;
     if (stopping)
       timeout = static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(kill_at - Clock::now()).count()));
+          0,
+          std::chrono::duration_cast<std::chrono::milliseconds>(kill_at - Clock::now()).count()));
     int ready = ::poll(fds, stdin_open ? 2 : 1, timeout);
     if (ready < 0 && errno != EINTR) break;
     bool stop_now = false;
-    if (stdin_open && fds[1].revents != 0) {
-      char buf[256];
-      ssize_t got = ::read(0, buf, sizeof(buf));
-      if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
-        stdin_open = false;  // ssh session over: krugrun is gone or stopping this rank
-        stop_now = true;
-      }
+    if (stdin_open && fds[1].revents != 0 && stdin_closed()) {
+      stdin_open = false;
+      stop_now = true;
     }
     if (fds[0].revents != 0) {
       signalfd_siginfo info;
-      while (::read(sfd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info)))
+      while (::read(sfd.get(), &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info)))
         if (info.ssi_signo != SIGCHLD) stop_now = true;
       int st = 0;
       if (::waitpid(child, &st, WNOHANG) == child) {
         ::kill(-child, SIGKILL);  // descendants left in the group must not outlive the rank
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return exit_code_of(st);
       }
     }
     if (stop_now && !stopping) {
@@ -133,7 +157,20 @@ int remote_exec_main(int argc, char** argv) {
   ::kill(-child, SIGKILL);
   int st = 0;
   ::waitpid(child, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  return exit_code_of(st);
+}
+
+}  // namespace
+
+int remote_exec_main(int argc, char** argv) {
+  try {
+    char** command = parse_and_apply(argc, argv);
+    Fd sfd = stop_signals_fd();
+    return supervise(start_child(command), sfd);
+  } catch (const StartFailure& f) {
+    std::fprintf(stderr, "krugrun on host %s: %s\n", local_hostname().c_str(), f.message.c_str());
+    return f.code;
+  }
 }
 
 }  // namespace krug::run

@@ -172,6 +172,47 @@ int Allocation::total_slots() const {
   return total > INT32_MAX ? INT32_MAX : static_cast<int>(total);
 }
 
+namespace {
+
+// Tasks (or CPUs) per node of an allocation, and the variable they came from.
+struct SlotCounts {
+  std::vector<int> counts;
+  const char* variable;
+  std::string spec;
+  int cpus_per_task = 1;  // CPUs divide by it; task counts are already slots
+};
+
+SlotCounts read_slot_counts(const std::map<std::string, std::string>& env,
+                            const std::string& job_id) {
+  SlotCounts out;
+  // Inside a job step, SLURM_TASKS_PER_NODE describes the step; the job's CPUs are still there.
+  out.variable = "SLURM_TASKS_PER_NODE";
+  std::optional<std::string> spec;
+  if (!lookup(env, "SLURM_STEP_ID")) spec = lookup(env, out.variable);
+  if (!spec) {
+    spec = lookup(env, out.variable = "SLURM_JOB_CPUS_PER_NODE");
+    if (auto cpt = lookup(env, "SLURM_CPUS_PER_TASK")) {
+      uint64_t v = 0;
+      if (!parse_uint(*cpt, v) || v < 1 || v > INT32_MAX)
+        throw Error("krugrun: SLURM_CPUS_PER_TASK=" + quoted(*cpt) + " is not a positive number");
+      out.cpus_per_task = static_cast<int>(v);
+    }
+  }
+  if (!spec)
+    throw Error("krugrun: inside Slurm job " + job_id +
+                " but neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE is set; give the "
+                "hosts with -H host:slots,...");
+  out.spec = *spec;
+  try {
+    out.counts = expand_counts(out.spec);
+  } catch (const Error& e) {
+    throw in_variable(out.variable, e);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::optional<Allocation> detect_allocation(const std::map<std::string, std::string>& env) {
   std::optional<std::string> job_id = lookup(env, "SLURM_JOB_ID");
   if (!job_id) job_id = lookup(env, "SLURM_JOBID");
@@ -192,34 +233,14 @@ std::optional<Allocation> detect_allocation(const std::map<std::string, std::str
     throw in_variable(list_var, e);
   }
 
-  // Inside a job step, SLURM_TASKS_PER_NODE describes the step; the job's CPUs are still there.
-  const char* count_var = "SLURM_TASKS_PER_NODE";
-  std::optional<std::string> counts_spec;
-  if (!lookup(env, "SLURM_STEP_ID")) counts_spec = lookup(env, count_var);
-  int cpus_per_task = 1;
-  if (!counts_spec) {
-    counts_spec = lookup(env, count_var = "SLURM_JOB_CPUS_PER_NODE");
-    if (auto cpt = lookup(env, "SLURM_CPUS_PER_TASK")) {
-      uint64_t v = 0;
-      if (!parse_uint(*cpt, v) || v < 1 || v > INT32_MAX)
-        throw Error("krugrun: SLURM_CPUS_PER_TASK=" + quoted(*cpt) + " is not a positive number");
-      cpus_per_task = static_cast<int>(v);
-    }
-  }
-  if (!counts_spec)
-    throw Error("krugrun: inside Slurm job " + *job_id +
-                " but neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE is set; give the "
-                "hosts with -H host:slots,...");
-  std::vector<int> counts;
-  try {
-    counts = expand_counts(*counts_spec);
-  } catch (const Error& e) {
-    throw in_variable(count_var, e);
-  }
+  const SlotCounts slots = read_slot_counts(env, *job_id);
+  const std::vector<int>& counts = slots.counts;
+  const char* count_var = slots.variable;
+  const int cpus_per_task = slots.cpus_per_task;
   if (counts.size() != names.size())
     throw Error("krugrun: Slurm job " + *job_id + ": " + list_var + "=" + quoted(*nodelist) +
                 " names " + std::to_string(names.size()) + " node(s) but " + count_var + "=" +
-                quoted(*counts_spec) + " gives " + std::to_string(counts.size()) + " count(s)");
+                quoted(slots.spec) + " gives " + std::to_string(counts.size()) + " count(s)");
 
   Allocation a;
   a.job_id = *job_id;
