@@ -2,7 +2,7 @@
 
 #include <ATen/core/grad_mode.h>  // at::NoGradGuard (torch 2.x's ATen.h no longer has it)
 #include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (fmt 11 moved it here)
 
@@ -191,6 +191,13 @@ HandlePtr with_handle(std::shared_ptr<TorchHandle::Shared> shared, frontend::Han
   return h;
 }
 
+// One ready event for an operation's tensors, which must share a device (one stream waits).
+std::shared_ptr<frontend::ReadyEvent> group_ready(const std::vector<at::Tensor>& tensors,
+                                                  const std::string& what) {
+  for (const auto& t : tensors) check_same_device(tensors.front(), t, what);
+  return tensors.empty() ? nullptr : ready_event(tensors.front());
+}
+
 // Ops whose output is sized after negotiation: one slot per input, allocated by the seam.
 HandlePtr sized_later(const std::string& name, const frontend::Op& op,
                       const std::vector<at::Tensor>& inputs, bool grouped) {
@@ -215,13 +222,6 @@ HandlePtr sized_later(const std::string& name, const frontend::Op& op,
   frontend::Handle handle = grouped ? frontend::enqueue_group(name, op, views, {}, callbacks)
                                     : frontend::enqueue(name, op, views.at(0), nullptr, callbacks);
   return with_handle(std::move(shared), std::move(handle));
-}
-
-// One ready event for an operation's tensors, which must share a device (one stream waits).
-std::shared_ptr<frontend::ReadyEvent> group_ready(const std::vector<at::Tensor>& tensors,
-                                                  const std::string& what) {
-  for (const auto& t : tensors) check_same_device(tensors.front(), t, what);
-  return tensors.empty() ? nullptr : ready_event(tensors.front());
 }
 
 frontend::Op on_set(OpType type, ProcessSet process_set) {
