@@ -44,6 +44,16 @@ template <typename E>
 struct HasSynchronize<E, std::void_t<decltype(std::declval<const E&>().synchronize())>>
     : std::true_type {};
 
+// A template, so that the branch a torch lacks is never instantiated.
+template <typename E>
+void wait_for_event(const E& event) {
+  if constexpr (HasSynchronize<E>::value) {
+    event.synchronize();
+  } else {
+    while (!event.query()) std::this_thread::yield();
+  }
+}
+
 // The seam's ready event for CUDA tensors: recorded on the current stream of the tensor's
 // device when the operation is enqueued (after the binding's own copies), waited for by the
 // engine before it reads the tensor. Only that event, never the device. Uses c10's
@@ -54,13 +64,7 @@ class StreamReady final : public frontend::ReadyEvent {
     c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
     event_.record(impl.getStream(device));
   }
-  void wait() override {
-    if constexpr (HasSynchronize<c10::Event>::value) {
-      event_.synchronize();
-    } else {
-      while (!event_.query()) std::this_thread::yield();
-    }
-  }
+  void wait() override { wait_for_event(event_); }
 
  private:
   c10::Event event_;
@@ -80,7 +84,8 @@ std::string describe(OpType op, const std::string& name) {
 frontend::TensorView view_of(const at::Tensor& t) {
   const auto sizes = t.sizes();
   frontend::Device device;
-  if (t.is_cuda()) device = {.kind = frontend::DeviceKind::kCUDA, .id = t.get_device()};
+  if (t.is_cuda())
+    device = {.kind = frontend::DeviceKind::kCUDA, .id = static_cast<int32_t>(t.get_device())};
   return frontend::TensorView{.dtype = to_krug_dtype(t.scalar_type()),
                               .shape = {sizes.data(), sizes.size()},
                               .device = device,
