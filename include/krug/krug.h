@@ -16,6 +16,7 @@
 // calls and Handle::wait() throw krug::Error with that message.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,8 +56,12 @@ class Handle {
   // without two thread hand-offs (when this host has a core per rank; see
   // KRUG_BUSY_POLL_MICROSECONDS).
   void wait() const;
-  // Blocks at most `timeout_seconds` (the same as wait()); returns poll().
-  bool wait_for(double timeout_seconds) const;
+  // Blocks at most `timeout` (the same as wait(), but without throwing); returns poll().
+  bool wait_for(std::chrono::nanoseconds timeout) const;
+  template <typename Rep, typename Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
+    return wait_for(std::chrono::ceil<std::chrono::nanoseconds>(timeout));
+  }
   // After completion: empty on success, else what went wrong.
   std::string error() const;
 

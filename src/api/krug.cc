@@ -67,13 +67,13 @@ rendezvous::elastic::Assignment join_round(rendezvous::Store& store, const Confi
   rendezvous::Bytes value;
   try {
     value = store.get(el::assign_key(config.elastic_worker_id, seq),
-                      std::chrono::milliseconds(int64_t(config.elastic_timeout_seconds * 1000)));
+                      whole_ms(config.elastic_timeout));
   } catch (const rendezvous::StoreTimeout&) {
     throw Error(fmt::format(
         "krug::init() on elastic worker {} ({}): krugrun formed no new round within {} s "
         "(KRUG_ELASTIC_TIMEOUT, krugrun --elastic-timeout): too few hosts for --min-np, or "
         "another worker did not come back; see krugrun's messages",
-        config.elastic_worker_id, config.hostname, config.elastic_timeout_seconds));
+        config.elastic_worker_id, config.hostname, config.elastic_timeout.count()));
   }
   auto a = el::decode_assignment(std::string(value.begin(), value.end()));
   if (a.removed)
@@ -131,9 +131,8 @@ void Handle::wait() const {
   checked().wait();
   if (auto e = state_->error(); !e.empty()) throw Error(e);
 }
-bool Handle::wait_for(double timeout_seconds) const {
-  return checked().wait_until(std::chrono::steady_clock::now() +
-                              std::chrono::microseconds(int64_t(timeout_seconds * 1e6)));
+bool Handle::wait_for(std::chrono::nanoseconds timeout) const {
+  return checked().wait_until(std::chrono::steady_clock::now() + timeout);
 }
 std::string Handle::error() const { return checked().error(); }
 const std::vector<uint8_t>& Handle::output() const { return checked().result().data; }
@@ -176,7 +175,7 @@ void init() {
     }
     store = std::make_shared<rendezvous::RendezvousClient>(
         config.rendezvous_addr, static_cast<uint16_t>(config.rendezvous_port), config.secret,
-        std::chrono::milliseconds(static_cast<int64_t>(config.timeout_seconds * 1000)));
+        whole_ms(config.timeout));
   }
   const int64_t seq = rt.generation++;
   std::string prefix = fmt::format("init{}/", seq);
@@ -239,7 +238,9 @@ int cross_size() {
   return c.cross_size >= 0 ? c.cross_size : 1;
 }
 
-std::string cpu_operations() { return current()->config().cpu_operations; }
+std::string cpu_operations() {
+  return std::string(data_plane_name(current()->config().data_plane));
+}
 bool mpi_built() { return collectives::mpi::built(); }
 bool cuda_built() { return device::cuda_built(); }
 std::string cuda_version() { return device::cuda_build_version(); }

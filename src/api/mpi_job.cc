@@ -77,7 +77,7 @@ void configure_from_mpi(Config& config, MpiBootstrap& bootstrap) {
   config.local_size = world.local_size;
   config.cross_rank = world.cross_rank;
   config.cross_size = world.cross_size;
-  if (config.cpu_operations.empty()) config.cpu_operations = "mpi";
+  if (config.data_plane == DataPlane::kAuto) config.data_plane = DataPlane::kMpi;
   // krugrun --mpi runs the rendezvous server and passes its address; a job of one needs none.
   if (!config.rendezvous_addr.empty() || config.size == 1) return;
   if (bootstrap.port == 0)

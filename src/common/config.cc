@@ -71,6 +71,22 @@ void assign(const Knob& knob, const Setting& setting, Config& config) {
           if (std::find(knob.choices.begin(), knob.choices.end(), lower) == knob.choices.end())
             reject(knob, setting);
           config.*member = lower;
+        } else if constexpr (std::is_same_v<T, DataPlane>) {
+          auto plane = parse_data_plane(to_lower(setting.value));
+          if (!plane) reject(knob, setting);
+          config.*member = *plane;
+        } else if constexpr (knobs::is_duration<T>) {
+          // A number in the knob's unit (T's period): an integer where T counts whole units.
+          if constexpr (std::is_integral_v<typename T::rep>) {
+            auto value = parse_int64_strict(setting.value);
+            if (!value || !in_bounds(static_cast<double>(*value), knob.bounds))
+              reject(knob, setting);
+            config.*member = T(*value);
+          } else {
+            auto value = parse_double_strict(setting.value);
+            if (!value || !in_bounds(*value, knob.bounds)) reject(knob, setting);
+            config.*member = T(*value);
+          }
         } else if constexpr (std::is_integral_v<T>) {
           auto value = parse_int64_strict(setting.value);
           if (!value || *value < std::numeric_limits<T>::min() ||
@@ -102,6 +118,26 @@ std::string local_hostname() {
 }
 
 }  // namespace
+
+std::string_view data_plane_name(DataPlane plane) {
+  switch (plane) {
+    case DataPlane::kShm:
+      return "shm";
+    case DataPlane::kGloo:
+      return "gloo";
+    case DataPlane::kMpi:
+      return "mpi";
+    case DataPlane::kAuto:
+      break;
+  }
+  return "";
+}
+
+std::optional<DataPlane> parse_data_plane(std::string_view name) {
+  for (DataPlane plane : {DataPlane::kShm, DataPlane::kGloo, DataPlane::kMpi})
+    if (name == data_plane_name(plane)) return plane;
+  return std::nullopt;
+}
 
 Config load_config(const GetEnv& getenv) {
   const GetEnv& env = getenv ? getenv : GetEnv([](const char* name) { return std::getenv(name); });

@@ -21,7 +21,7 @@ std::vector<Knob> make_table() {
        .doc = "Largest fusion buffer: tensors are batched into one collective up to this many "
               "bytes. 0 disables fusion."},
       {.name = "KRUG_CYCLE_TIME", .alias = "HOROVOD_CYCLE_TIME", .unit = "milliseconds",
-       .field = &Config::cycle_time_ms, .bounds = kPositive,
+       .field = &Config::cycle_time, .bounds = kPositive,
        .doc = "Longest the background loop waits for more work before negotiating a cycle; an "
               "enqueue wakes it earlier (or, with busy polling on, within this time unless a "
               "thread that waits for the operation runs it first)."},
@@ -30,13 +30,13 @@ std::vector<Knob> make_table() {
        .doc = "Entries in the response cache (the bit-vector fast path of negotiation). 0 "
               "disables the cache."},
       {.name = "KRUG_BUSY_POLL_MICROSECONDS", .alias = "", .unit = "microseconds",
-       .field = &Config::busy_poll_us, .bounds = kNonNegative,
+       .field = &Config::busy_poll, .bounds = kNonNegative,
        .doc = "While a rank has operations in flight, the thread running its loop (the "
               "background thread, or a thread waiting for a handle) polls for the answer this "
               "long after the last message before it sleeps; with it on, waiting threads run the "
               "loop themselves. Only when this host has a core per rank. 0 turns it off."},
       {.name = "KRUG_TIMEOUT_SECONDS", .alias = "HOROVOD_GLOO_TIMEOUT_SECONDS", .unit = "seconds",
-       .field = &Config::timeout_seconds, .bounds = kPositive,
+       .field = &Config::timeout, .bounds = kPositive,
        .doc = "Deadline of every blocking step (rendezvous, connect, collective); a peer silent "
               "for this long is reported dead."},
       // Autotuner (observe/autotuner.h)
@@ -71,11 +71,11 @@ std::vector<Knob> make_table() {
        .unit = "bool", .field = &Config::timeline_mark_cycles,
        .doc = "Mark the start of each background cycle in the timeline."},
       {.name = "KRUG_STALL_CHECK_TIME_SECONDS", .alias = "HOROVOD_STALL_CHECK_TIME_SECONDS",
-       .unit = "seconds", .field = &Config::stall_check_seconds, .bounds = kNonNegative,
+       .unit = "seconds", .field = &Config::stall_check_time, .bounds = kNonNegative,
        .doc = "Warn, naming the missing ranks, when a tensor has waited this long for other "
               "ranks."},
       {.name = "KRUG_STALL_SHUTDOWN_TIME_SECONDS", .alias = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-       .unit = "seconds", .field = &Config::stall_shutdown_seconds, .bounds = kNonNegative,
+       .unit = "seconds", .field = &Config::stall_shutdown_time, .bounds = kNonNegative,
        .doc = "Fail the stalled operations after this long. 0 never does."},
       {.name = "KRUG_STALL_CHECK_DISABLE", .alias = "HOROVOD_STALL_CHECK_DISABLE", .unit = "bool",
        .field = &Config::stall_check_disable, .doc = "Turn the stall inspector off."},
@@ -85,7 +85,7 @@ std::vector<Knob> make_table() {
        .doc = "Least severe message written to stderr."},
       // Data plane
       {.name = "KRUG_CPU_OPERATIONS", .alias = "HOROVOD_CPU_OPERATIONS", .unit = "enum",
-       .field = &Config::cpu_operations, .choices = {"gloo", "mpi", "shm"},
+       .field = &Config::data_plane, .choices = {"gloo", "mpi", "shm"},
        .default_text = "shm for a process set on one host, gloo across hosts; mpi when mpirun "
                        "started the job",
        .doc = "Communicator for CPU tensors: shm (POSIX shared memory; every rank of a process "
@@ -149,7 +149,7 @@ std::vector<Knob> make_table() {
        .field = &Config::elastic_worker_id, .default_text = "unset",
        .doc = "This worker's name in the elastic driver's rendezvous. Set by krugrun."},
       {.name = "KRUG_ELASTIC_TIMEOUT", .alias = "HOROVOD_ELASTIC_TIMEOUT", .unit = "seconds",
-       .field = &Config::elastic_timeout_seconds, .bounds = kPositive,
+       .field = &Config::elastic_timeout, .bounds = kPositive,
        .doc = "How long an elastic worker's init() waits for the driver to form the next round "
               "(krugrun --elastic-timeout)."},
   };
@@ -182,6 +182,10 @@ std::string default_text(const Knob& knob) {
           return value ? "true" : "false";
         else if constexpr (std::is_same_v<T, std::optional<bool>>)
           return value ? (*value ? "true" : "false") : "auto";
+        else if constexpr (std::is_same_v<T, DataPlane>)
+          return std::string(data_plane_name(value));
+        else if constexpr (is_duration<T>)
+          return fmt::format("{}", value.count());  // in the knob's unit
         else
           return fmt::format("{}", value);
       },
@@ -198,8 +202,12 @@ std::string accepted_text(const Knob& knob) {
           return "one of 1, 0, true, false, yes, no, on, off";
         else if constexpr (std::is_same_v<T, std::optional<bool>>)
           return "one of auto, 1, 0, true, false, yes, no, on, off";
-        else if constexpr (std::is_same_v<T, std::string>)
+        else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, DataPlane>)
           return "any text";
+        else if constexpr (is_duration<T>)
+          return fmt::format("{}{} ({})",
+                             std::is_integral_v<typename T::rep> ? "an integer" : "a number",
+                             bounds_text(knob.bounds), knob.unit);
         else
           return fmt::format("{}{} ({})", std::is_integral_v<T> ? "an integer" : "a number",
                              bounds_text(knob.bounds), knob.unit);

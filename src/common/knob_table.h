@@ -15,9 +15,17 @@
 namespace krug::knobs {
 
 // Where a knob's value goes; the member's type decides how the text is parsed.
-// std::optional<bool> is a boolean that may also be "auto" (nullopt).
-using Field = std::variant<int64_t Config::*, int Config::*, double Config::*, bool Config::*,
-                           std::optional<bool> Config::*, std::string Config::*>;
+// std::optional<bool> is a boolean that may also be "auto" (nullopt); a duration is a number in
+// its own unit (the knob's unit names it).
+using Field =
+    std::variant<int64_t Config::*, int Config::*, double Config::*, bool Config::*,
+                 std::optional<bool> Config::*, std::string Config::*, Seconds Config::*,
+                 Milliseconds Config::*, std::chrono::microseconds Config::*, DataPlane Config::*>;
+
+template <typename T>
+inline constexpr bool is_duration = false;
+template <typename Rep, typename Period>
+inline constexpr bool is_duration<std::chrono::duration<Rep, Period>> = true;
 
 // Accepted numeric range, checked after parsing (numbers only).
 struct Bounds {

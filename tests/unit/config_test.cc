@@ -39,16 +39,20 @@ TEST(ConfigTest, DefaultsWhenNothingIsSet) {
   const Config c = load({});
   const Config d;
   EXPECT_EQ(c.fusion_threshold_bytes, 128 * 1024 * 1024);
-  EXPECT_EQ(c.cycle_time_ms, d.cycle_time_ms);
+  EXPECT_EQ(c.cycle_time, d.cycle_time);
+  EXPECT_EQ(c.cycle_time, Milliseconds(1.0));
+  EXPECT_EQ(c.busy_poll, std::chrono::microseconds(50));
   EXPECT_EQ(c.cache_capacity, d.cache_capacity);
-  EXPECT_EQ(c.timeout_seconds, d.timeout_seconds);
+  EXPECT_EQ(c.timeout, d.timeout);
+  EXPECT_EQ(c.timeout, Seconds(30.0));
   EXPECT_EQ(c.timeline_path, "");
   EXPECT_TRUE(c.timeline_mark_cycles);
-  EXPECT_EQ(c.stall_check_seconds, d.stall_check_seconds);
-  EXPECT_EQ(c.stall_shutdown_seconds, 0);
+  EXPECT_EQ(c.stall_check_time, d.stall_check_time);
+  EXPECT_EQ(c.stall_shutdown_time.count(), 0);
   EXPECT_FALSE(c.stall_check_disable);
   EXPECT_EQ(c.log_level, "warning");
-  EXPECT_EQ(c.cpu_operations, "") << "unset: init() picks mpi under mpirun, gloo otherwise";
+  EXPECT_EQ(c.data_plane, DataPlane::kAuto)
+      << "unset: init() picks mpi under mpirun, shm or gloo otherwise";
   EXPECT_EQ(c.hierarchical_allreduce, std::nullopt) << "auto";
   EXPECT_EQ(c.rank, -1);
   EXPECT_EQ(c.size, -1);
@@ -64,6 +68,7 @@ TEST(ConfigTest, EveryTypeParses) {
       {"KRUG_FUSION_THRESHOLD", "4096"},
       {"KRUG_CYCLE_TIME", "2.5"},
       {"KRUG_CACHE_CAPACITY", "0"},
+      {"KRUG_BUSY_POLL_MICROSECONDS", "7"},
       {"KRUG_TIMEOUT_SECONDS", "5e-1"},
       {"KRUG_TIMELINE", "/tmp/trace.json"},
       {"KRUG_TIMELINE_MARK_CYCLES", "yes"},
@@ -86,16 +91,19 @@ TEST(ConfigTest, EveryTypeParses) {
       {"KRUG_SECRET", "s3cr3t"},
   });
   EXPECT_EQ(c.fusion_threshold_bytes, 4096);
-  EXPECT_DOUBLE_EQ(c.cycle_time_ms, 2.5);
+  EXPECT_DOUBLE_EQ(c.cycle_time.count(), 2.5);
+  EXPECT_EQ(whole_ms(c.cycle_time), std::chrono::milliseconds(2));
+  EXPECT_EQ(c.busy_poll, std::chrono::microseconds(7));
   EXPECT_EQ(c.cache_capacity, 0);
-  EXPECT_DOUBLE_EQ(c.timeout_seconds, 0.5);
+  EXPECT_DOUBLE_EQ(c.timeout.count(), 0.5);
+  EXPECT_EQ(whole_ms(c.timeout), std::chrono::milliseconds(500));
   EXPECT_EQ(c.timeline_path, "/tmp/trace.json");
   EXPECT_TRUE(c.timeline_mark_cycles);
-  EXPECT_DOUBLE_EQ(c.stall_check_seconds, 10);
-  EXPECT_DOUBLE_EQ(c.stall_shutdown_seconds, 20.5);
+  EXPECT_DOUBLE_EQ(c.stall_check_time.count(), 10);
+  EXPECT_DOUBLE_EQ(c.stall_shutdown_time.count(), 20.5);
   EXPECT_TRUE(c.stall_check_disable);
   EXPECT_EQ(c.log_level, "debug");
-  EXPECT_EQ(c.cpu_operations, "mpi") << "parsed; the engine checks mpirun started the job";
+  EXPECT_EQ(c.data_plane, DataPlane::kMpi) << "parsed; the engine checks mpirun started the job";
   EXPECT_EQ(c.iface, "eth0");
   EXPECT_EQ(c.hierarchical_allreduce, std::optional<bool>(true));
   EXPECT_EQ(c.rank, 3);
@@ -123,7 +131,8 @@ TEST(ConfigTest, BadValuesNameTheVariableTheValueAndWhatIsAccepted) {
       {"KRUG_STALL_CHECK_DISABLE", ""},  {"KRUG_LOG_LEVEL", "loud"},
       {"KRUG_CPU_OPERATIONS", "nccl"},   {"KRUG_RANK", "-2"},
       {"KRUG_RANK", "99999999999"},      {"KRUG_SIZE", "0"},
-      {"KRUG_RENDEZVOUS_PORT", "70000"},
+      {"KRUG_RENDEZVOUS_PORT", "70000"}, {"KRUG_BUSY_POLL_MICROSECONDS", "1.5"},
+      {"KRUG_BUSY_POLL_MICROSECONDS", "-1"},
       {"KRUG_HIERARCHICAL_ALLREDUCE", "2"},  {"KRUG_HIERARCHICAL_ALLREDUCE", ""},
       {"KRUG_HIERARCHICAL_ALLREDUCE", "automatic"},
   };
@@ -143,6 +152,16 @@ TEST(ConfigTest, ErrorsSayWhatIsAccepted) {
   EXPECT_NE(error_of({{"KRUG_CYCLE_TIME", "0"}}).find("> 0"), std::string::npos);
   EXPECT_NE(error_of({{"KRUG_FUSION_THRESHOLD", "x"}}).find("bytes"), std::string::npos);
   EXPECT_NE(error_of({{"KRUG_STALL_CHECK_DISABLE", "2"}}).find("yes, no"), std::string::npos);
+}
+
+TEST(ConfigTest, DataPlaneNamesAreTheKnobsSpellings) {
+  for (DataPlane plane : {DataPlane::kShm, DataPlane::kGloo, DataPlane::kMpi})
+    EXPECT_EQ(parse_data_plane(data_plane_name(plane)), plane) << data_plane_name(plane);
+  EXPECT_EQ(data_plane_name(DataPlane::kAuto), "");
+  EXPECT_EQ(parse_data_plane(""), std::nullopt);
+  EXPECT_EQ(parse_data_plane("hierarchical"), std::nullopt);
+  EXPECT_EQ(load({{"HOROVOD_CPU_OPERATIONS", "GLOO"}}).data_plane, DataPlane::kGloo);
+  EXPECT_EQ(load({{"KRUG_CPU_OPERATIONS", "shm"}}).data_plane, DataPlane::kShm);
 }
 
 // A boolean that may also be "auto": every boolean spelling, "auto" in any case, and the alias.
@@ -183,7 +202,7 @@ TEST(ConfigTest, KrugNameWinsOverHorovodAlias) {
             200);
   // The alias is not read at all when the KRUG_ name is set.
   EXPECT_EQ(load({{"HOROVOD_LOG_LEVEL", "bogus"}, {"KRUG_LOG_LEVEL", "error"}}).log_level, "error");
-  EXPECT_DOUBLE_EQ(load({{"HOROVOD_GLOO_TIMEOUT_SECONDS", "7"}}).timeout_seconds, 7);
+  EXPECT_DOUBLE_EQ(load({{"HOROVOD_GLOO_TIMEOUT_SECONDS", "7"}}).timeout.count(), 7);
   EXPECT_EQ(load({{"HOROVOD_GLOO_RENDEZVOUS_ADDR", "h"}}).rendezvous_addr, "h");
   EXPECT_EQ(load({{"HOROVOD_GLOO_RENDEZVOUS_PORT", "1234"}}).rendezvous_port, 1234);
 }

@@ -35,7 +35,7 @@ TEST(StartedByMpirun, OnlyWhenOpenMpiStartedItAndKrugrunGaveNoRank) {
 
 std::string engine_error(const std::string& cpu_operations) {
   Config c = engine::testing::rank_config(0, 2);
-  c.cpu_operations = cpu_operations;
+  c.data_plane = parse_data_plane(cpu_operations).value_or(DataPlane::kAuto);
   try {
     engine::Engine engine(c, std::make_shared<rendezvous::InMemoryStore>());
   } catch (const Error& e) {
@@ -55,11 +55,11 @@ std::vector<std::string> data_planes(const std::vector<std::string>& hosts,
     threads.emplace_back([&, r] {
       Config c = engine::testing::rank_config(r, size);
       c.hostname = hosts[r];
-      c.cpu_operations = cpu_operations;
-      c.timeout_seconds = 5;
+      c.data_plane = parse_data_plane(cpu_operations).value_or(DataPlane::kAuto);
+      c.timeout = Seconds(5.0);
       try {
         engine::Engine engine(c, store);
-        result[r] = engine.config().cpu_operations;
+        result[r] = data_plane_name(engine.config().data_plane);
         engine.shutdown();
       } catch (const Error& e) {
         result[r] = e.what();

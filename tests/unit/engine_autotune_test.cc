@@ -86,7 +86,7 @@ TEST(EngineAutotune, OffByDefaultTheConfiguredKnobsStay) {
       expect_ok(submit(e, request("x", OpType::kAllreduce, DataType::kFloat32, {10}), x.data(),
                        x.data()));
     EXPECT_EQ(e.tuned_parameters(), (std::pair<int64_t, double>{e.config().fusion_threshold_bytes,
-                                                                 e.config().cycle_time_ms}));
+                                                                 e.config().cycle_time.count()}));
     EXPECT_EQ(e.tuned_parameters().first, 128 * 1024 * 1024);
   });
 }

@@ -23,7 +23,7 @@ inline Config rank_config(int rank, int size) {
   c.local_size = size;
   c.hostname = "localhost";
   c.secret = "engine-threads-test";
-  c.timeout_seconds = 30;
+  c.timeout = Seconds(30.0);
   c.stall_check_disable = true;
   return c;
 }

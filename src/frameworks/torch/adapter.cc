@@ -342,8 +342,8 @@ bool TorchHandle::poll() const {
   return handle_.poll();
 }
 
-bool TorchHandle::wait_for(double timeout_seconds) const {
-  return handle_.wait_for(timeout_seconds);
+bool TorchHandle::wait_for(std::chrono::nanoseconds timeout) const {
+  return handle_.wait_for(timeout);
 }
 
 std::string TorchHandle::error() const {

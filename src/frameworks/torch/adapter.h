@@ -23,6 +23,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -73,7 +74,7 @@ class TorchHandle {
   // it with the GIL released.
   void wait();
   // Blocks at most `timeout_seconds`; returns poll().
-  bool wait_for(double timeout_seconds) const;
+  bool wait_for(std::chrono::nanoseconds timeout) const;
   // After completion: empty on success, else what went wrong.
   std::string error() const;
 

@@ -131,7 +131,9 @@ class HandleTable {
     // An operation already done (most of a step's handles) costs no GIL hand-off at all.
     if (!h->poll())
       wait_interruptibly(
-          [&](std::chrono::duration<double> interval) { return h->wait_for(interval.count()); },
+          [&](std::chrono::duration<double> interval) {
+            return h->wait_for(std::chrono::ceil<std::chrono::nanoseconds>(interval));
+          },
           "synchronize");
     h->wait();  // done: returns at once (copies back into non-contiguous targets)
     if (first_output) return py::cast(h->output(0));
