@@ -103,6 +103,16 @@ int cross_size();
 std::string cpu_operations();
 // Whether this build has the MPI backend (Open MPI was found when krug was built).
 bool mpi_built();
+// Whether this build drives CUDA tensors (the CUDA toolkit was found when krug was built), and
+// the CUDA runtime version it was built against ("13.0"; empty when not built).
+bool cuda_built();
+std::string cuda_version();
+// Whether this build has the NCCL data plane for CUDA tensors, and the NCCL version it was built
+// against and the one loaded now ("2.28.9 (loaded: 2.28.9)"; empty when not built).
+bool nccl_built();
+std::string nccl_version();
+// How many CUDA devices this process sees (0 without CUDA, a driver or a GPU). Never throws.
+int cuda_device_count();
 // Whether krug runs on MPI and MPI allows calls from several threads at once
 // (MPI_THREAD_MULTIPLE), so the program may make its own MPI calls beside krug's.
 bool mpi_threads_supported();

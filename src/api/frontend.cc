@@ -46,6 +46,11 @@ void attach(engine::TensorArgs& args, size_t index, const Callbacks& callbacks,
   if (ready) args.ready = [ready] { std::call_once(ready->once, [&] { ready->event->wait(); }); };
 }
 
+// The engine's form of a tensor's device: its CUDA ordinal, or -1 for host memory.
+int32_t device_of(const TensorView& t) {
+  return t.device.kind == DeviceKind::kCUDA ? t.device.id : -1;
+}
+
 std::shared_ptr<SharedReady> shared_ready(const Callbacks& callbacks) {
   if (!callbacks.ready) return nullptr;
   auto ready = std::make_shared<SharedReady>();
@@ -125,7 +130,8 @@ Handle enqueue(const std::string& name, const Op& op, const TensorView& input, v
                const Callbacks& callbacks) {
   std::shared_ptr<engine::Engine> engine = current_engine();
   const bool by_reference = (op.type == OpType::kAllreduce || op.type == OpType::kBroadcast) &&
-                            !callbacks.allocate && !callbacks.ready;
+                            !callbacks.allocate && !callbacks.ready &&
+                            input.device.kind == DeviceKind::kCPU;
   if (by_reference) {
     // The per-step path: the engine copies name and shape into an entry it reuses.
     api::check_tensor(name, core(op.type), input);
@@ -144,6 +150,7 @@ Handle enqueue(const std::string& name, const Op& op, const TensorView& input, v
   }
   engine::TensorArgs args = engine::tensor_args(api::make_request(name, op, input), input.data,
                                                 sized_by_negotiation(op.type) ? nullptr : output);
+  args.device = device_of(input);
   attach(args, 0, callbacks, shared_ready(callbacks));
   auto state = engine->enqueue(std::move(args));
   return finish_enqueue(std::move(state), std::move(engine), op, callbacks);
@@ -166,6 +173,7 @@ Handle enqueue_group(const std::string& name, const Op& op, std::span<const Tens
     q.group_size = static_cast<int32_t>(inputs.size());
     void* out = sized_by_negotiation(op.type) ? nullptr : outputs[i];
     args.push_back(engine::tensor_args(std::move(q), inputs[i].data, out));
+    args.back().device = device_of(inputs[i]);
     attach(args.back(), i, callbacks, ready);
   }
   auto state = engine->enqueue(std::move(args));

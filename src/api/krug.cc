@@ -16,6 +16,8 @@
 #include "api/request.h"
 #include "api/runtime.h"
 #include "collectives/mpi/mpi_backend.h"
+#include "collectives/nccl/nccl_plane.h"
+#include "device/device.h"
 #include "engine/engine.h"
 #include "net/address.h"
 #include "net/socket.h"
@@ -240,6 +242,16 @@ std::string cpu_operations() {
   return std::string(data_plane_name(current()->config().data_plane));
 }
 bool mpi_built() { return collectives::mpi::built(); }
+bool cuda_built() { return device::cuda_built(); }
+std::string cuda_version() { return device::cuda_build_version(); }
+bool nccl_built() { return collectives::nccl::built(); }
+std::string nccl_version() {
+  if (!collectives::nccl::built()) return "";
+  const std::string loaded = collectives::nccl::runtime_version();
+  return collectives::nccl::build_version() + " (loaded: " + (loaded.empty() ? "none" : loaded) +
+         ")";
+}
+int cuda_device_count() { return device::device_count(); }
 bool mpi_threads_supported() {
   return cpu_operations() == "mpi" && collectives::mpi::thread_multiple();
 }

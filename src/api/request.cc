@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "device/device.h"
+
 namespace krug::api {
 
 using controller::OpType;
@@ -14,11 +16,27 @@ void check_name(const std::string& name, OpType op) {
 
 void check_tensor(const std::string& name, OpType op, const frontend::TensorView& tensor) {
   check_name(name, op);
-  if (tensor.device.kind != frontend::DeviceKind::kCPU)
-    throw frontend::InvalidArgument(fmt::format(
-        "{} '{}': tensors on device kind {} (id {}) are not supported by this build; "
-        "only CPU tensors are",
-        controller::op_name(op), name, static_cast<int>(tensor.device.kind), tensor.device.id));
+  switch (tensor.device.kind) {
+    case frontend::DeviceKind::kCPU:
+      return;
+    case frontend::DeviceKind::kCUDA:
+      if (!device::cuda_built())
+        throw frontend::InvalidArgument(fmt::format(
+            "{} '{}': a CUDA tensor (device {}), but this krug was built without CUDA; rebuild "
+            "it with the CUDA toolkit installed (docs/gpu.md) or move the tensor to the CPU",
+            controller::op_name(op), name, tensor.device.id));
+      if (std::string why;
+          tensor.device.id < 0 || tensor.device.id >= device::device_count(&why))
+        throw frontend::InvalidArgument(fmt::format(
+            "{} '{}': the tensor is on CUDA device {}, which this process does not see ({} "
+            "visible{})",
+            controller::op_name(op), name, tensor.device.id, device::device_count(),
+            why.empty() ? "" : ": " + why));
+      return;
+  }
+  throw frontend::InvalidArgument(fmt::format("{} '{}': unknown device kind {}",
+                                              controller::op_name(op), name,
+                                              static_cast<int>(tensor.device.kind)));
 }
 
 controller::Request make_request(const std::string& name, const frontend::Op& op,
@@ -31,6 +49,8 @@ controller::Request make_request(const std::string& name, const frontend::Op& op
   q.dtype = tensor.dtype;
   q.shape.assign(tensor.shape.begin(), tensor.shape.end());
   q.process_set = op.process_set.id;
+  q.device = tensor.device.kind == frontend::DeviceKind::kCUDA ? controller::kCudaMemory
+                                                               : controller::kHostMemory;
   if (type == OpType::kAllreduce || type == OpType::kReducescatter) {
     q.reduce_op = op.reduce_op;
     q.prescale = op.prescale;

@@ -68,6 +68,11 @@ class Communicator {
   void recv(void* data, size_t bytes, int peer) { sendrecv(nullptr, 0, -1, data, bytes, peer); }
 
   virtual const char* backend_name() const = 0;
+
+  // What a device data plane keeps for this communicator's ranks (engine/device_planes.cc: the
+  // NCCL communicator or host staging made on first use). It lives and dies with this
+  // communicator, so it never outlives its process set.
+  std::shared_ptr<void> device_plane;
 };
 
 }  // namespace krug::collectives

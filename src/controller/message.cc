@@ -49,6 +49,7 @@ void put_request(net::Writer& w, const Request& q) {
   w.i64(q.target_process_set);
   w.str(q.group);
   w.i64(q.group_size);
+  w.u8(q.device);
 }
 
 Request get_request(net::Reader& r) {
@@ -67,6 +68,7 @@ Request get_request(net::Reader& r) {
   q.target_process_set = static_cast<int32_t>(r.i64());
   q.group = r.str();
   q.group_size = static_cast<int32_t>(r.i64());
+  q.device = r.u8();
   return q;
 }
 
@@ -90,6 +92,7 @@ void put_response(net::Writer& w, const Response& p) {
   put_ints(w, p.set_ranks);
   w.i64(p.last_joined_rank);
   w.str(p.error);
+  w.u8(p.device);
 }
 
 Response get_response(net::Reader& r) {
@@ -113,6 +116,7 @@ Response get_response(net::Reader& r) {
   p.set_ranks = get_ints<int32_t>(r);
   p.last_joined_rank = static_cast<int32_t>(r.i64());
   p.error = r.str();
+  p.device = r.u8();
   return p;
 }
 
@@ -148,6 +152,7 @@ void copy_terms(const Request& q, Response& r) {
   r.root = q.root;
   r.prescale = q.prescale;
   r.postscale = q.postscale;
+  r.device = q.device;
 }
 
 Response response_for(const Request& q) {

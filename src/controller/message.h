@@ -25,6 +25,11 @@ enum class OpType : uint8_t {
 std::string_view op_name(OpType op);
 
 // One rank's readiness for one named operation.
+// Where a request's tensors live (frontend::DeviceKind's values): every rank of a set must agree,
+// and tensors on different kinds are never fused.
+constexpr uint8_t kHostMemory = 0;
+constexpr uint8_t kCudaMemory = 1;
+
 struct Request {
   std::string name;
   OpType op = OpType::kAllreduce;
@@ -40,6 +45,7 @@ struct Request {
   int32_t target_process_set = 0;   // kRemoveProcessSet: the set to remove
   std::string group;                // grouped allreduce: group key ("" = not grouped)
   int32_t group_size = 0;           // number of tensors in the group
+  uint8_t device = kHostMemory;     // kHostMemory or kCudaMemory
 
   int64_t num_elements() const;
   bool operator==(const Request&) const = default;
@@ -82,6 +88,7 @@ struct Response {
   std::vector<int32_t> set_ranks;  // kAddProcessSet: members; process_set holds the new id
   int32_t last_joined_rank = -1;   // kJoin
   std::string error;
+  uint8_t device = kHostMemory;  // where every rank's tensors of `names` live
 
   bool operator==(const Response&) const = default;
 };

@@ -25,7 +25,8 @@ namespace {
 bool same_fusion_key(const Response& a, const Response& b) {
   return a.type == ResponseType::kOp && b.type == ResponseType::kOp && a.op == OpType::kAllreduce &&
          b.op == OpType::kAllreduce && a.process_set == b.process_set && a.dtype == b.dtype &&
-         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale;
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale &&
+         a.device == b.device;
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -56,7 +57,7 @@ bool same_terms(const Request& a, const Request& b) {
   return a.op == b.op && a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.root == b.root &&
          a.prescale == b.prescale && a.postscale == b.postscale && shapes_agree &&
          a.set_ranks == b.set_ranks && a.target_process_set == b.target_process_set &&
-         a.group == b.group && a.group_size == b.group_size;
+         a.group == b.group && a.group_size == b.group_size && a.device == b.device;
 }
 
 }  // namespace
@@ -213,7 +214,9 @@ std::string Negotiator::validate(const Pending& p) const {
           op_name(first.op), first.name, m);
   Agreement agree(p.by_rank);
   agree.on("operations", [](const Request& r) { return std::string(op_name(r.op)); })
-      .on("data types", [](const Request& r) { return std::string(dtype_name(r.dtype)); });
+      .on("data types", [](const Request& r) { return std::string(dtype_name(r.dtype)); })
+      .on("devices",
+          [](const Request& r) { return std::string(r.device == kCudaMemory ? "CUDA" : "CPU"); });
   if (!agree.error().empty()) return agree.error();
   switch (first.op) {
     case OpType::kAllreduce:
@@ -417,7 +420,8 @@ void Negotiator::compute_cached(std::vector<Response>& out) {
     for (size_t i = out.size(); q.op == OpType::kAllreduce && i-- > first_new;) {
       Response& r = out[i];
       if (r.op != OpType::kAllreduce || r.process_set != q.process_set || r.dtype != q.dtype ||
-          r.reduce_op != q.reduce_op || r.prescale != q.prescale || r.postscale != q.postscale)
+          r.reduce_op != q.reduce_op || r.prescale != q.prescale || r.postscale != q.postscale ||
+          r.device != q.device)
         continue;
       if (bytes[i - first_new] + size > fusion_threshold_) continue;
       r.cache_ids.push_back(id);

@@ -40,6 +40,7 @@ Request cache_form(const Response& r, size_t index) {
   q.prescale = r.prescale;
   q.postscale = r.postscale;
   q.shape = r.shapes.at(index);
+  q.device = r.device;
   return q;
 }
 
@@ -48,7 +49,7 @@ bool same_as_cached(const Request& c, const Request& q) {
          c.process_set == q.process_set && c.root == (q.op == OpType::kBroadcast ? q.root : 0) &&
          c.prescale == q.prescale && c.postscale == q.postscale && c.shape == q.shape &&
          c.splits.empty() && c.set_ranks.empty() && c.target_process_set == 0 &&
-         c.group == q.group && c.group_size == q.group_size;
+         c.group == q.group && c.group_size == q.group_size && c.device == q.device;
 }
 
 bool ResponseCache::cacheable(OpType op) {

@@ -26,7 +26,8 @@ Reduction reduction(const Response& r) {
                    .op = r.reduce_op,
                    .prescale = r.prescale,
                    .postscale = r.postscale,
-                   .process_set = r.process_set};
+                   .process_set = r.process_set,
+                   .on_device = r.device != controller::kHostMemory};
 }
 
 }  // namespace

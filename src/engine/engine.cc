@@ -117,7 +117,9 @@ void Engine::Impl::start_observers(std::vector<std::shared_ptr<CycleObserver>> o
     timeline_ = &timeline->timeline();
     observers_.add(std::move(timeline));
   }
-  executor_ = Executor(timeline_);
+  executor_ = Executor(timeline_, DeviceOptions{.timeout_seconds = config_.timeout.count(),
+                                                .rank = config_.rank,
+                                                .hostname = config_.hostname});
   if (control_->is_coordinator() && config_.autotune) {
     const bool hierarchical = queue_.allreduce_algorithm(0).rfind("hierarchical", 0) == 0;
     observers_.add(std::make_shared<AutotuneObserver>(config_, hierarchical, *this));

@@ -34,6 +34,8 @@ struct TensorArgs {
   // Blocks until the input is written (a device binding's ready event); called once, before
   // the engine reads the input. Empty: ready at enqueue.
   std::function<void()> ready;
+  // The CUDA device input and output are on, or -1: host memory.
+  int32_t device = -1;
 };
 
 // Runs and clears `args.ready`, if any.

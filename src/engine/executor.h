@@ -5,17 +5,24 @@
 // allgather, alltoall and reducescatter, and records the timeline's phases. It knows tensors
 // only by their arguments: the engine finds them, waits for their ready events, and completes
 // their handles. Unit-tested against a fake communicator (tests/unit/executor_test.cc).
+//
+// Device (CUDA) tensors take the same steps through device memory operations on krug's stream
+// and a device data plane (device_planes.h: NCCL or host staging) instead of the process set's
+// CPU communicator; each operation returns once krug's stream has finished it.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "collectives/communicator.h"
+#include "engine/device_planes.h"
 #include "engine/engine.h"
 #include "engine/handle_state.h"
+#include "engine/memory.h"
 #include "krug/types.h"
 
 namespace krug::observe {
@@ -38,12 +45,17 @@ struct Reduction {
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t process_set = 0;  // for Adasum's messages
+  bool on_device = false;   // the tensors are CUDA device memory (on every rank of the set)
 };
 
 class Executor {
  public:
   // `timeline`: where phases are recorded, or null. Not owned; outlives the executor.
-  explicit Executor(observe::Timeline* timeline = nullptr) : timeline_(timeline) {}
+  // `device`: for device tensors (their planes are made on first use).
+  explicit Executor(observe::Timeline* timeline = nullptr, const DeviceOptions& device = {});
+  ~Executor();
+  Executor(Executor&&) noexcept;
+  Executor& operator=(Executor&&) noexcept;
 
   // The tensors reduced over `comm` as one buffer, in order; kAverage divides by comm.size().
   void allreduce(collectives::Communicator& comm, const Reduction& r,
@@ -62,20 +74,34 @@ class Executor {
                      OpResult& out);
 
  private:
+  // Where an operation runs: host memory and the set's CPU communicator, or a device's memory
+  // operations and its data plane. `device` -1: host memory.
+  struct Target {
+    Memory* memory;
+    collectives::Communicator* comm;
+    collectives::Communicator* cpu;  // the set's CPU communicator (Adasum runs there)
+    int device;
+    std::shared_ptr<void> current;  // the device made current for the operation
+  };
+  Target target(collectives::Communicator& cpu, int device, bool nccl_can = true);
+  // Always a device's: `device` -1 is the one this rank used last (a joined rank).
+  Target device_target(collectives::Communicator& cpu, int device, bool nccl_can);
+  // Waits for a device operation's last copies (nothing for host memory).
+  void finish(const Target& t, std::string_view op);
+  DevicePlanes& devices();
+
   void begin(const std::string* name, std::string_view phase);
   void end(const std::string* name, std::string_view phase);
-  void reduce_in_place(collectives::Communicator& comm, const Reduction& r, void* data,
-                       size_t total);
+  void reduce_in_place(const Target& t, const Reduction& r, void* data, size_t total);
   void allreduce_in_parts(collectives::Communicator& comm, const Reduction& r,
                           std::span<const FusedTensor> tensors);
-  void allreduce_fused(collectives::Communicator& comm, const Reduction& r,
-                       std::span<const FusedTensor> tensors, size_t total);
-  uint8_t* fusion(size_t bytes);
+  void allreduce_fused(const Target& t, const Reduction& r, std::span<const FusedTensor> tensors,
+                       size_t total);
 
   observe::Timeline* timeline_;
-  // Reused from response to response: a step allocates nothing of the fused size (on glibc,
-  // an allocation of a kilobyte or more first consolidates every small free chunk).
-  std::vector<uint8_t> fusion_;
+  HostMemory host_;
+  DeviceOptions device_options_;
+  std::unique_ptr<DevicePlanes> devices_;  // made for the first device tensor
   std::vector<collectives::FusedPart> parts_;
   std::vector<size_t> counts_;  // per tensor: Adasum works tensor by tensor in a fused buffer
 };

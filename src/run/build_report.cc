@@ -17,9 +17,18 @@ std::string item(bool built, const std::string& name, const std::string& detail 
 }  // namespace
 
 BuildFeatures this_build() {
-  return BuildFeatures{
-      KRUG_VERSION,      KRUG_BUILD_TORCH_VERSION,      KRUG_BUILD_TORCH_PROBLEM,
-      krug::mpi_built(), KRUG_BUILD_TENSORFLOW_VERSION, KRUG_BUILD_TENSORFLOW_PROBLEM};
+  BuildFeatures f;
+  f.version = KRUG_VERSION;
+  f.torch_version = KRUG_BUILD_TORCH_VERSION;
+  f.torch_problem = KRUG_BUILD_TORCH_PROBLEM;
+  f.mpi = krug::mpi_built();
+  f.tensorflow_version = KRUG_BUILD_TENSORFLOW_VERSION;
+  f.tensorflow_problem = KRUG_BUILD_TENSORFLOW_PROBLEM;
+  f.cuda_version = krug::cuda_version();
+  f.cuda_problem = KRUG_BUILD_CUDA_PROBLEM;
+  f.nccl_version = krug::nccl_version();
+  f.nccl_problem = KRUG_BUILD_NCCL_PROBLEM;
+  return f;
 }
 
 std::string build_report(const BuildFeatures& f) {
@@ -36,12 +45,16 @@ std::string build_report(const BuildFeatures& f) {
   out += item(f.mpi, "MPI");
   out += item(true, "Gloo");
   out += "\nAvailable Tensor Operations:\n";
-  out += item(false, "NCCL");
+  const bool nccl = !f.nccl_version.empty();
+  out += item(nccl, "NCCL", nccl ? f.nccl_version : f.nccl_problem);
   out += item(false, "DDL");
   out += item(false, "CCL");
   out += item(f.mpi, "MPI");
   out += item(true, "Gloo");
   out += item(true, "Shared memory", "ranks of one host");
+  out += "\nAvailable Devices:\n";
+  const bool cuda = !f.cuda_version.empty();
+  out += item(cuda, "CUDA", cuda ? "CUDA " + f.cuda_version : f.cuda_problem);
   return out;
 }
 

@@ -154,8 +154,9 @@ TEST_F(Frontend, AnEmptyNameOrAnEmptyGroupIsRejectedBeforeEnqueueing) {
   const std::vector<int64_t> shape{1};
   EXPECT_THROW(enqueue("", Op{}, floats(x, shape), x.data()), InvalidArgument);
   EXPECT_THROW(enqueue_group("g", Op{}, {}, {}), InvalidArgument);
+  // A CUDA tensor in a build without CUDA, or on a device this process does not see.
   TensorView on_gpu = floats(x, shape);
-  on_gpu.device = Device{DeviceKind::kCUDA, 0};
+  on_gpu.device = Device{DeviceKind::kCUDA, 64};
   EXPECT_THROW(enqueue("x", Op{}, on_gpu, x.data()), InvalidArgument);
   // Nothing was left in flight: the name is free.
   enqueue("x", Op{}, floats(x, shape), x.data()).wait();

@@ -373,3 +373,35 @@ TEST(ResponseCacheTest, IdsAreStableAndChangedParametersGetANewId) {
 
 }  // namespace
 }  // namespace krug::controller
+
+namespace krug::controller {
+namespace {
+
+// CPU and CUDA tensors of one name across ranks fail on every rank, naming both; tensors of the
+// two kinds are never fused into one buffer (they are different memory).
+TEST_F(NegotiatorTest, DevicesMustAgreeAndAreNeverFusedAcross) {
+  Negotiator n(2, 1 << 20, cache);
+  Request cuda = allreduce("g", 4);
+  cuda.device = kCudaMemory;
+  n.add(from(0, {cuda}), now);
+  n.add(from(1, {allreduce("g", 4)}), now);
+  auto out = n.compute();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].type, ResponseType::kError);
+  EXPECT_NE(out[0].error.find("Mismatched devices"), std::string::npos) << out[0].error;
+  EXPECT_NE(out[0].error.find("CUDA"), std::string::npos) << out[0].error;
+  EXPECT_NE(out[0].error.find("CPU"), std::string::npos) << out[0].error;
+
+  Negotiator m(2, 1 << 20, cache);
+  Request a = allreduce("a", 4);
+  Request b = allreduce("b", 4);
+  b.device = kCudaMemory;
+  for (int r : {0, 1}) m.add(from(r, {a, b}), now);
+  out = m.compute();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].device, kHostMemory);
+  EXPECT_EQ(out[1].device, kCudaMemory);
+}
+
+}  // namespace
+}  // namespace krug::controller

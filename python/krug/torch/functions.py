@@ -141,7 +141,8 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
             for key, value in sorted(state_dict['state'].get(pid, {}).items(),
                                      key=lambda kv: str(kv[0])):
                 if torch.is_tensor(value):
-                    layout.append((pid, key, tuple(value.shape), value.dtype))
+                    layout.append((pid, key, tuple(value.shape), value.dtype,
+                                   value.device.type))
                 else:
                     scalars[(pid, key)] = value
     options = [{k: v for k, v in group.items() if k != 'params'}
@@ -158,7 +159,7 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
                             len(root_options)))
     state = _state_like_root(optimizer, state_dict, root_layout, root_scalars)
     tensors = [('optimizer_state.%s.%s' % (pid, key), state[pid][key])
-               for pid, key, _, _ in root_layout]
+               for pid, key, _, _, _ in root_layout]
     broadcast_parameters(tensors, root_rank, process_set=process_set)
 
     for group, opts in zip(optimizer.param_groups, root_options):
@@ -171,17 +172,23 @@ def _state_like_root(optimizer, state_dict, root_layout, root_scalars):
     """Gives this rank's optimizer state the root's structure: per-parameter dicts for the
     parameters the root has state for (and only those), and a tensor of the root's shape and
     dtype for each of its state tensors, to be overwritten by the broadcast. Returns the
-    per-parameter state dicts by state_dict id."""
+    per-parameter state dicts by state_dict id. A state tensor is made on the root's kind of
+    device (a CUDA one on this rank's parameter's device): a broadcast pairs like with like."""
     params = {pid: p for sd_group, group in zip(state_dict['param_groups'],
                                                 optimizer.param_groups)
               for pid, p in zip(sd_group['params'], group['params'])}
-    wanted = {pid for pid, _, _, _ in root_layout} | {pid for pid, _ in root_scalars}
+    wanted = {pid for pid, _, _, _, _ in root_layout} | {pid for pid, _ in root_scalars}
     for pid, p in params.items():
         if pid not in wanted:
             optimizer.state.pop(p, None)
     state = {pid: optimizer.state[params[pid]] for pid in wanted}
-    for pid, key, shape, dtype in root_layout:
+    for pid, key, shape, dtype, device_type in root_layout:
         value = state[pid].get(key)
-        if not torch.is_tensor(value) or tuple(value.shape) != shape or value.dtype != dtype:
-            state[pid][key] = torch.zeros(shape, dtype=dtype)
+        if (not torch.is_tensor(value) or tuple(value.shape) != shape or value.dtype != dtype
+                or value.device.type != device_type):
+            device = params[pid].device if params[pid].device.type == device_type else None
+            if device is None:
+                device = torch.device(device_type) if device_type == 'cpu' else \
+                    torch.device(device_type, torch.cuda.current_device())
+            state[pid][key] = torch.zeros(shape, dtype=dtype, device=device)
     return state

@@ -179,7 +179,8 @@ def gloo_built():
 
 
 def nccl_built():
-    return False
+    """Whether this krug has the NCCL data plane for CUDA tensors."""
+    return _core.nccl_built()
 
 
 def ddl_built():
@@ -191,7 +192,8 @@ def ccl_built():
 
 
 def cuda_built():
-    return False
+    """Whether this krug takes CUDA tensors (built with the CUDA toolkit)."""
+    return _core.cuda_built()
 
 
 def rocm_built():
@@ -772,7 +774,7 @@ def barrier(process_set=global_process_set):
 def join(device=-1):
     """For a rank that ran out of data: until every rank has joined, the other ranks'
     allreduces proceed with this rank contributing zeros. Returns the rank that joined last.
-    ``device`` is accepted for compatibility (only CPU tensors exist in this build)."""
+    ``device`` is accepted for compatibility: krug's zeros follow the other ranks' tensors."""
     _check_initialized()
     h = _handles.synchronize(_handles.add(_core.join_async()), False)
     return int(h.value())

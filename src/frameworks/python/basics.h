@@ -49,6 +49,8 @@ inline void define_basics(pybind11::module_& m) {
   m.def("cross_size", &krug::cross_size);
   m.def("cpu_operations", &krug::cpu_operations);
   m.def("mpi_built", &krug::mpi_built);
+  m.def("cuda_built", &krug::cuda_built);
+  m.def("nccl_built", &krug::nccl_built);
   m.def("mpi_threads_supported", &krug::mpi_threads_supported);
   m.def("elastic_enabled", &krug::elastic::enabled);
   m.def("elastic_round", [] {

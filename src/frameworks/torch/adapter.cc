@@ -1,9 +1,12 @@
 #include "frameworks/torch/adapter.h"
 
 #include <ATen/core/grad_mode.h>  // at::NoGradGuard (torch 2.x's ATen.h no longer has it)
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (fmt 11 moved it here)
 
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -34,15 +37,58 @@ int adasum_value() {
   }
 }
 
+// c10::Event::synchronize() arrived after torch 1.13; there, waiting polls query().
+template <typename E, typename = void>
+struct HasSynchronize : std::false_type {};
+template <typename E>
+struct HasSynchronize<E, std::void_t<decltype(std::declval<const E&>().synchronize())>>
+    : std::true_type {};
+
+// A template, so that the branch a torch lacks is never instantiated.
+template <typename E>
+void wait_for_event(const E& event) {
+  if constexpr (HasSynchronize<E>::value) {
+    event.synchronize();
+  } else {
+    while (!event.query()) std::this_thread::yield();
+  }
+}
+
+// The seam's ready event for CUDA tensors: recorded on the current stream of the tensor's
+// device when the operation is enqueued (after the binding's own copies), waited for by the
+// engine before it reads the tensor. Only that event, never the device. Uses c10's
+// device-generic API, so the binding builds against a torch without CUDA too.
+class StreamReady final : public frontend::ReadyEvent {
+ public:
+  explicit StreamReady(const at::Device& device) : event_(c10::DeviceType::CUDA) {
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    event_.record(impl.getStream(device));
+  }
+  void wait() override { wait_for_event(event_); }
+
+ private:
+  c10::Event event_;
+};
+
+// The callbacks' ready event when the tensors are on a CUDA device, else none.
+std::shared_ptr<frontend::ReadyEvent> ready_event(const at::Tensor& t) {
+  if (!t.is_cuda()) return nullptr;
+  return std::make_shared<StreamReady>(t.device());
+}
+
 std::string describe(OpType op, const std::string& name) {
   return fmt::format("{} '{}'", frontend::op_name(op), name);
 }
 
-// The seam's view of a contiguous CPU tensor (its sizes stay valid while `t` lives).
+// The seam's view of a contiguous tensor (its sizes stay valid while `t` lives).
 frontend::TensorView view_of(const at::Tensor& t) {
   const auto sizes = t.sizes();
+  frontend::Device device;
+  if (t.is_cuda())
+    device = {.kind = frontend::DeviceKind::kCUDA, .id = static_cast<int32_t>(t.get_device())};
   return frontend::TensorView{.dtype = to_krug_dtype(t.scalar_type()),
                               .shape = {sizes.data(), sizes.size()},
+                              .device = device,
                               .data = t.data_ptr()};
 }
 
@@ -83,8 +129,15 @@ std::optional<DataType> krug_dtype(at::ScalarType type) {
 // What check_tensor accepts, without building its message: the per-call path of every op
 // (the message is formatted only for a tensor that fails).
 bool usable(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == at::kStrided && !t.is_sparse() &&
-         krug_dtype(t.scalar_type()).has_value();
+  return t.defined() && (t.device().is_cpu() || t.is_cuda()) && t.layout() == at::kStrided &&
+         !t.is_sparse() && krug_dtype(t.scalar_type()).has_value();
+}
+
+void check_same_device(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  if (a.device() != b.device())
+    throw UnsupportedTensor(fmt::format("{}: the output is on {} but the input on {}; krug "
+                                        "needs both on one device",
+                                        what, b.device().str(), a.device().str()));
 }
 
 void check_same(const at::Tensor& input, const at::Tensor& output, const std::string& what) {
@@ -97,6 +150,7 @@ void check_same(const at::Tensor& input, const at::Tensor& output, const std::st
     throw UnsupportedTensor(fmt::format("{}: the output's shape [{}] differs from the input's [{}]",
                                         what, fmt::join(output.sizes(), ", "),
                                         fmt::join(input.sizes(), ", ")));
+  check_same_device(input, output, what);
 }
 
 // Input and output slots of an op whose output has the input's shape (allreduce, broadcast).
@@ -142,6 +196,13 @@ HandlePtr with_handle(std::shared_ptr<TorchHandle::Shared> shared, frontend::Han
   return h;
 }
 
+// One ready event for an operation's tensors, which must share a device (one stream waits).
+std::shared_ptr<frontend::ReadyEvent> group_ready(const std::vector<at::Tensor>& tensors,
+                                                  const std::string& what) {
+  for (const auto& t : tensors) check_same_device(tensors.front(), t, what);
+  return tensors.empty() ? nullptr : ready_event(tensors.front());
+}
+
 // Ops whose output is sized after negotiation: one slot per input, allocated by the seam.
 HandlePtr sized_later(const std::string& name, const frontend::Op& op,
                       const std::vector<at::Tensor>& inputs, bool grouped) {
@@ -162,6 +223,7 @@ HandlePtr sized_later(const std::string& name, const frontend::Op& op,
   }
   frontend::Callbacks callbacks;
   callbacks.allocate = allocator(shared, inputs);
+  callbacks.ready = group_ready(inputs, describe(op.type, name));
   frontend::Handle handle = grouped ? frontend::enqueue_group(name, op, views, {}, callbacks)
                                     : frontend::enqueue(name, op, views.at(0), nullptr, callbacks);
   return with_handle(std::move(shared), std::move(handle));
@@ -243,13 +305,8 @@ std::string torch_dtype_name(at::ScalarType type) {
 
 void check_tensor(const at::Tensor& t, const std::string& what) {
   if (!t.defined()) throw UnsupportedTensor(fmt::format("{}: the tensor is undefined", what));
-  if (t.is_cuda())
-    throw UnsupportedTensor(
-        fmt::format("{}: CUDA tensors are not supported by this build; move the tensor to the CPU "
-                    "(tensor.cpu())",
-                    what));
-  if (!t.device().is_cpu())
-    throw UnsupportedTensor(fmt::format("{}: {} tensors are not supported by this build; only CPU "
+  if (!t.device().is_cpu() && !t.is_cuda())
+    throw UnsupportedTensor(fmt::format("{}: {} tensors are not supported; only CPU and CUDA "
                                         "tensors are", what, t.device().str()));
   if (t.is_sparse() || t.layout() != at::kStrided)
     throw UnsupportedTensor(fmt::format("{}: only dense (strided) tensors are supported", what));
@@ -345,7 +402,7 @@ const TorchHandle::Slot& allreduce_slot(const std::string& tname, const at::Tens
   } else {
     out = *output;
     if (!usable(in) || !usable(out) || out.scalar_type() != in.scalar_type() ||
-        out.sizes() != in.sizes()) {
+        out.sizes() != in.sizes() || out.device() != in.device()) {
       const std::string what = describe(OpType::kAllreduce, tname);
       check_tensor(in, what);
       check_same(in, out, what);
@@ -362,8 +419,11 @@ HandlePtr single_allreduce(const std::string& name, const at::Tensor& input,
   auto shared = std::make_shared<TorchHandle::Shared>();
   const TorchHandle::Slot& slot = allreduce_slot(name, input, output, *shared);
   void* out = slot.work.data_ptr();
-  frontend::Handle handle = frontend::enqueue(
-      name, frontend::reduction(OpType::kAllreduce, options), view_of(slot.input), out);
+  frontend::Callbacks callbacks;
+  callbacks.ready = ready_event(slot.work);  // after the binding's own copies, if any
+  frontend::Handle handle =
+      frontend::enqueue(name, frontend::reduction(OpType::kAllreduce, options),
+                        view_of(slot.input), out, callbacks);
   return with_handle(std::move(shared), std::move(handle));
 }
 
@@ -401,8 +461,12 @@ HandlePtr grouped_allreduce_async(const std::string& name, const std::vector<at:
     views.push_back(view_of(slot.input));
     works.push_back(slot.work.data_ptr());
   }
-  frontend::Handle handle =
-      frontend::enqueue_group(name, frontend::reduction(OpType::kAllreduce, options), views, works);
+  std::vector<at::Tensor> works_tensors;
+  for (const auto& slot : shared->slots) works_tensors.push_back(slot.work);
+  frontend::Callbacks callbacks;
+  callbacks.ready = group_ready(works_tensors, describe(OpType::kAllreduce, name));
+  frontend::Handle handle = frontend::enqueue_group(
+      name, frontend::reduction(OpType::kAllreduce, options), views, works, callbacks);
   return with_handle(std::move(shared), std::move(handle));
 }
 
@@ -424,7 +488,9 @@ HandlePtr broadcast_async(const std::string& name, const at::Tensor& tensor, int
   const at::Tensor& work = shared->slots.back().work;
   frontend::Op op = on_set(OpType::kBroadcast, process_set);
   op.root = root;
-  frontend::Handle handle = frontend::enqueue(name, op, view_of(work), work.data_ptr());
+  frontend::Callbacks callbacks;
+  callbacks.ready = ready_event(work);
+  frontend::Handle handle = frontend::enqueue(name, op, view_of(work), work.data_ptr(), callbacks);
   return with_handle(std::move(shared), std::move(handle));
 }
 

@@ -10,8 +10,13 @@
 // output allocator, with the input's dtype and device, so results never go through an
 // intermediate byte buffer.
 //
-// Only CPU tensors are supported by this build. Errors found before enqueueing (a dtype krug
-// cannot reduce, a CUDA tensor, a wrong output shape) throw UnsupportedTensor; errors found by
+// CPU and CUDA tensors are supported (CUDA when libkrug was built with CUDA; the binding itself
+// uses only c10's device-generic API, so it builds against a torch without CUDA). For a CUDA
+// tensor the binding records an event on the current stream of its device at enqueue, which
+// the engine waits for before it reads the tensor; the engine's own stream is ordered with the
+// default stream, and a handle completes only once krug's work on the device is done. Errors
+// found before enqueueing (a dtype krug cannot reduce, an unsupported device, input and output
+// on different devices, a wrong output shape) throw UnsupportedTensor; errors found by
 // the engine (mismatched shapes across ranks, a dead peer, a reused name) complete the handle,
 // and TorchHandle::wait() throws krug::Error with the engine's message.
 #pragma once
@@ -47,7 +52,7 @@ at::ScalarType to_torch_dtype(DataType type);
 // "torch.float32", as Python prints it.
 std::string torch_dtype_name(at::ScalarType type);
 
-// Throws UnsupportedTensor unless `t` is a defined CPU tensor of a supported dtype.
+// Throws UnsupportedTensor unless `t` is a defined dense CPU or CUDA tensor of a supported dtype.
 // `what` names the operation and tensor for the message ("allreduce 'grad'").
 void check_tensor(const at::Tensor& t, const std::string& what);
 

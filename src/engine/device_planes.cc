@@ -1,0 +1,192 @@
+#include "engine/device_planes.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+
+#include "collectives/nccl/nccl_plane.h"
+#include "device/device.h"
+#include "engine/host_staging.h"
+
+namespace krug::engine {
+namespace {
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::chrono::steady_clock::time_point deadline_after(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(seconds));
+}
+
+// Device memory on krug's stream: copies and scale kernels are queued, not waited for; the
+// communicator's calls and DevicePlanes::finish() wait.
+class DeviceMemory final : public Memory {
+ public:
+  explicit DeviceMemory(const device::Stream& stream) : stream_(stream), fusion_(stream.device()) {}
+  void copy(void* dst, const void* src, size_t bytes) override {
+    device::copy_async(dst, src, bytes, stream_);
+  }
+  void zero(void* dst, size_t bytes) override { device::zero_async(dst, bytes, stream_); }
+  void scale(DataType dtype, void* data, size_t count, double factor) override {
+    device::scale_async(dtype, data, count, factor, stream_);
+  }
+  uint8_t* fusion(size_t bytes) override {
+    // The previous operation may still read the buffer on the stream; the stream orders it.
+    return fusion_.reserve(bytes);
+  }
+
+ private:
+  const device::Stream& stream_;
+  device::DeviceBuffer fusion_;
+};
+
+// What a process set's CPU communicator carries for its device tensors.
+struct SetPlanes {
+  int device = -1;
+  std::unique_ptr<collectives::Communicator> nccl;
+  std::unique_ptr<collectives::Communicator> staging;
+};
+
+}  // namespace
+
+struct DevicePlanes::PerDevice {
+  explicit PerDevice(int device)
+      : stream(std::make_shared<device::Stream>(device)), memory(*stream) {}
+  std::shared_ptr<device::Stream> stream;
+  DeviceMemory memory;
+  device::PinnedBuffer host;  // on_host()
+};
+
+std::string_view gpu_operations_name(GpuOperations ops) {
+  return ops == GpuOperations::kNccl ? "nccl" : "host";
+}
+
+GpuOperations gpu_operations(const EnvLookup& getenv, bool nccl_built) {
+  auto set = [&](const char* name) -> std::string {
+    const char* v = getenv(name);
+    return v ? std::string(v) : std::string();
+  };
+  std::string krug = lower(set("KRUG_GPU_OPERATIONS"));
+  GpuOperations ops = nccl_built ? GpuOperations::kNccl : GpuOperations::kHost;
+  std::string source;
+  if (!krug.empty()) {
+    if (krug == "nccl")
+      ops = GpuOperations::kNccl;
+    else if (krug == "host")
+      ops = GpuOperations::kHost;
+    else
+      throw Error(
+          fmt::format("KRUG_GPU_OPERATIONS='{}': expected host (pinned host buffers and "
+                      "the CPU data plane) or nccl",
+                      krug));
+    source = "KRUG_GPU_OPERATIONS";
+  } else {
+    for (const char* name : {"HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE"}) {
+      std::string v = lower(set(name));
+      if (v.empty()) continue;
+      if (v == "nccl")
+        ops = GpuOperations::kNccl;
+      else if (v == "mpi" || v == "gloo")
+        ops = GpuOperations::kHost;
+      else
+        throw Error(
+            fmt::format("{}='{}': krug accepts NCCL, or MPI / GLOO (GPU tensors through "
+                        "the CPU data plane)",
+                        name, v));
+      source = name;
+      break;
+    }
+  }
+  if (ops == GpuOperations::kNccl && !nccl_built && !source.empty())
+    throw Error(
+        fmt::format("{} asks for NCCL, but this krug was built without NCCL; set "
+                    "KRUG_GPU_OPERATIONS=host or rebuild with KRUG_WITH_NCCL=1",
+                    source));
+  return ops;
+}
+
+std::string nccl_host_id(const EnvLookup& getenv, const std::string& hostname, int rank) {
+  const char* v = getenv("KRUG_GPU_SHARE_DEVICE");
+  const std::string s = v ? lower(v) : "";
+  if (s.empty() || s == "0" || s == "false") return "";
+  if (s != "1" && s != "true")
+    throw Error(fmt::format("KRUG_GPU_SHARE_DEVICE='{}': expected 1 or 0", v));
+  return fmt::format("{}-krug-rank-{}", hostname, rank);
+}
+
+DevicePlanes::DevicePlanes(const DeviceOptions& options)
+    : options_(options),
+      operations_(gpu_operations([](const char* n) { return std::getenv(n); },
+                                 collectives::nccl::built())) {}
+
+DevicePlanes::~DevicePlanes() = default;
+
+DevicePlanes::PerDevice& DevicePlanes::device_state(int device) {
+  if (device < 0) device = last_device_;
+  last_device_ = device;
+  auto it = devices_.find(device);
+  if (it == devices_.end()) {
+    std::string why;
+    const int n = device::device_count(&why);
+    if (device >= n)
+      throw Error(
+          fmt::format("rank {}: a tensor is on CUDA device {}, but this process sees {} "
+                      "CUDA device(s){}",
+                      options_.rank, device, n, why.empty() ? "" : ": " + why));
+    it = devices_.emplace(device, std::make_unique<PerDevice>(device)).first;
+  }
+  return *it->second;
+}
+
+DevicePlanes::Plane DevicePlanes::plane(collectives::Communicator& cpu, int device, bool nccl_can) {
+  PerDevice& d = device_state(device);
+  device = d.stream->device();
+  auto current = std::make_shared<device::DeviceGuard>(device);
+  if (!cpu.device_plane) cpu.device_plane = std::make_shared<SetPlanes>();
+  auto& set = *static_cast<SetPlanes*>(cpu.device_plane.get());
+  if (set.device >= 0 && set.device != device)
+    throw Error(
+        fmt::format("rank {}: this process set's GPU operations ran on CUDA device {}, "
+                    "and now a tensor is on device {}; keep each rank's tensors on one "
+                    "device",
+                    options_.rank, set.device, device));
+  set.device = device;
+  if (operations_ == GpuOperations::kNccl && nccl_can) {
+    if (!set.nccl) {
+      collectives::nccl::Options o;
+      o.timeout_seconds = options_.timeout_seconds;
+      o.host_id = nccl_host_id([](const char* n) { return std::getenv(n); }, options_.hostname,
+                               options_.rank);
+      set.nccl = collectives::nccl::make_communicator(cpu, d.stream, o);
+    }
+    return Plane{&d.memory, set.nccl.get(), device, current};
+  }
+  if (!set.staging)
+    set.staging = std::make_unique<HostStaging>(cpu, d.stream, options_.timeout_seconds);
+  return Plane{&d.memory, set.staging.get(), device, current};
+}
+
+void DevicePlanes::finish(int device, const std::string& what) {
+  device_state(device).stream->synchronize(deadline_after(options_.timeout_seconds), what);
+}
+
+void DevicePlanes::on_host(int device, void* data, size_t bytes,
+                           const std::function<void(void*)>& fn) {
+  PerDevice& d = device_state(device);
+  uint8_t* host = d.host.reserve(bytes);
+  device::copy_async(host, data, bytes, *d.stream);
+  d.stream->synchronize(deadline_after(options_.timeout_seconds), "a device-to-host copy");
+  fn(host);
+  device::copy_async(data, host, bytes, *d.stream);
+  d.stream->synchronize(deadline_after(options_.timeout_seconds), "a host-to-device copy");
+}
+
+}  // namespace krug::engine
