@@ -111,6 +111,18 @@ if(KRUG_CUDA_ENABLED AND NOT KRUG_WITH_NCCL STREQUAL "OFF")
   if(NOT _krug_nccl_home)
     set(_krug_nccl_home $ENV{KRUG_NCCL_HOME} $ENV{HOROVOD_NCCL_HOME})
   endif()
+  if(NOT _krug_nccl_home AND Python_EXECUTABLE)
+    # The NCCL the build's torch loads (PyPI's nvidia-nccl wheel), when it has one: a process
+    # holds one libnccl.so.2, so libkrug and libtorch_cuda must agree on which, or the one
+    # loaded second misses the symbols of the newer (the link of LibTorch programs fails).
+    execute_process(
+      COMMAND ${Python_EXECUTABLE} -c "import nvidia.nccl as n; print(list(n.__path__)[0])"
+      OUTPUT_VARIABLE _krug_torch_nccl OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET
+      RESULT_VARIABLE _krug_torch_nccl_rc)
+    if(_krug_torch_nccl_rc EQUAL 0 AND EXISTS "${_krug_torch_nccl}/include/nccl.h")
+      set(_krug_nccl_home ${_krug_torch_nccl})
+    endif()
+  endif()
   # Header and library from one place: a given KRUG_NCCL_HOME first and alone (a torch
   # environment's nvidia/nccl has only libnccl.so.2), then the usual places.
   if(_krug_nccl_home)
