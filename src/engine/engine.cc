@@ -171,10 +171,12 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(const TensorView& t) {
     q.target_process_set = 0;
     q.group.clear();
     q.group_size = 0;
+    q.device = controller::kHostMemory;  // by reference: host tensors only
     args.input = t.input;
     args.output = t.output;
     args.allocate_output = nullptr;
     args.ready = nullptr;
+    args.device = -1;
   });
 }
 
