@@ -9,9 +9,15 @@ import sys
 import time
 
 import pytest
-# torch before TensorFlow (the Keras tests import it): this process aborts when TensorFlow's
-# libraries are loaded first and torch's after them.
+# torch and triton before TensorFlow (the Keras tests import it): triton and TensorFlow each
+# carry LLVM, and whichever registers its options second aborts the process; torch imports
+# triton lazily, long after TensorFlow would be in.
 import torch  # noqa: F401
+
+try:
+    import triton  # noqa: F401
+except ImportError:  # a torch without triton has nothing to clash
+    pass
 
 try:
     import cloudpickle
