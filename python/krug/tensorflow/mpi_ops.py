@@ -215,8 +215,7 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
     _check_op(op)
     if not tensors:
         return []
-    if name is None and not _executing_eagerly():
-        name = "KrugGroupedAllreduce_%s" % _normalize_name(tensors[0].name)
+    name = _op_name("KrugGroupedAllreduce", tensors[0], name)
     return _ops.krug_grouped_allreduce(tensors, name=name, reduce_op=op,
                                        prescale_factor=prescale_factor,
                                        postscale_factor=postscale_factor,
@@ -266,8 +265,7 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
     """allgather of every tensor, as one request."""
     if not tensors:
         return []
-    if name is None and not _executing_eagerly():
-        name = "KrugGroupedAllgather_%s" % _normalize_name(tensors[0].name)
+    name = _op_name("KrugGroupedAllgather", tensors[0], name)
     return _ops.krug_grouped_allgather(tensors, name=name, ignore_name_scope=ignore_name_scope,
                                        process_set_id=_process_sets.set_id(process_set))
 
@@ -355,8 +353,7 @@ def _grouped_reducescatter(tensors, name=None, op=Average, prescale_factor=1.0,
     _check_op(op)
     if not tensors:
         return []
-    if name is None and not _executing_eagerly():
-        name = "KrugGroupedReducescatter_%s" % _normalize_name(tensors[0].name)
+    name = _op_name("KrugGroupedReducescatter", tensors[0], name)
     return _ops.krug_grouped_reducescatter(tensors, name=name, reduce_op=op,
                                            prescale_factor=prescale_factor,
                                            postscale_factor=postscale_factor,
