@@ -119,8 +119,7 @@ void Executor::allreduce(collectives::Communicator& comm, const Reduction& r,
     return allreduce_in_parts(comm, r, tensors);
   const bool nccl_can = r.op != ReduceOp::kAdasum && collectives::nccl::reduces(r.dtype, r.op);
   // A joined rank has no tensor here (device -1): its planes use the device it used last.
-  const Target t = r.on_device ? device_target(comm, device, nccl_can)
-                               : Target{&host_, &comm, &comm, -1, nullptr};
+  const Target t = r.on_device ? device_target(comm, device, nccl_can) : target(comm, -1);
   const size_t esize = dtype_size(r.dtype);
   if (tensors.size() == 1 && tensors[0].args) {
     // One tensor: reduce in the caller's output buffer, no fusion copies.
