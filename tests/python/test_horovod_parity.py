@@ -214,6 +214,27 @@ def test_integer_scaling_truncates_like_horovod(dtype, op):
     assert torch.equal(got[0], want[mine]) and torch.equal(got[1], want[mine])
 
 
+def horovod_scaled_half(t, factor):
+    """Horovod's CPU scaling of a float16 tensor: in float32, with the factor as a float32."""
+    return (t.float() * torch.tensor(factor, dtype=torch.float32)).half()
+
+
+@pytest.mark.parametrize("where", ["prescale", "postscale"])
+def test_half_scaling_is_in_float32_like_horovod(where):
+    # Every finite non-negative float16: with this factor (not a float32), 463 of them round
+    # differently through float64.
+    factor = 1.3
+    x = torch.arange(0, 0x7C00, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    in_float64 = (x.double() * factor).half()
+    want = horovod_scaled_half(x, factor)
+    assert not torch.equal(want, in_float64), "the data must tell the two routes apart"
+    # Only rank 0 contributes, so the sum adds exact zeros and the scaling alone decides.
+    mine = x if r() == 0 else torch.zeros_like(x)
+    scales = {"prescale_factor": factor} if where == "prescale" else {"postscale_factor": factor}
+    got = hvd.allreduce(mine, op=hvd.Sum, name="scale.half." + where, **scales)
+    assert torch.equal(got, want)
+
+
 # ---- join after names are in the response cache ----
 
 JOIN_DTYPES = [torch.int32, torch.int64, torch.float32, torch.float64]
