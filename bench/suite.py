@@ -5,8 +5,11 @@ Runs, for each rank count: krug-bench, mpi_bench (Open MPI) and torch_gloo_bench
 Gloo) over the same sweep of sizes for allreduce, allgather and broadcast; the small-message
 measures (one 4 KiB allreduce, a step of 100 x 1 KiB, a step of ResNet-50's 161 gradients)
 through krug's C++ and Python APIs, MPI and Gloo; the machine's memcpy and reduction bandwidth;
-and training throughput (examples/torch_synthetic_benchmark.py against DDP and one plain
-process). Prints the tables side by side and a PASS/FAIL line per target of issue 6, writes
+training throughput (examples/torch_synthetic_benchmark.py against DDP and one plain
+process); and TensorFlow (issue 19): allreduce from eager TensorFlow against krug.torch
+(bench/tf_small_ops.py, bench/krug_small_ops.py) and a Keras model trained with krug, with
+MultiWorkerMirroredStrategy and in one plain process (bench/keras_compare.py). Prints the
+tables side by side and a PASS/FAIL line per target of issues 6 and 19, writes
 results.json, every tool's raw output and a plot of bus bandwidth against size.
 """
 import argparse
@@ -37,6 +40,8 @@ TOOLS = ("krug", "mpi", "gloo")
 TOOL_TITLE = {"krug": "krug", "mpi": "Open MPI", "gloo": "torch Gloo"}
 TRAIN_MODEL = ["--model", "resnet18", "--batch-size", "16", "--image-size", "64",
                "--threads", "1"]
+# The TensorFlow comparison's allreduce sizes (one tensor each, TF eager against krug.torch).
+TF_OP_SIZES = ["4K", "64K", "1M", "16M", "64M"]
 
 
 def parse_args():
@@ -71,6 +76,10 @@ def parse_args():
     p.add_argument("--no-train", action="store_true", help="skip training throughput")
     p.add_argument("--no-python-ops", action="store_true",
                    help="skip the Python-API small ops (krug.torch, Gloo)")
+    p.add_argument("--no-tensorflow", action="store_true",
+                   help="skip the TensorFlow comparison (eager allreduce, Keras training)")
+    p.add_argument("--tensorflow-only", action="store_true",
+                   help="only the TensorFlow comparison (no sweeps, small ops, torch training)")
     p.add_argument("--quick", action="store_true", help="the quick preset (see below)")
     p.add_argument("--smoke", action="store_true", help="the smoke preset (see below)")
     p.add_argument("--update-docs", action="store_true",
@@ -83,7 +92,9 @@ def parse_args():
     if args.smoke:
         args.np, args.ops, args.max_bytes, args.factor = "2", "allreduce", "64K", 4
         args.target_seconds, args.step_seconds, args.rounds = 0.02, 0.05, 1
-        args.no_train = args.no_python_ops = True
+        args.no_train = args.no_python_ops = args.no_tensorflow = True
+    if args.tensorflow_only:
+        args.no_train, args.no_tensorflow = True, False
     args.nps = [int(n) for n in args.np.split()]
     args.ops = args.ops.split()
     for op in args.ops:
@@ -114,6 +125,17 @@ class Runner:
         self.have_torch = subprocess.run([PYTHON, "-c", "import torch.distributed"],
                                          capture_output=True).returncode == 0
         self.have_krug_torch = os.path.isdir(os.path.join(b, "python", "krug", "torch"))
+        # TensorFlow runs in the ranks' interpreter when it has TensorFlow (the project's
+        # environment), else in KRUG_TF_PYTHON (default that environment's).
+        self.tf_python = None
+        for py in (PYTHON, os.environ.get("KRUG_TF_PYTHON") or "/opt/krug/venv/bin/python"):
+            if os.access(py, os.X_OK) and subprocess.run(
+                    [py, "-c", "import tensorflow, tf_keras"], capture_output=True,
+                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).returncode == 0:
+                self.tf_python = py
+                break
+        self.have_krug_tf = self.tf_python is not None and os.path.isdir(
+            os.path.join(b, "python", "krug", "tensorflow"))
 
     def run(self, tag, cmd, env=None):
         """Returns the tool's stdout, or None when it failed (the failure is recorded)."""
@@ -205,12 +227,13 @@ def sweep_rows(text):
 
 def step_rows(text):
     """The last row of a step tool's table, as a list of one (or none)."""
-    rows = parse_rows(text, 5)
-    if not rows:  # parsed() reports it
-        return []
-    f = rows[-1]
+    return all_step_rows(text)[-1:]  # an empty list: parsed() reports it
+
+
+def all_step_rows(text):
+    """Every row of a step tool's table (tf_small_ops.py --sizes prints one per size)."""
     return [{"tensors": int(f[0]), "bytes": int(f[1]), "iters": int(f[2]),
-             "time_us": float(f[3]), "wrong": int(f[4])}]
+             "time_us": float(f[3]), "wrong": int(f[4])} for f in parse_rows(text, 5)]
 
 
 def median_rows(rounds):
@@ -343,6 +366,54 @@ def run_training(r, args):
     return res
 
 
+
+def run_tf_ops(r, args):
+    """Allreduce of one tensor per size from eager TensorFlow (one process for every size: its
+    import takes seconds) and from krug.torch (a process per size), 2 ranks, in turn for --rounds
+    rounds; {size: {"tf": row, "torch": row}}, each row the median round's."""
+    t = ["--target-seconds", str(args.step_seconds)]
+    tf_cmd = r.krug(2, r.tf_python, os.path.join(HERE, "tf_small_ops.py"),
+                    "--sizes", ",".join(TF_OP_SIZES), *t)
+    tools = [("tf", "tf_small_ops.np2", tf_cmd, all_step_rows)]
+    if r.have_krug_torch:
+        # One key for every size: median_rows keeps the sizes apart.
+        tools += [("torch", "krug_small_ops.tf_sizes.%s.np2" % size,
+                   r.krug(2, PYTHON, os.path.join(HERE, "krug_small_ops.py"), "--tensors", "1",
+                          "--tensor-bytes", size, *t), step_rows) for size in TF_OP_SIZES]
+    res = interleaved(r, args, tools)
+    out = {}
+    for tool, rows in res.items():
+        for row in rows or []:
+            out.setdefault(row["bytes"], {})[tool] = row
+    return out
+
+
+_WORKER = re.compile(r"Worker \d+ of (\d+): samples/sec ([\d.]+)")
+
+
+def run_keras(r, args):
+    """bench/keras_compare.py: krug (2 ranks), MultiWorkerMirroredStrategy (2 workers) and one
+    plain process, in turn for --train-rounds rounds; {mode: median samples/s of all workers}."""
+    script = os.path.join(HERE, "keras_compare.py")
+    epochs = ["--epochs", str(max(2, args.train_iters // 2 + 1))]
+    runs = {"plain": [r.tf_python, script, "--mode", "plain"] + epochs,
+            "krug_np2": r.krug(2, r.tf_python, script, "--mode", "krug", *epochs),
+            "mwms_np2": [r.tf_python, script, "--mode", "mwms", "--np", "2"] + epochs}
+
+    def total(text):
+        found = [(int(m.group(1)), float(m.group(2))) for m in _WORKER.finditer(text)]
+        return sum(v for _, v in found) if found and len(found) == found[0][0] else None
+
+    samples = {key: [] for key in runs}
+    for rnd in range(max(1, args.train_rounds)):
+        for key, cmd in runs.items():
+            v = r.parsed("keras.%s.round%d" % (key, rnd + 1), cmd, total)
+            if v:
+                samples[key].append(v)
+    res = {key: statistics.median(v) if v else None for key, v in samples.items()}
+    res["rounds"] = samples
+    return res
+
 # ---- reporting ---------------------------------------------------------------------------------
 
 def table(headers, rows):
@@ -469,6 +540,46 @@ def training_table(res):
                   rows))
 
 
+
+def tf_ops_table(res):
+    rows = []
+    for size in sorted(res):
+        tf_row, torch_row = res[size].get("tf"), res[size].get("torch")
+        tf_us = tf_row and tf_row["time_us"]
+        torch_us = torch_row and torch_row["time_us"]
+        busbw = lambda us: us and size / us / 1e3 * pybench.BUS_FACTOR["allreduce"](2)
+        rows.append([size_label(size), fmt_us(tf_us), fmt_us(torch_us),
+                     fmt(tf_us / torch_us if tf_us and torch_us else None),
+                     fmt(busbw(tf_us), "%.3f"), fmt(busbw(torch_us), "%.3f")])
+    note = rounds_note([row for v in res.values() for row in v.values()])
+    return ("### Allreduce from eager TensorFlow against krug.torch, 2 ranks (one tensor, time per "
+            "op in µs; bench/tf_small_ops.py: hvd.allreduce, a new output each call; "
+            "bench/krug_small_ops.py: hvd.allreduce_async_ in place and synchronize; busbw in "
+            "GB/s%s)\n\n" % note) + \
+        table(["size", "TF eager µs", "krug.torch µs", "TF/torch", "TF busbw", "torch busbw"],
+              rows)
+
+
+def keras_table(res):
+    plain = res.get("plain")
+
+    def eff(v, n):
+        return fmt(v / (n * plain) if v and plain else None)
+
+    k, m = res.get("krug_np2"), res.get("mwms_np2")
+    rows = [["one plain process (no distribution)", "1", fmt(plain, "%.1f"), "1.00", ""],
+            ["krug (krug.tensorflow.keras.DistributedOptimizer, krugrun)", "2", fmt(k, "%.1f"),
+             eff(k, 2), fmt(k / m if k and m else None)],
+            ["tf.distribute.MultiWorkerMirroredStrategy (RING, gRPC on localhost)", "2",
+             fmt(m, "%.1f"), eff(m, 2), ""]]
+    n = max(len(v) for v in res.get("rounds", {"": [0]}).values())
+    return ("### Keras training (bench/keras_compare.py): MLP 784-1024-1024-10 (1.86 M "
+            "parameters), tf_keras model.fit, synthetic data, batch 64 per worker, TensorFlow "
+            "intra-op and inter-op threads 1 per process (efficiency = samples/s / (workers x "
+            "plain process); median of %d interleaved rounds)\n\n" % n) + \
+        table(["run", "workers", "samples/s (all workers)", "scaling efficiency", "krug/MWMS"],
+              rows)
+
 def targets(results):
     """[(description, measured text, PASS/FAIL/SKIP)] for issue 6, item 5 (2 ranks)."""
     out = []
@@ -509,6 +620,16 @@ def targets(results):
         "%.2fx")
     e = k / (2 * plain) if k and plain else None
     add("ResNet-18 2 ranks: scaling efficiency >= 0.90", e, e is not None and e >= 0.90, "%.2f")
+    tf_ops = results.get("tf_ops") or {}
+    tf_4k = (tf_ops.get(4096) or {}).get("tf")
+    v = tf_4k and tf_4k["time_us"]
+    add("(issue 19) 4 KiB allreduce from eager TensorFlow <= 100 us", v,
+        v is not None and v <= 100, "%.1f us")
+    keras = results.get("keras") or {}
+    kk, mm = keras.get("krug_np2"), keras.get("mwms_np2")
+    ratio = kk / mm if kk and mm else None
+    add("(issue 19) Keras MLP 2 workers: samples/s >= 1.2x MultiWorkerMirroredStrategy", ratio,
+        ratio is not None and ratio >= 1.2, "%.2fx")
     for key, what in (("plain_x2", "two plain processes at once, no communication"),
                       ("lockstep_np2", "two ranks in lock-step, no gradients")):
         ceiling = train.get(key)
@@ -565,6 +686,8 @@ def plot(results, path):
         return False
     sweeps = results["sweeps"]
     cases = [(np_, op) for np_ in sorted(sweeps) for op in sweeps[np_]]
+    if not cases:  # --tensorflow-only
+        return False
     fig, axes = plt.subplots(len(cases), 1, figsize=(8, 3.2 * len(cases)), squeeze=False)
     # The bound of the largest buffers: those do not fit any cache, as large messages do not.
     limits = sorted(results["machine_limits"], key=lambda l: l["bytes"])
@@ -605,8 +728,9 @@ def report(results, args, command):
         "Date: %s. Versions: krug %s, %s, torch %s (Python %s), libgloo %s."
         % (m["date"], m["krug_commit"], m["openmpi"] or "no Open MPI", m["torch"],
            m["python"], m["gloo"]),
-        limits_table(results["machine_limits"], results["sweeps"]),
     ]
+    if results["machine_limits"]:
+        parts.append(limits_table(results["machine_limits"], results["sweeps"]))
     if m["load_average"][0] > 0.5 * (m["cores"] or 1):
         # A peer that busy-polls (Open MPI with one rank per core) loses whole scheduler ticks
         # to other work on the cores; such figures say little about a quiet machine.
@@ -620,8 +744,13 @@ def report(results, args, command):
             parts.append(small_ops_table(np_, results["small_ops"][np_]))
     if results.get("training"):
         parts.append(training_table(results["training"]))
+    if results.get("tf_ops"):
+        parts.append(tf_ops_table(results["tf_ops"]))
+    if results.get("keras"):
+        parts.append(keras_table(results["keras"]))
     lines = ["%s  %s: %s" % (status, desc, value) for desc, value, status in results["targets"]]
-    parts.append("### Targets (issue 6, 2 ranks, float32)\n\n```\n%s\n```" % "\n".join(lines))
+    parts.append("### Targets (issues 6 and 19, 2 ranks, float32)\n\n```\n%s\n```"
+                 % "\n".join(lines))
     if results["errors"]:
         parts.append("### Errors\n\n" + "\n".join("- " + e for e in results["errors"]))
     return "\n\n".join(parts) + "\n"
@@ -664,11 +793,20 @@ def main():
               "(apt-get install python3-torch)" % PYTHON, file=sys.stderr)
         args.no_train = True
     results = {"machine": machine_info(r), "command": command, "sweeps": {}, "small_ops": {}}
-    results["machine_limits"] = run_machine_limits(r, args)
-    for np_ in args.nps:
+    results["machine_limits"] = [] if args.tensorflow_only else run_machine_limits(r, args)
+    for np_ in [] if args.tensorflow_only else args.nps:
         results["sweeps"][np_] = run_sweeps(r, args, np_)
         results["small_ops"][np_] = run_small_ops(r, args, np_)
     results["training"] = None if args.no_train else run_training(r, args)
+    results["tf_ops"] = results["keras"] = None
+    if not args.no_tensorflow and not r.have_krug_tf:
+        print("bench-suite: TensorFlow comparison skipped: %s" % (
+            "no interpreter imports tensorflow and tf_keras (scripts/install-deps)"
+            if r.tf_python is None else "krug.tensorflow is not built in %s" % args.build_dir),
+            file=sys.stderr)
+    elif not args.no_tensorflow:
+        results["tf_ops"] = run_tf_ops(r, args)
+        results["keras"] = run_keras(r, args)
     results["targets"] = targets(results)
     results["errors"] = r.errors
     text = report(results, args, command)
