@@ -1,9 +1,10 @@
 // krug's TensorFlow kernels (CPU): asynchronous kernels that describe their tensors as views
 // and enqueue them through the frontend seam (krug/frontend.h), the only part of the core they
-// use. A kernel returns at once; the seam's done callback completes it on krug's thread, as
-// Horovod's kernels are completed by its background thread. Results whose size negotiation
-// decides are allocated as the kernel's outputs by the seam's allocate callback, so no result
-// passes through an intermediate buffer.
+// use. In a graph a kernel returns at once; the seam's done callback completes it on krug's
+// thread, as Horovod's kernels are completed by its background thread. Eagerly, TensorFlow
+// waits on the calling thread anyway: the kernel waits there itself, running krug's loop. Results
+// whose size negotiation decides are allocated as the kernel's outputs by the seam's allocate
+// callback, so no result passes through an intermediate buffer.
 //
 // Errors: what can never work (krug not initialized, bad splits) fails the kernel at once with
 // InvalidArgument; what the engine refuses at submission too (Status kRejected); what fails
@@ -11,6 +12,7 @@
 // that elastic code recognizes it. The message is krug's.
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -65,14 +67,18 @@ tf::TensorShape tf_shape(const krug::Shape& shape) {
   return s;
 }
 
+// The done callback of a kernel that completes on the calling thread.
+void nothing() {}
+
 // One running operation: what it reads and writes stays alive here until it completes. It
 // completes when both the seam's done callback has run and enqueue has returned the handle
 // (either may come first), so that results read from the handle (alltoall's received splits,
-// join's rank) are there.
+// join's rank) are there. With `caller_waits` there is no done callback: the kernel's thread
+// waits for the handle and completes the operation through wait_and_finish.
 class Pending {
  public:
-  Pending(tf::OpKernelContext* ctx, tf::AsyncOpKernel::DoneCallback done)
-      : ctx_(ctx), done_(std::move(done)) {}
+  Pending(tf::OpKernelContext* ctx, tf::AsyncOpKernel::DoneCallback done, bool caller_waits)
+      : ctx_(ctx), done_(std::move(done)), caller_waits_(caller_waits) {}
 
   // Called on success, before the kernel's done, with the handle (for results it holds).
   std::function<void(const fe::Handle&)> on_success;
@@ -100,7 +106,9 @@ class Pending {
   // kernel's outputs when negotiation has decided their shapes.
   fe::Callbacks callbacks(const std::shared_ptr<Pending>& self, bool sized_later) {
     fe::Callbacks c;
-    c.done = [self](const fe::Status& s) { self->status_arrived(s); };
+    // Without a done callback an allreduce or broadcast takes the seam's allocation-free path,
+    // and the seam does not wake krug's background thread for it: the waiting caller drives.
+    if (!caller_waits_) c.done = [self](const fe::Status& s) { self->status_arrived(s); };
     if (sized_later) {
       // Weak: the engine's entry must not keep the operation alive on its own.
       std::weak_ptr<Pending> weak = self;
@@ -123,6 +131,16 @@ class Pending {
     handle_ = std::move(handle);
     have_handle_ = true;
     if (status_) finish(lock);
+  }
+
+  // caller_waits: blocks until the operation ends, running krug's loop on this thread meanwhile
+  // (Handle::wait_for drives it as krug.torch's synchronize does), then completes the kernel.
+  // The engine ends every operation within its timeouts, as it fails them on a lost peer.
+  void wait_and_finish(fe::Handle handle) {
+    while (!handle.wait_for(std::chrono::seconds(1))) continue;
+    const fe::Status s = handle.status();
+    handle_arrived(std::move(handle));
+    status_arrived(s);
   }
 
  private:
@@ -151,6 +169,7 @@ class Pending {
 
   tf::OpKernelContext* ctx_;
   tf::AsyncOpKernel::DoneCallback done_;
+  const bool caller_waits_;
   std::vector<tf::Tensor> keep_;
   std::vector<std::vector<int64_t>> shapes_;
   std::mutex mu_;
@@ -178,6 +197,19 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   }
 
   void ComputeAsync(tf::OpKernelContext* ctx, DoneCallback done) override {
+    Start(ctx, std::move(done), /*caller_waits=*/false);
+  }
+
+  // TensorFlow calls Compute rather than ComputeAsync where it blocks the calling thread until
+  // the kernel is done anyway: eager execution runs the op on the Python thread and waits there.
+  // That thread then runs krug's loop itself, as krug.torch's synchronize does, instead of
+  // waking krug's background thread to start the operation and being woken by it at the end:
+  // two scheduler hand-offs, each tens to hundreds of µs on a loaded machine. (Graphs run
+  // collectives through ComputeAsync on TensorFlow's inter-op threads: those never block.)
+  void Compute(tf::OpKernelContext* ctx) override { Start(ctx, nothing, /*caller_waits=*/true); }
+
+ private:
+  void Start(tf::OpKernelContext* ctx, DoneCallback done, bool caller_waits) {
     if (!krug::is_initialized()) {
       ctx->SetStatus(absl::FailedPreconditionError(fmt::format(
           "krug has not been initialized; call hvd.init() before {} '{}'", type_string(), name_)));
@@ -192,14 +224,20 @@ class CollectiveKernel : public tf::AsyncOpKernel {
         return;
       }
     }
-    auto p = std::make_shared<Pending>(ctx, done);
+    auto p = std::make_shared<Pending>(ctx, done, caller_waits);
+    fe::Handle handle;
     try {
-      p->handle_arrived(Enqueue(ctx, p));
+      handle = Enqueue(ctx, p);
     } catch (const std::exception& e) {
       // Nothing was enqueued (an argument that can never work): done was not called.
       ctx->SetStatus(absl::InvalidArgumentError(e.what()));
       done();
+      return;
     }
+    if (caller_waits)
+      p->wait_and_finish(std::move(handle));
+    else
+      p->handle_arrived(std::move(handle));
   }
 
  protected:
@@ -407,7 +445,7 @@ class JoinKernel : public tf::AsyncOpKernel {
       done();
       return;
     }
-    auto p = std::make_shared<Pending>(ctx, done);
+    auto p = std::make_shared<Pending>(ctx, done, /*caller_waits=*/false);
     p->on_success = [ctx](const fe::Handle& h) {
       tf::Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tf::TensorShape({}), &out));
