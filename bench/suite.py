@@ -388,26 +388,34 @@ def run_tf_ops(r, args):
     return out
 
 
-_WORKER = re.compile(r"Worker \d+ of (\d+): samples/sec ([\d.]+)")
+_WORKER = re.compile(r"Worker (\d+) of \d+: samples/sec ([\d.]+)")
 
 
 def run_keras(r, args):
-    """bench/keras_compare.py: krug (2 ranks), MultiWorkerMirroredStrategy (2 workers) and one
-    plain process, in turn for --train-rounds rounds; {mode: median samples/s of all workers}."""
+    """bench/keras_compare.py: krug (2 ranks), MultiWorkerMirroredStrategy (2 workers), one plain
+    process and two at once, in turn for --train-rounds rounds; {mode: median samples/s of all
+    workers}."""
     script = os.path.join(HERE, "keras_compare.py")
     epochs = ["--epochs", str(max(2, args.train_iters // 2 + 1))]
-    runs = {"plain": [r.tf_python, script, "--mode", "plain"] + epochs,
+    plain = [r.tf_python, script, "--mode", "plain"] + epochs
+    runs = {"plain": plain,
+            # Both at once, no communication: what this machine gives two workers.
+            "plain_x2": ["/bin/sh", "-c", "%s & %s; wait" % (shlex.join(plain),
+                                                               shlex.join(plain))],
             "krug_np2": r.krug(2, r.tf_python, script, "--mode", "krug", *epochs),
             "mwms_np2": [r.tf_python, script, "--mode", "mwms", "--np", "2"] + epochs}
+    expected = {"plain": 1, "plain_x2": 2, "krug_np2": 2, "mwms_np2": 2}
 
-    def total(text):
-        found = [(int(m.group(1)), float(m.group(2))) for m in _WORKER.finditer(text)]
-        return sum(v for _, v in found) if found and len(found) == found[0][0] else None
+    def total(key):
+        def parse(text):
+            found = [float(m.group(2)) for m in _WORKER.finditer(text)]
+            return sum(found) if len(found) == expected[key] else None
+        return parse
 
     samples = {key: [] for key in runs}
     for rnd in range(max(1, args.train_rounds)):
         for key, cmd in runs.items():
-            v = r.parsed("keras.%s.round%d" % (key, rnd + 1), cmd, total)
+            v = r.parsed("keras.%s.round%d" % (key, rnd + 1), cmd, total(key))
             if v:
                 samples[key].append(v)
     res = {key: statistics.median(v) if v else None for key, v in samples.items()}
@@ -568,6 +576,8 @@ def keras_table(res):
 
     k, m = res.get("krug_np2"), res.get("mwms_np2")
     rows = [["one plain process (no distribution)", "1", fmt(plain, "%.1f"), "1.00", ""],
+            ["two plain processes at once, no communication", "2",
+             fmt(res.get("plain_x2"), "%.1f"), eff(res.get("plain_x2"), 2), ""],
             ["krug (krug.tensorflow.keras.DistributedOptimizer, krugrun)", "2", fmt(k, "%.1f"),
              eff(k, 2), fmt(k / m if k and m else None)],
             ["tf.distribute.MultiWorkerMirroredStrategy (RING, gRPC on localhost)", "2",
@@ -779,7 +789,9 @@ def main():
     args = parse_args()
     command = " ".join(["scripts/bench-suite"] + sys.argv[1:])
     r = Runner(args)
-    for path in (r.krugrun, r.bin["krug-bench"], r.bin["krug-step"], r.bin["machine_limits"]):
+    needed = [r.krugrun] if args.tensorflow_only else \
+        [r.krugrun, r.bin["krug-bench"], r.bin["krug-step"], r.bin["machine_limits"]]
+    for path in needed:
         if not os.access(path, os.X_OK):
             sys.exit("bench-suite: %s is missing: build it (ninja -C %s krugrun krug-bench "
                      "krug-step machine_limits)" % (path, args.build_dir))
