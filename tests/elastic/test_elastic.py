@@ -215,12 +215,13 @@ def test_tensorflow_killed_worker_costs_no_committed_work(tmp_path):
     epochs, steps_per_epoch = 4, 30
     job = ElasticJob(tmp_path, HOSTS[:3], ["--min-np", "2"],
                      command=[sys.executable, worker, "--epochs", str(epochs), "--commit-every",
-                              "5", "--result-file", os.path.join(str(tmp_path), "result.json")],
+                              "5", "--hold-at-step", "10", "--hold-for-workers", "4",
+                              "--result-file", os.path.join(str(tmp_path), "result.json")],
                      env={"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1",
                           "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"})
     index, _, _ = job.wait_for(r"step 5 committed", timeout=240)
     job.set_hosts(HOSTS)
-    # The ranks stop at their next commit and wait for the new worker.
+    # The ranks wait after step 10 until the new worker has joined (--hold-at-step).
     index, _, _ = job.wait_for(r"round 1: 4 worker\(s\): .*w3 rank 3 \(new\)", timeout=240,
                                after=index)
     index, _, m = job.wait_for(r"step (\d*[27]) trained", after=index)  # 2 steps after a commit

@@ -45,6 +45,10 @@ def parse_args():
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--commit-every", type=int, default=1, help="steps between commits")
     p.add_argument("--result-file", default="")
+    p.add_argument("--hold-at-step", type=int, default=0,
+                   help="after this step's commit, wait (asking the driver about new hosts) "
+                        "until the job has --hold-for-workers workers; 0: never")
+    p.add_argument("--hold-for-workers", type=int, default=0)
     return p.parse_args()
 
 
@@ -57,6 +61,18 @@ class Counts(keras.layers.Layer):
 
     def call(self, x):
         return x
+
+
+def hold(state, workers, timeout=120.0):
+    """Waits until the job has `workers` workers: the test adds a host meanwhile, so the newcomer
+    joins at this step however fast training runs. A new host raises HostsUpdatedInterrupt here
+    on every rank (elastic.run re-forms the job and carries on after this step's commit)."""
+    deadline = time.monotonic() + timeout
+    while hvd.size() < workers:
+        if time.monotonic() > deadline:
+            raise SystemExit("no %d workers after %.0f s" % (workers, timeout))
+        time.sleep(0.1)
+        state.check_host_updates()
 
 
 def main():
@@ -113,6 +129,8 @@ def main():
                     state.commit()
                     if hvd.rank() == 0:
                         print("step %d committed at %.3f" % (step, time.monotonic()), flush=True)
+                if step == args.hold_at_step:
+                    hold(state, args.hold_for_workers)
             state.epoch += 1
             state.batch = 0
             state.commit()
