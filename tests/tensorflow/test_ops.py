@@ -5,7 +5,6 @@ Rank r contributes 2r+1, so over n ranks Sum = n^2, Average = n, Min = 1, Max = 
 Product = 1*3*5*..., exact in every dtype for n <= 3.
 """
 
-import json
 import math
 import os
 import tempfile
@@ -15,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import krug.tensorflow as hvd
+from krug.common.timeline import read_timeline
 
 NUMERIC = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
            tf.float32, tf.float64]
@@ -304,19 +304,6 @@ def test_broadcast_variables_and_objects():
     assert hvd.allgather_object(("r", r())) == [("r", k) for k in range(n())]
 
 
-def trace_rows(path):
-    """tensor name -> the phases recorded for it, from a Chrome trace that must parse whole."""
-    with open(path) as f:
-        events = json.load(f)
-    rows = {e["pid"]: e["args"]["name"] for e in events
-            if e["ph"] == "M" and e["name"] == "process_name"}
-    phases = {}
-    for e in events:
-        if e["ph"] == "B":
-            phases.setdefault(rows[e["pid"]], set()).add(e["name"])
-    return phases
-
-
 def test_start_and_stop_timeline_eager_and_in_a_function():
     import krug.keras
     import krug.tensorflow.keras
@@ -343,13 +330,14 @@ def test_start_and_stop_timeline_eager_and_in_a_function():
         else:
             # Eager ops run one at a time under their op's name (as Horovod's); in a graph
             # the name is the node's.
-            phases = trace_rows(first)
+            phases = read_timeline(first)
             assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= phases["KrugAllreduce"], phases
             assert {"NEGOTIATE_ALLGATHER", "ALLGATHER"} <= phases["KrugAllgather"], phases
             assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= phases["tl.graph"], phases
-            assert "KrugBroadcast" not in phases
-            phases = trace_rows(second)
+            assert "KrugBroadcast" not in phases and "cycles" in phases
+            phases = read_timeline(second)
             assert "BROADCAST" in phases["KrugBroadcast"], phases
             assert "KrugAllreduce" not in phases and "tl.graph" not in phases, phases
+            assert "cycles" not in phases
     with pytest.raises(ValueError, match="empty"):
         hvd.start_timeline("")

@@ -2,6 +2,7 @@
 (krug.torch, krug.tensorflow, krug.keras): Horovod's API over the core's
 ``krug::start_timeline`` / ``krug::stop_timeline`` (include/krug/krug.h, docs/timeline.md)."""
 
+import json
 import os
 
 
@@ -34,4 +35,20 @@ def make_timeline_api(core):
     return start_timeline, stop_timeline
 
 
-__all__ = ["make_timeline_api"]
+def read_timeline(path):
+    """What a timeline file recorded, for checks in scripts and tests: ``{row: names}``, where a
+    row is a tensor (its phases: ``NEGOTIATE_ALLREDUCE``, ``QUEUE``, ``ALLREDUCE``, ...) or
+    ``cycles`` (``CYCLE_START``). Raises ``json.JSONDecodeError`` unless the file is a complete
+    trace, as it is once the timeline has stopped."""
+    with open(path) as f:
+        events = json.load(f)
+    rows = {e["pid"]: e["args"]["name"] for e in events
+            if e["ph"] == "M" and e["name"] == "process_name"}
+    names = {}
+    for e in events:
+        if e["ph"] in ("B", "i"):
+            names.setdefault(rows[e["pid"]], set()).add(e["name"])
+    return names
+
+
+__all__ = ["make_timeline_api", "read_timeline"]
