@@ -52,31 +52,13 @@ def spawn_mwms(args):
     import pybench
     ports = [pybench.free_port() for _ in range(args.np)]
     cluster = {"worker": ["localhost:%d" % p for p in ports]}
-    argv = [a for a in sys.argv[1:]]
     procs = []
     for i in range(args.np):
         env = dict(os.environ, TF_CONFIG=json.dumps(
             {"cluster": cluster, "task": {"type": "worker", "index": i}}))
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv +
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + sys.argv[1:] +
                                       ["--mwms-worker", str(i)], env=env))
-    deadline = time.monotonic() + args.timeout
-    worst = 0
-    try:
-        for p in procs:
-            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            worst = worst or rc
-            if rc != 0:
-                break
-    except subprocess.TimeoutExpired:
-        print("keras_compare: the mwms workers did not finish within %d s" % args.timeout,
-              file=sys.stderr)
-        worst = 124
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return worst
+    return pybench.wait_for_all(procs, args.timeout, "keras_compare: the mwms workers")
 
 
 class EpochTimer:

@@ -25,12 +25,8 @@ import pybench  # noqa: E402
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tensors", type=int, default=100)
-    p.add_argument("--tensor-bytes", default="1K")
-    p.add_argument("--shapes", default=None, help="a gradient list (bench/resnet50_gradients.txt)")
+    pybench.add_step_arguments(p, tensors=100, tensor_bytes="1K")
     p.add_argument("--sync", action="store_true", help="one hvd.allreduce_ after the other")
-    p.add_argument("--iters", type=int, default=None)
-    p.add_argument("--target-seconds", type=float, default=0.5)
     return p.parse_args()
 
 

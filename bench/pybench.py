@@ -156,6 +156,14 @@ def spawn_ranks(script, argv, nranks, timeout, extra_env=None):
     procs = [subprocess.Popen([sys.executable, script] + list(argv),
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
              for r in range(nranks)]
+    return wait_for_all(procs, timeout, os.path.basename(script))
+
+
+def wait_for_all(procs, timeout, what):
+    """Waits for every process; returns the worst exit code. On the first failure, or after
+    `timeout` seconds (exit code 124), every process still running is killed, so none is left
+    behind (a peer of a failed one would wait for it until its own timeout)."""
+    import sys
     deadline = time.monotonic() + timeout
     worst = 0
     try:
@@ -170,8 +178,7 @@ def spawn_ranks(script, argv, nranks, timeout, extra_env=None):
             if worst:
                 break
             if time.monotonic() > deadline:
-                print("%s: timed out after %d s" % (os.path.basename(script), timeout),
-                      file=sys.stderr)
+                print("%s: timed out after %d s" % (what, timeout), file=sys.stderr)
                 worst = 124
                 break
             time.sleep(0.05)
@@ -181,3 +188,12 @@ def spawn_ranks(script, argv, nranks, timeout, extra_env=None):
                 p.kill()
             p.wait()
     return worst
+
+
+def add_step_arguments(p, tensors, tensor_bytes):
+    """The step options of krug_small_ops.py and tf_small_ops.py (krug-step's)."""
+    p.add_argument("--tensors", type=int, default=tensors)
+    p.add_argument("--tensor-bytes", default=tensor_bytes)
+    p.add_argument("--shapes", default=None, help="a gradient list (bench/resnet50_gradients.txt)")
+    p.add_argument("--iters", type=int, default=None)
+    p.add_argument("--target-seconds", type=float, default=0.5)

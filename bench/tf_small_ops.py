@@ -27,13 +27,9 @@ import pybench  # noqa: E402
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tensors", type=int, default=1)
-    p.add_argument("--tensor-bytes", default="4K")
-    p.add_argument("--shapes", default=None, help="a gradient list (bench/resnet50_gradients.txt)")
+    pybench.add_step_arguments(p, tensors=1, tensor_bytes="4K")
     p.add_argument("--sizes", default=None,
                    help="comma-separated sizes: one tensor of each, a row each (e.g. 4K,64M)")
-    p.add_argument("--iters", type=int, default=None)
-    p.add_argument("--target-seconds", type=float, default=0.5)
     return p.parse_args()
 
 
