@@ -59,6 +59,20 @@ def test_allreduce_every_op_eager_and_in_a_function(dtype):
         np.testing.assert_array_equal(as_np(out), expected(name), err_msg=name)
 
 
+def test_allreduce_under_the_asynchronous_eager_executor():
+    # Eager kernels then run on TensorFlow's executor thread, which an eager krug kernel blocks
+    # while it waits for the other ranks (the Python thread goes on and waits at .numpy()).
+    tf.config.experimental.set_synchronous_execution(False)
+    try:
+        outs = [hvd.allreduce(mine(tf.float32), op=hvd.Sum, name="async_eager.%d" % i)
+                for i in range(3)]
+        results = [as_np(out) for out in outs]
+    finally:
+        tf.config.experimental.set_synchronous_execution(True)
+    for res in results:
+        np.testing.assert_array_equal(res, np.full((2, 3), expected("sum")))
+
+
 def test_allreduce_bool_min_and_max():
     x = tf.constant([True, r() == 0, False])
     np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Max).numpy(), [True, True, False])
