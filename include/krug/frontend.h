@@ -2,8 +2,10 @@
 // API, TensorFlow ops, a JAX FFI handler) uses to reach krug's core. A binding describes its
 // tensors as views (dtype, shape, device, data pointer), enqueues a named collective on them and
 // learns of the result through a pollable Handle, a completion callback, or both. Besides this
-// header a binding uses only krug/krug.h's lifecycle and process-set functions (init, rank,
-// add_process_set, ...) and krug/types.h; nothing under src/.
+// header a binding uses only krug/krug.h's lifecycle, timeline and process-set functions (init,
+// rank, start_timeline / stop_timeline, add_process_set, ...) and krug/types.h; nothing under
+// src/. A binding's start_timeline / stop_timeline are those two calls: what they do (rank 0
+// writes; a second start switches files; the errors) is defined there, once for every binding.
 //
 //   std::vector<int64_t> shape{1000};
 //   krug::frontend::Op op{.type = krug::frontend::OpType::kAllreduce,

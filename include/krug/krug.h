@@ -93,6 +93,20 @@ void init();
 void shutdown();
 bool is_initialized();
 
+// Starts recording the timeline to `path` at run time (Horovod's hvd.start_timeline): a Chrome
+// trace (chrome://tracing, ui.perfetto.dev) of every tensor's negotiation, queue and collective
+// phases, with a CYCLE_START marker per negotiation round when `mark_cycles`; see
+// docs/timeline.md. Only rank 0 writes the file; on other ranks the call does nothing. It is not
+// collective: ranks need not call it together. A timeline already running (KRUG_TIMELINE's, or
+// an earlier call's) is closed first as a complete file, unless it writes `path`, which then
+// goes on with this `mark_cycles`. Throws krug::Error when krug is not initialized, and
+// InvalidArgument naming the path when it is empty or cannot be created.
+void start_timeline(const std::string& path, bool mark_cycles = false);
+// Stops the timeline and closes its file as a complete JSON array (Horovod's hvd.stop_timeline);
+// nothing to do when none runs. shutdown() does it too. Throws krug::Error when krug is not
+// initialized.
+void stop_timeline();
+
 int rank();
 int size();
 int local_rank();

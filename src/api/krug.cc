@@ -219,6 +219,13 @@ bool is_initialized() {
   return rt.engine != nullptr;
 }
 
+void start_timeline(const std::string& path, bool mark_cycles) {
+  current()->start_timeline(path, mark_cycles);
+}
+void stop_timeline() {
+  current()->stop_timeline();
+}
+
 int rank() { return current()->config().rank; }
 int size() { return current()->config().size; }
 int local_rank() {

@@ -66,7 +66,7 @@ std::vector<Knob> make_table() {
       {.name = "KRUG_TIMELINE", .alias = "HOROVOD_TIMELINE", .unit = "path",
        .field = &Config::timeline_path, .default_text = "unset (off)",
        .doc = "Write a Chrome trace (chrome://tracing, Perfetto) of every tensor's phases to this "
-              "file."},
+              "file (rank 0). DYNAMIC (Horovod's value): no file until start_timeline()."},
       {.name = "KRUG_TIMELINE_MARK_CYCLES", .alias = "HOROVOD_TIMELINE_MARK_CYCLES",
        .unit = "bool", .field = &Config::timeline_mark_cycles,
        .doc = "Mark the start of each background cycle in the timeline."},

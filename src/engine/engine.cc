@@ -111,15 +111,13 @@ void Engine::Impl::start_observers(std::vector<std::shared_ptr<CycleObserver>> o
   if (control_->is_coordinator() && !config_.stall_check_disable)
     observers_.add(std::make_shared<StallInspector>(config_, *negotiation_->negotiator(), *this));
   for (auto& observer : observers) observers_.add(std::move(observer));
-  if (config_.rank == 0 && !config_.timeline_path.empty()) {
-    auto timeline =
-        std::make_shared<TimelineObserver>(config_.timeline_path, config_.timeline_mark_cycles);
-    timeline_ = &timeline->timeline();
-    observers_.add(std::move(timeline));
-  }
-  executor_ = Executor(timeline_, DeviceOptions{.timeout_seconds = config_.timeout.count(),
-                                                .rank = config_.rank,
-                                                .hostname = config_.hostname});
+  executor_ = Executor(nullptr, DeviceOptions{.timeout_seconds = config_.timeout.count(),
+                                              .rank = config_.rank,
+                                              .hostname = config_.hostname});
+  if (config_.rank == 0 && !config_.timeline_path.empty() &&
+      config_.timeline_path != kTimelineAtRunTime)
+    swap_timeline(
+        std::make_shared<TimelineObserver>(config_.timeline_path, config_.timeline_mark_cycles));
   if (control_->is_coordinator() && config_.autotune) {
     const bool hierarchical = queue_.allreduce_algorithm(0).rfind("hierarchical", 0) == 0;
     observers_.add(std::make_shared<AutotuneObserver>(config_, hierarchical, *this));
@@ -184,6 +182,7 @@ void Engine::Impl::shutdown() {
   queue_.request_shutdown();
   wakeup_.wake();
   if (thread_.joinable()) thread_.join();
+  stop_timeline();  // the file is complete when shutdown() returns
 }
 
 void Engine::Impl::abort(const std::string& reason) {

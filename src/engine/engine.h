@@ -91,6 +91,17 @@ class Engine {
   // as after a failure. shutdown() may follow; it then has nothing to drain. Idempotent.
   void abort(const std::string& reason);
 
+  // Starts the timeline (a Chrome trace of every tensor's phases, docs/timeline.md) to `path`,
+  // with a CYCLE_START marker per negotiation round when `mark_cycles`. Only rank 0 writes a
+  // timeline (it sees when every rank was ready); elsewhere this does nothing. A timeline
+  // already running (KRUG_TIMELINE's or an earlier call's) is closed first as a complete file,
+  // unless it writes `path`: that one goes on with this `mark_cycles`. Thread-safe; it takes
+  // effect between two rounds of the loop. Throws InvalidArgument naming the path when it is
+  // empty or cannot be created.
+  void start_timeline(const std::string& path, bool mark_cycles);
+  // Closes the running timeline, if any, as a complete JSON array. Thread-safe.
+  void stop_timeline();
+
   // Several tensors => one grouped request: executed together once all are ready everywhere.
   // Never throws for operation errors: they complete the returned handle with a message.
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);

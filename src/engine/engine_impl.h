@@ -20,6 +20,7 @@
 #include "engine/process_sets.h"
 #include "engine/submission_queue.h"
 #include "engine/tensor_table.h"
+#include "engine/timeline_observer.h"
 #include "engine/wakeup.h"
 #include "rendezvous/store.h"
 
@@ -39,6 +40,8 @@ class Engine::Impl : public Driver,
 
   void shutdown();
   void abort(const std::string& reason);
+  void start_timeline(const std::string& path, bool mark_cycles);
+  void stop_timeline();
   template <typename Fill>
   std::shared_ptr<HandleState> enqueue(size_t count, const Fill& fill);
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
@@ -59,6 +62,8 @@ class Engine::Impl : public Driver,
 
  private:
   void start_observers(std::vector<std::shared_ptr<CycleObserver>> observers);
+  // With loop_mu_ held: makes `timeline` (or none) the one written; returns the one before.
+  std::shared_ptr<TimelineObserver> swap_timeline(std::shared_ptr<TimelineObserver> timeline);
   // Background thread.
   void run();
   bool loop_once();  // false once the loop has stopped
@@ -114,7 +119,8 @@ class Engine::Impl : public Driver,
   std::unique_ptr<ProcessSets> sets_;
   Observers observers_;
   std::unique_ptr<Negotiation> negotiation_;
-  observe::Timeline* timeline_ = nullptr;  // an observer's, for the executor's phases
+  std::shared_ptr<TimelineObserver> timeline_;  // the timeline written now (rank 0), or null
+  std::mutex timeline_mu_;  // start_timeline / stop_timeline, one at a time; before loop_mu_
   Executor executor_;
   bool stopped_ = false;
   std::vector<Table::node_type> arrived_;    // absorb_queue's

@@ -57,6 +57,9 @@ class Executor {
   Executor(Executor&&) noexcept;
   Executor& operator=(Executor&&) noexcept;
 
+  // Where phases are recorded from now on, or null (a timeline started or stopped at run time).
+  void set_timeline(observe::Timeline* timeline) { timeline_ = timeline; }
+
   // The tensors reduced over `comm` as one buffer, in order; kAverage divides by comm.size().
   void allreduce(collectives::Communicator& comm, const Reduction& r,
                  std::span<const FusedTensor> tensors);

@@ -71,10 +71,15 @@ class EngineKnobs {
 class Observers {
  public:
   void add(std::shared_ptr<CycleObserver> observer) {
-    const auto wants = observer->interests();
-    tensors_ = tensors_ || wants.tensors;
-    bytes_ = bytes_ || wants.bytes;
+    want(*observer);
     all_.push_back(std::move(observer));
+  }
+  // Removes `observer` (a timeline stopped at run time); what the rest want is asked again, so
+  // the loop stops paying for per-tensor calls nobody reads.
+  void remove(const CycleObserver* observer) {
+    std::erase_if(all_, [&](const auto& o) { return o.get() == observer; });
+    tensors_ = bytes_ = false;
+    for (const auto& o : all_) want(*o);
   }
   bool tensors() const { return tensors_; }
   bool bytes() const { return bytes_; }
@@ -86,6 +91,12 @@ class Observers {
   }
 
  private:
+  void want(const CycleObserver& observer) {
+    const auto wants = observer.interests();
+    tensors_ = tensors_ || wants.tensors;
+    bytes_ = bytes_ || wants.bytes;
+  }
+
   std::vector<std::shared_ptr<CycleObserver>> all_;
   bool tensors_ = false;
   bool bytes_ = false;

@@ -18,6 +18,7 @@ std::string phase_name(controller::OpType op) {
 }
 
 void TimelineObserver::on_submitted(const controller::Request& q, Clock::time_point now) {
+  negotiating_.insert(q.name);
   timeline_.begin(q.name, negotiate_phase(q.op), now);
 }
 
@@ -27,7 +28,7 @@ void TimelineObserver::on_round(Clock::time_point now) {
 
 void TimelineObserver::on_decided(const std::string& name, controller::OpType op,
                                   Clock::time_point now) {
-  timeline_.end(name, negotiate_phase(op), now);
+  if (negotiating_.erase(name) > 0) timeline_.end(name, negotiate_phase(op), now);
   timeline_.begin(name, "QUEUE", now);
 }
 

@@ -6,12 +6,15 @@ Product = 1*3*5*..., exact in every dtype for n <= 3.
 """
 
 import math
+import os
+import tempfile
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import krug.tensorflow as hvd
+from krug.common.timeline import read_timeline
 
 NUMERIC = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
            tf.float32, tf.float64]
@@ -299,3 +302,42 @@ def test_broadcast_variables_and_objects():
     obj = hvd.broadcast_object({"rank": r(), "list": [1, 2]} if r() == 0 else None)
     assert obj == {"rank": 0, "list": [1, 2]}
     assert hvd.allgather_object(("r", r())) == [("r", k) for k in range(n())]
+
+
+def test_start_and_stop_timeline_eager_and_in_a_function():
+    import krug.keras
+    import krug.tensorflow.keras
+    for module in (krug.keras, krug.tensorflow.keras):  # Horovod's keras modules have them too
+        assert module.start_timeline is hvd.start_timeline
+        assert module.stop_timeline is hvd.stop_timeline
+
+    @tf.function
+    def reduce_in_graph(x):
+        return hvd.allreduce(x, name="tl.graph", op=hvd.Sum)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        first, second = os.path.join(tmp, "first.json"), os.path.join(tmp, "second.json")
+        hvd.start_timeline(first, mark_cycles=True)
+        hvd.allreduce(tf.ones([3]), name="tl.eager", op=hvd.Sum)
+        hvd.allgather(tf.ones([r() + 1]), name="tl.gather")
+        reduce_in_graph(tf.ones([2]))
+        hvd.stop_timeline()
+        hvd.start_timeline(second)
+        hvd.broadcast(tf.ones([2]), root_rank=0, name="tl.bcast")
+        hvd.stop_timeline()
+        if r() != 0:
+            assert not os.path.exists(first) and not os.path.exists(second)  # rank 0 writes
+        else:
+            # Eager ops run one at a time under their op's name (as Horovod's); in a graph
+            # the name is the node's.
+            phases = read_timeline(first)
+            assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= phases["KrugAllreduce"], phases
+            assert {"NEGOTIATE_ALLGATHER", "ALLGATHER"} <= phases["KrugAllgather"], phases
+            assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= phases["tl.graph"], phases
+            assert "KrugBroadcast" not in phases and "cycles" in phases
+            phases = read_timeline(second)
+            assert "BROADCAST" in phases["KrugBroadcast"], phases
+            assert "KrugAllreduce" not in phases and "tl.graph" not in phases, phases
+            assert "cycles" not in phases
+    with pytest.raises(ValueError, match="empty"):
+        hvd.start_timeline("")

@@ -13,7 +13,8 @@ backend).
 import keras as _keras
 
 from krug.tensorflow import (  # noqa: F401 (Horovod's hvd.* names, re-exported)
-    init, shutdown, is_initialized, size, rank, local_size, local_rank, cross_size, cross_rank,
+    init, shutdown, is_initialized, start_timeline, stop_timeline,
+    size, rank, local_size, local_rank, cross_size, cross_rank,
     is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built,
     nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
     Average, Sum, Adasum, Min, Max, Product,

@@ -16,7 +16,8 @@ Start the script with ``krugrun -np N python train.py``. The collectives are Ten
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved
 from krug.tensorflow.mpi_ops import (
     # lifecycle and topology
-    init, shutdown, is_initialized, size, rank, local_size, local_rank, cross_size, cross_rank,
+    init, shutdown, is_initialized, start_timeline, stop_timeline,
+    size, rank, local_size, local_rank, cross_size, cross_rank,
     is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built,
     nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
     size_op, rank_op, local_size_op, local_rank_op, process_set_included_op,

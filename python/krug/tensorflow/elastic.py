@@ -69,8 +69,22 @@ class TensorFlowKerasState(common.ObjectState):
     def _variables(self):
         variables = list(self.model.variables)
         if self.optimizer is not None:
-            variables += list(self.optimizer.variables)
+            self._build_optimizer()
+            slots = self.optimizer.variables
+            variables += list(slots() if callable(slots) else slots)  # a legacy optimizer's
         return variables
+
+    def _build_optimizer(self):
+        # Keras makes an optimizer's slots (momentum, ...) at its first step. A worker that joins
+        # a running job has taken none: without its slots it would sync fewer variables than
+        # rank 0 sends (and wait for the rest forever), and a restore before the first commit
+        # would miss the slots made since. So they are made before anything is saved or synced.
+        opt = self.optimizer
+        # Keras 3 says `built`, tf_keras `_built`; a legacy optimizer has no build().
+        if not hasattr(opt, "build") or getattr(opt, "built", False) or getattr(opt, "_built",
+                                                                                 False):
+            return
+        opt.build(self.model.trainable_variables)
 
     def _snapshot(self):
         self._saved_variables = [tf.identity(tf.convert_to_tensor(v)) for v in self._variables()]

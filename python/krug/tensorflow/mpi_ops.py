@@ -15,6 +15,7 @@ from tensorflow.python.framework import ops as _tf_ops
 
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
+from krug.common.timeline import make_timeline_api
 from krug.common.binding import load_tensorflow_ops
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 
@@ -73,6 +74,9 @@ def shutdown():
 
 def is_initialized():
     return _basics.is_initialized()
+
+
+start_timeline, stop_timeline = make_timeline_api(_basics)
 
 
 def _topology(fn):

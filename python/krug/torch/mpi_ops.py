@@ -16,6 +16,7 @@ from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  
 from krug.common.binding import load_torch_core
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
+from krug.common.timeline import make_timeline_api
 
 _core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
@@ -114,6 +115,9 @@ def shutdown():
 
 def is_initialized():
     return _core.is_initialized()
+
+
+start_timeline, stop_timeline = make_timeline_api(_core)
 
 
 def size():

@@ -1,8 +1,9 @@
 // The calls every Python frontend of krug exposes from its pybind11 module, defined once:
-// lifecycle, topology, elastic rounds, the core's op values and unnamed names, process sets and
-// barrier; and the translation of krug's exceptions (krug::InvalidArgument becomes ValueError,
-// krug::elastic::WorkerRemoved and krug::Error the classes of krug.common.exceptions, which exist
-// without any framework). Blocking calls release the GIL and stay interruptible.
+// lifecycle, the timeline, topology, elastic rounds, the core's op values and unnamed names,
+// process sets and barrier; and the translation of krug's exceptions (krug::InvalidArgument
+// becomes ValueError, krug::elastic::WorkerRemoved and krug::Error the classes of
+// krug.common.exceptions, which exist without any framework). Blocking calls release the GIL
+// and stay interruptible.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -41,6 +42,10 @@ inline void define_basics(pybind11::module_& m) {
   m.def("init", &krug::init, py::call_guard<py::gil_scoped_release>());
   m.def("shutdown", &krug::shutdown, py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", &krug::is_initialized);
+  // Waits for the loop's round in progress and closes a file: without the GIL.
+  m.def("start_timeline", &krug::start_timeline, py::arg("path"), py::arg("mark_cycles"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("stop_timeline", &krug::stop_timeline, py::call_guard<py::gil_scoped_release>());
   m.def("rank", &krug::rank);
   m.def("size", &krug::size);
   m.def("local_rank", &krug::local_rank);
