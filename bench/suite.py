@@ -366,7 +366,6 @@ def run_training(r, args):
     return res
 
 
-
 def run_tf_ops(r, args):
     """Allreduce of one tensor per size from eager TensorFlow (one process for every size: its
     import takes seconds) and from krug.torch (a process per size), 2 ranks, in turn for --rounds
@@ -421,6 +420,7 @@ def run_keras(r, args):
     res = {key: statistics.median(v) if v else None for key, v in samples.items()}
     res["rounds"] = samples
     return res
+
 
 # ---- reporting ---------------------------------------------------------------------------------
 
@@ -548,7 +548,6 @@ def training_table(res):
                   rows))
 
 
-
 def tf_ops_table(res):
     rows = []
     for size in sorted(res):
@@ -589,6 +588,7 @@ def keras_table(res):
             "plain process); median of %d interleaved rounds)\n\n" % n) + \
         table(["run", "workers", "samples/s (all workers)", "scaling efficiency", "krug/MWMS"],
               rows)
+
 
 def targets(results):
     """[(description, measured text, PASS/FAIL/SKIP)] for issue 6, item 5 (2 ranks)."""

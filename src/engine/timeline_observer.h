@@ -24,7 +24,7 @@ class TimelineObserver : public CycleObserver {
   // Where the executor records the phases inside a collective (fusion copies, the reduction).
   observe::Timeline& timeline() { return timeline_; }
   const std::string& path() const { return path_; }
-  // KRUG_TIMELINE_MARK_CYCLES, or start_timeline's mark_cycles; on the loop's thread.
+  // KRUG_TIMELINE_MARK_CYCLES, or start_timeline's mark_cycles; with the loop's lock held.
   void set_mark_cycles(bool mark) { mark_cycles_ = mark; }
 
   Interests interests() const override { return {.tensors = true}; }
