@@ -4,7 +4,12 @@ torch.distributed's NCCL backend, run in every rank of a krugrun job:
 
     krugrun -np 2 python bench/gpu/allreduce_bench.py --backend krug --plane nccl --out a.jsonl
     krugrun -np 2 python bench/gpu/allreduce_bench.py --backend torch --out b.jsonl
-    python bench/gpu/allreduce_bench.py --table a.jsonl b.jsonl
+    krugrun -np 2 python bench/gpu/allreduce_bench.py --backend krug --device cpu --out c.jsonl
+    python bench/gpu/allreduce_bench.py --table a.jsonl b.jsonl c.jsonl
+
+--device cpu measures krug's CPU data plane on CPU tensors, the floor of host staging, and with
+it what host staging adds: a copy of the data from the GPU into pinned memory and back. The table
+then gives host staging's time against that sum (the issue's target: at least 0.8).
 
 Every call is timed to completion on the device (krug's allreduce returns then; torch's is
 followed by torch.cuda.synchronize()), float32 sums in place, the slowest rank's time. Bus
@@ -26,6 +31,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=["krug", "torch"])
     p.add_argument("--plane", default="", help="label of the run (krug: nccl or host)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: krug's CPU data plane on CPU tensors, and the staging copies' cost")
     p.add_argument("--out", help="JSON lines file rank 0 appends to")
     p.add_argument("--sizes-mib", default="1,4,16,64,256,1024")
     p.add_argument("--latency-bytes", type=int, default=4096)
@@ -93,9 +100,9 @@ class TorchNccl:
         self.dist.destroy_process_group()
 
 
-def measure(comm, nbytes, iters, label):
+def measure(comm, nbytes, iters, label, device):
     import torch
-    x = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device="cuda")
+    x = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     name = "bench.%d" % nbytes
     for _ in range(2):
         comm.allreduce(x, name)
@@ -108,8 +115,28 @@ def measure(comm, nbytes, iters, label):
     seconds = comm.slowest((time.perf_counter() - start) / iters)
     n = comm.size
     busbw = (2.0 * (n - 1) / n * nbytes / seconds / 1e9) if n > 1 else 0.0
-    return {"plane": label, "bytes": nbytes, "ranks": n, "iters": iters,
-            "time_us": seconds * 1e6, "busbw_gbs": busbw}
+    row = {"plane": label, "bytes": nbytes, "ranks": n, "iters": iters,
+           "time_us": seconds * 1e6, "busbw_gbs": busbw}
+    if device == "cpu":
+        row["copy_us"] = comm.slowest(staging_copy_seconds(nbytes, iters)) * 1e6
+    return row
+
+
+def staging_copy_seconds(nbytes, iters):
+    """What host staging adds to the CPU plane's work: the data from the GPU into pinned host
+    memory and back, every rank at once as in a staged collective."""
+    import torch
+    gpu = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device="cuda")
+    host = torch.empty(gpu.shape, dtype=gpu.dtype, pin_memory=True)
+    host.copy_(gpu)
+    gpu.copy_(host)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        host.copy_(gpu)
+        gpu.copy_(host)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
 
 
 def run(args):
@@ -118,6 +145,8 @@ def run(args):
         comm = Krug()
         torch.cuda.set_device(comm.local_rank % torch.cuda.device_count())
         label = "krug " + (args.plane or os.environ.get("KRUG_GPU_OPERATIONS", "nccl"))
+        if args.device == "cpu":
+            label = "krug cpu"
     else:
         comm = TorchNccl(args.port)
         label = "torch.distributed nccl"
@@ -133,7 +162,7 @@ def run(args):
 
     for nbytes, iters in cases:
         try:
-            emit(measure(comm, nbytes, iters, label))
+            emit(measure(comm, nbytes, iters, label, args.device))
         except Exception as e:  # one failed size (say, out of memory) must not hide the rest
             emit({"plane": label, "bytes": nbytes, "ranks": comm.size,
                   "error": "%s: %s" % (type(e).__name__, e)})
@@ -186,6 +215,24 @@ def table(paths):
                 else:
                     cells.append("busbw x%.2f" % (r["busbw_gbs"] / max(t["busbw_gbs"], 1e-12)))
         print("| " + " | ".join(cells) + " |")
+    if "krug cpu" in planes and "krug host" in planes:
+        staging_table(sizes, by)
+
+
+def staging_table(sizes, by):
+    """Host staging against its floor: the CPU plane's time plus the copies it adds."""
+    print()
+    print("| size | krug cpu plane | copies GPU to host and back | sum | krug host staging "
+          "| sum / host staging |")
+    print("|" + " --- |" * 6)
+    for size in sizes:
+        cpu, host = by.get(("krug cpu", size)), by.get(("krug host", size))
+        if not cpu or not host or "error" in cpu or "error" in host:
+            continue
+        floor = cpu["time_us"] + cpu["copy_us"]
+        print("| %s | %.0f us | %.0f us | %.0f us | %.0f us | x%.2f |"
+              % (size_text(size), cpu["time_us"], cpu["copy_us"], floor, host["time_us"],
+                 floor / host["time_us"]))
 
 
 def main():
@@ -195,6 +242,8 @@ def main():
         return 0
     if not args.backend:
         sys.exit("allreduce_bench: --backend krug|torch or --table FILES")
+    if args.device == "cpu" and args.backend != "krug":
+        sys.exit("allreduce_bench: --device cpu measures krug's CPU plane: use --backend krug")
     run(args)
     return 0
 
