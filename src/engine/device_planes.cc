@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 
+#include "collectives/hierarchical/hierarchical_communicator.h"
 #include "collectives/nccl/nccl_plane.h"
+#include "common/log.h"
 #include "device/device.h"
 #include "engine/host_staging.h"
 
@@ -47,6 +49,31 @@ class DeviceMemory final : public Memory {
   const device::Stream& stream_;
   device::DeviceBuffer fusion_;
 };
+
+// A set whose CPU allreduce is hierarchical gets the same shape for device tensors, like
+// Horovod's hierarchical NCCL allreduce: NCCL inside each host (where GPUs share NVLink or PCIe),
+// host staging through the CPU plane's cross-host groups, whose network NCCL would otherwise
+// drive alone. Every other collective runs on the flat NCCL communicator.
+std::unique_ptr<collectives::Communicator> hierarchical_or_flat(
+    collectives::Communicator& cpu, std::unique_ptr<collectives::Communicator> flat,
+    const std::shared_ptr<device::Stream>& stream, const collectives::nccl::Options& options,
+    int rank) {
+  auto* cpu_hierarchical = dynamic_cast<collectives::HierarchicalCommunicator*>(&cpu);
+  if (!cpu_hierarchical) return flat;
+  if (cpu.rank() == 0)
+    log::at(log::Level::kInfo, rank,
+            "GPU allreduce of a process set (members by host: {}): NCCL inside each host, host "
+            "staging across hosts",
+            cpu_hierarchical->layout().describe());
+  return cpu_hierarchical->derive(
+      std::move(flat),
+      [&](collectives::Communicator& group,
+          bool inside_host) -> std::unique_ptr<collectives::Communicator> {
+        if (inside_host) return collectives::nccl::make_communicator(group, stream, options);
+        return std::make_unique<HostStaging>(group, stream, options.timeout_seconds);
+      },
+      0);
+}
 
 // What a process set's CPU communicator carries for its device tensors.
 struct SetPlanes {
@@ -165,7 +192,8 @@ DevicePlanes::Plane DevicePlanes::plane(collectives::Communicator& cpu, int devi
       o.timeout_seconds = options_.timeout_seconds;
       o.host_id = nccl_host_id([](const char* n) { return std::getenv(n); }, options_.hostname,
                                options_.rank);
-      set.nccl = collectives::nccl::make_communicator(cpu, d.stream, o);
+      set.nccl = hierarchical_or_flat(cpu, collectives::nccl::make_communicator(cpu, d.stream, o),
+                                      d.stream, o, options_.rank);
     }
     return Plane{&d.memory, set.nccl.get(), device, current};
   }

@@ -265,3 +265,13 @@ def test_sync_batch_norm_on_cuda_matches_the_whole_batch():
     assert torch.allclose(y.detach().cpu(), ref.detach()[mine], rtol=1e-4, atol=1e-4)
     assert torch.allclose(x.grad.cpu(), whole.grad[mine], rtol=1e-4, atol=1e-4)
     assert torch.allclose(bn.running_mean.cpu(), ref_bn.running_mean, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("count", [1, 3, 1001, (1 << 20) + 3])
+def test_allreduce_of_sizes_that_split_unevenly(count):
+    """Across hosts the NCCL plane's allreduce is hierarchical (scripts/gpu-check runs this file
+    with two hosts of two ranks): it cuts the buffer into a slice per rank of a host, unevenly
+    for these counts, reduces inside the host, stages each slice across hosts and gathers."""
+    inputs = ranks_data((count,), torch.float32, 300 + count % 97)
+    out = hvd.allreduce(inputs[hvd.rank()].to(cuda()), name="gpu.uneven.%d" % count, op=hvd.Sum)
+    check(out, reduce_ref(inputs, "sum", torch.float32), "allreduce of %d floats" % count)

@@ -2,17 +2,17 @@
 // over real Gloo communicators, against the flat communicator and against the association it
 // promises (fold over hosts of the fold inside each host), for even, uneven, interleaved and
 // degenerate layouts and element counts {0, 1, 7, 1000, 1<<20}.
-#include "collectives/hierarchical/hierarchical_communicator.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include "collectives/gloo/gloo_communicator.h"
+#include "collectives/hierarchical/hierarchical_communicator.h"
 #include "rendezvous/store.h"
 
 namespace krug::collectives {
@@ -364,6 +364,99 @@ TEST(HierarchicalCommunicator, AMemberOfASmallHostJoinsEverySliceItOwns) {
   EXPECT_EQ(scopes_of(3), (std::vector<std::string>{"cross/0 1/3", "cross/1 1/3", "cross/2 1/3"}));
   EXPECT_EQ(scopes_of(5), (std::vector<std::string>{"local/2 1/2", "cross/1 2/3"}));
   EXPECT_EQ(scopes_of(4), (std::vector<std::string>{"local/2 0/2", "cross/0 2/3", "cross/2 2/3"}));
+}
+
+// derive(): the same groups, each made from this communicator's group of the same members.
+TEST(HierarchicalCommunicator, DeriveMakesEachGroupFromTheMatchingGroupOfThisOne) {
+  auto layout = HostLayout::from_host_names({"A", "A", "A", "B", "C", "C"});
+  for (int index = 0; index < 6; ++index) {
+    std::map<const Communicator*, std::string> scope_of;
+    std::vector<std::string> scopes;
+    HierarchicalCommunicator cpu(
+        layout, index, std::make_unique<FakeCommunicator>(index, 6, false),
+        [&](const std::string& scope, int rank, int size) -> std::unique_ptr<Communicator> {
+          auto group = std::make_unique<FakeCommunicator>(rank, size, false);
+          scope_of[group.get()] = scope;
+          scopes.push_back(scope);
+          return group;
+        });
+    std::vector<std::string> derived_from;
+    auto derived = cpu.derive(
+        std::make_unique<FakeCommunicator>(index, 6, false),
+        [&](Communicator& group, bool inside_host) -> std::unique_ptr<Communicator> {
+          const std::string& scope = scope_of.at(&group);
+          EXPECT_EQ(inside_host, scope.rfind("local/", 0) == 0) << scope;
+          derived_from.push_back(scope);
+          return std::make_unique<FakeCommunicator>(group.rank(), group.size(), false);
+        },
+        0);
+    EXPECT_EQ(derived_from, scopes) << "member " << index;
+    EXPECT_EQ(derived->layout().describe(), "[0 1 2] [3] [4 5]");
+    EXPECT_EQ(derived->rank(), index);
+  }
+}
+
+// Forwards every call to another communicator, counting its reductions (reduce-scatter and
+// allreduce: the two-dimensional path's; the latency-bound path only gathers).
+class Forwarding : public Communicator {
+ public:
+  Forwarding(Communicator& to, int* calls) : to_(to), calls_(calls) {}
+  int rank() const override { return to_.rank(); }
+  int size() const override { return to_.size(); }
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override {
+    count_call();
+    to_.allreduce(data, count, dtype, op);
+  }
+  void reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
+                     ReduceOp op) override {
+    count_call();
+    to_.reducescatter(in, out, counts, dtype, op);
+  }
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
+    to_.allgatherv(in, out, bytes);
+  }
+  void broadcast(void* data, size_t bytes, int root) override { to_.broadcast(data, bytes, root); }
+  void alltoallv(const void* in, const std::vector<size_t>& send, void* out,
+                 const std::vector<size_t>& recv) override {
+    to_.alltoallv(in, send, out, recv);
+  }
+  void barrier() override { to_.barrier(); }
+  void sendrecv(const void* s, size_t sb, int to, void* r, size_t rb, int from) override {
+    to_.sendrecv(s, sb, to, r, rb, from);
+  }
+  const char* backend_name() const override { return "forwarding"; }
+
+ private:
+  void count_call() {
+    if (calls_) ++*calls_;
+  }
+  Communicator& to_;
+  int* calls_;
+};
+
+// A derived communicator with no latency-bound path moves every buffer, however small, through
+// its groups' collectives alone (as device memory needs), with the CPU communicator's results.
+TEST(HierarchicalCommunicator, ADerivedCommunicatorAllreducesThroughItsGroupsOnly) {
+  const std::vector<std::string> hosts{"A", "A", "B", "B", "B"};
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
+    run_layout(hosts, Path::kAllgather, [&](Comms& c) {
+      int group_calls = 0;
+      auto derived = c.hier.derive(
+          std::make_unique<Forwarding>(c.flat, nullptr),
+          [&](Communicator& group, bool) -> std::unique_ptr<Communicator> {
+            return std::make_unique<Forwarding>(group, &group_calls);
+          },
+          0);
+      std::vector<int32_t> x(count);
+      for (size_t i = 0; i < count; ++i) x[i] = (c.rank + 1) * int32_t(i % 11);
+      derived->allreduce(x.data(), count, DataType::kInt32, ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(x[i], (1 + 2 + 3 + 4 + 5) * int32_t(i % 11)) << "element " << i;
+      // A reduce-scatter inside the host (every host here has two members or more), an
+      // allreduce across hosts; the CPU communicator would have gathered these small buffers.
+      EXPECT_GE(group_calls, 2) << "rank " << c.rank << ", " << count << " elements";
+    });
+  }
 }
 
 }  // namespace

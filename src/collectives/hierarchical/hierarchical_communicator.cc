@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include "reduce/reduce.h"
 
@@ -34,7 +35,25 @@ HierarchicalCommunicator::HierarchicalCommunicator(HostLayout layout, int index,
       cross_[s] = make(fmt::format("cross/{}", s), host_, host_count);
 }
 
-HierarchicalCommunicator::~HierarchicalCommunicator() = default;
+HierarchicalCommunicator::~HierarchicalCommunicator() {
+  // A device plane kept there may use this communicator's groups (derive()): it goes first.
+  device_plane.reset();
+}
+
+std::unique_ptr<HierarchicalCommunicator> HierarchicalCommunicator::derive(
+    std::unique_ptr<Communicator> flat, const GroupFactory& like,
+    size_t latency_bound_bytes) const {
+  // The constructor asks for the same groups, in the same order, as it did for this one.
+  return std::make_unique<HierarchicalCommunicator>(
+      layout_, index_, std::move(flat),
+      [&](const std::string& scope, int, int) {
+        constexpr std::string_view kCross = "cross/";
+        if (scope.rfind(kCross, 0) == 0)
+          return like(*cross_.at(std::stoi(scope.substr(kCross.size()))), false);
+        return like(*local_, true);
+      },
+      latency_bound_bytes);
+}
 
 template <typename F>
 void HierarchicalCommunicator::step(const char* what, int slice, F&& f) {

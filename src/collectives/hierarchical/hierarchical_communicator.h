@@ -87,6 +87,19 @@ class HierarchicalCommunicator : public Communicator {
 
   const HostLayout& layout() const { return layout_; }
 
+  // Makes one group of a derived communicator from this one's group of the same members in the
+  // same order; `inside_host`: the group of this member's host, else a cross-host group.
+  using GroupFactory =
+      std::function<std::unique_ptr<Communicator>(Communicator& group, bool inside_host)>;
+  // A hierarchical communicator of the same layout and member over other transports: `flat`
+  // spans the set, and every group comes from `like` (a GPU plane's groups bootstrap over, or
+  // stage through, these CPU groups). Collective, like the constructor. Pass
+  // latency_bound_bytes 0 when the buffers are not host memory: only the communicators then
+  // touch the data.
+  std::unique_ptr<HierarchicalCommunicator> derive(std::unique_ptr<Communicator> flat,
+                                                   const GroupFactory& like,
+                                                   size_t latency_bound_bytes) const;
+
   // Default bound of the two-round allgather path (see above).
   static constexpr size_t kLatencyBoundBytes = 64 * 1024;
 
