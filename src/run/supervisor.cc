@@ -108,6 +108,13 @@ bool Supervisor::killed(size_t i) const {
   return WIFEXITED(status) && WEXITSTATUS(status) > 128 && WEXITSTATUS(status) != 255;
 }
 
+bool Supervisor::killed_from_outside(size_t i) const {
+  if (!killed(i)) return false;
+  const int status = *ranks_[i].process.status();
+  const int sig = ranks_[i].remote ? WEXITSTATUS(status) - 128 : WTERMSIG(status);
+  return sig != SIGTERM;
+}
+
 void Supervisor::reap() {
   std::vector<size_t> exited;
   for (size_t i = 0; i < ranks_.size(); ++i)
@@ -133,9 +140,14 @@ void Supervisor::on_exit(size_t i) {
   if (ok) return;
   if (stop_ == Stop::kNone) {
     root_cause_ = i;
+    cause_window_end_ = Clock::now() + kCauseWindow;
     fmt::print(stderr, "krugrun: {} {}{}\n", who(i), status_of(i),
                ranks_.size() > 1 ? "; stopping the other ranks" : "");
     begin_stop(Stop::kFailure);
+  } else if (stop_ == Stop::kFailure && Clock::now() < cause_window_end_ &&
+             killed_from_outside(i) && !killed_from_outside(*root_cause_)) {
+    also_stopped_.insert(also_stopped_.begin(), *root_cause_);
+    root_cause_ = i;
   } else {
     also_stopped_.push_back(i);
   }

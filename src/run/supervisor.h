@@ -28,6 +28,10 @@ class Supervisor {
   static constexpr std::chrono::seconds kGrace{5};
   // How long output of exited ranks may still be drained (a descendant may hold the pipe).
   static constexpr std::chrono::seconds kDrain{1};
+  // A rank killed by a signal makes its peers fail, and a peer can be reaped first: the kernel
+  // closes a dying process's sockets before it can be reaped. A rank found killed by a signal
+  // krugrun did not send within this long of the first failure is taken as the cause instead.
+  static constexpr std::chrono::seconds kCauseWindow{1};
 
   // `name`, when given, is how messages call the one supervised process (krugrun --mpi
   // supervises "mpirun"); otherwise each is "rank N on host H".
@@ -46,6 +50,8 @@ class Supervisor {
   void on_signal(int sig);
   void reap();
   bool killed(size_t index) const;  // ended by a signal on its host
+  // Ended by a signal krugrun did not send it (krugrun's first is SIGTERM, at a stop).
+  bool killed_from_outside(size_t index) const;
   void on_exit(size_t index);
   void begin_stop(Stop why);
   void signal_all(int sig);
@@ -61,6 +67,7 @@ class Supervisor {
   Stop stop_ = Stop::kNone;
   bool killed_ = false;
   Clock::time_point kill_at_{};
+  Clock::time_point cause_window_end_{};
   std::optional<Clock::time_point> drain_until_;
   int own_signal_ = 0;                // the signal that made krugrun stop its ranks
   std::optional<size_t> root_cause_;  // first rank to fail

@@ -186,6 +186,24 @@ TEST(Launcher, RankKilledBySignalIsReported) {
       << run.err();
 }
 
+// The kernel closes a killed rank's sockets before the rank can be reaped, so a peer that fails
+// because of it can be reaped first; the killed rank is still named as the cause. Here rank 1
+// ignores the SIGTERM of the stop and kills itself 0.1 s after rank 0 fails.
+TEST(Launcher, ARankKilledJustAfterAnotherFailsIsTheCause) {
+  const std::string flag = "/tmp/krug-test-" + unique_marker();
+  Krugrun run({"-np", "2", "-x", "FLAG=" + flag, "sh", "-c",
+               "if [ $KRUG_RANK = 1 ]; then trap '' TERM; touch $FLAG; sleep 0.1; kill -9 $$; fi; "
+               "while [ ! -e $FLAG ]; do sleep 0.01; done; exit 1"});
+  EXPECT_EQ(run.wait(), 128 + 9) << run.err();
+  ::unlink(flag.c_str());
+  auto lines = lines_of(run.err());
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "krugrun: rank 1 on host localhost was killed by signal 9 (SIGKILL)")
+      << run.err();
+  EXPECT_TRUE(contains(run.err(), "rank 0 on host localhost also stopped: exited with status 1"))
+      << run.err();
+}
+
 // Waits until `n` processes carry the marker (ranks started); 60 s only guards against a hang.
 bool wait_for_processes(const std::string& marker, int n) {
   for (int i = 0; i < 6000; ++i) {
