@@ -100,6 +100,16 @@ class TorchNccl:
         self.dist.destroy_process_group()
 
 
+def seconds_per_call(call, iters):
+    """Mean seconds of `call`, run `iters` times, until the GPU has finished its work too."""
+    import torch
+    start = time.perf_counter()
+    for _ in range(iters):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
 def measure(comm, nbytes, iters, label, device):
     import torch
     x = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
@@ -108,11 +118,7 @@ def measure(comm, nbytes, iters, label, device):
         comm.allreduce(x, name)
     torch.cuda.synchronize()
     comm.slowest(0.0)  # line the ranks up
-    start = time.perf_counter()
-    for _ in range(iters):
-        comm.allreduce(x, name)
-    torch.cuda.synchronize()
-    seconds = comm.slowest((time.perf_counter() - start) / iters)
+    seconds = comm.slowest(seconds_per_call(lambda: comm.allreduce(x, name), iters))
     n = comm.size
     busbw = (2.0 * (n - 1) / n * nbytes / seconds / 1e9) if n > 1 else 0.0
     row = {"plane": label, "bytes": nbytes, "ranks": n, "iters": iters,
@@ -128,15 +134,14 @@ def staging_copy_seconds(nbytes, iters):
     import torch
     gpu = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device="cuda")
     host = torch.empty(gpu.shape, dtype=gpu.dtype, pin_memory=True)
-    host.copy_(gpu)
-    gpu.copy_(host)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
+
+    def round_trip():
         host.copy_(gpu)
         gpu.copy_(host)
+
+    round_trip()
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters
+    return seconds_per_call(round_trip, iters)
 
 
 def run(args):
