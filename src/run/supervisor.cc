@@ -120,7 +120,8 @@ void Supervisor::reap() {
   for (size_t i = 0; i < ranks_.size(); ++i)
     if (ranks_[i].process.try_reap()) exited.push_back(i);
   // When one sweep finds several ranks gone, one killed by a signal is the likelier cause: the
-  // others typically exited with an error because it vanished from under them.
+  // others typically exited with an error because it vanished from under them. (Across sweeps,
+  // on_exit's kCauseWindow does the same.)
   std::stable_partition(exited.begin(), exited.end(), [&](size_t i) { return killed(i); });
   for (size_t i : exited) on_exit(i);
   bool all = true;
