@@ -23,13 +23,6 @@ Negotiation::Negotiation(const Config& config, ControlPlane& control,
   }
 }
 
-void Negotiation::request(const controller::Request& q, int64_t cache_id) {
-  if (cache_id >= 0)
-    outgoing_hits_.push_back(static_cast<uint32_t>(cache_id));
-  else
-    outgoing_.push_back(q);
-}
-
 void Negotiation::begin_shutdown(Clock::time_point deadline) {
   if (!shutting_down()) shutdown_deadline_ = deadline;
 }

@@ -36,8 +36,14 @@ class Negotiation {
   Negotiation(const Config& config, ControlPlane& control, controller::ResponseCache& cache,
               const Observers& observers, Sink& sink);
 
-  // An operation of this rank to negotiate: as a cache id when `cache_id` >= 0.
-  void request(const controller::Request& q, int64_t cache_id);
+  // An operation of this rank to negotiate: as a cache id when `cache_id` >= 0. Inline: it runs
+  // once per tensor per step.
+  void request(const controller::Request& q, int64_t cache_id) {
+    if (cache_id >= 0)
+      outgoing_hits_.push_back(static_cast<uint32_t>(cache_id));
+    else
+      outgoing_.push_back(q);
+  }
   // From now on the rank drains: once nothing of its own is in flight, or at `deadline`, it
   // says so (the coordinator then tells everyone).
   void begin_shutdown(Clock::time_point deadline);

@@ -21,13 +21,11 @@ SubmissionQueue::SubmissionQueue(int rank, Wakeup& wakeup, bool waiters_drive,
       drivers_(drivers),
       tuned_(tuned) {}
 
-bool SubmissionQueue::refused(HandleState& handle, size_t count) {
-  std::string why = failure_;
-  if (why.empty() && shutdown_requested_)
-    why = fmt::format("krug is shutting down on rank {}: no new operations", rank_);
-  if (why.empty()) return false;
+void SubmissionQueue::refuse(HandleState& handle, size_t count) {
+  const std::string why =
+      !failure_.empty() ? failure_
+                        : fmt::format("krug is shutting down on rank {}: no new operations", rank_);
   for (size_t i = 0; i < count; ++i) handle.complete_part(why);
-  return true;
 }
 
 SubmissionQueue::Batch SubmissionQueue::begin_batch() const {

@@ -46,7 +46,7 @@ class SubmissionQueue {
   template <typename Fill>
   void submit(const std::shared_ptr<HandleState>& handle, size_t count, const Fill& fill) {
     std::lock_guard lock(mu_);
-    if (refused(*handle, count)) return;
+    if (!failure_.empty() || shutdown_requested_) return refuse(*handle, count);
     const Batch batch = begin_batch();
     for (size_t i = 0; i < count; ++i) {
       Table::node_type entry = entry_node();
@@ -89,7 +89,7 @@ class SubmissionQueue {
     size_t first = 0;   // the queue's size before it
     bool wake = false;  // the loop must be told: nothing was queued and nobody drives it
   };
-  bool refused(HandleState& handle, size_t count);
+  void refuse(HandleState& handle, size_t count);  // the engine failed or is shutting down
   Batch begin_batch() const;
   bool admit(Table::node_type entry, const std::shared_ptr<HandleState>& handle,
              const Batch& batch);

@@ -2,15 +2,6 @@
 
 namespace krug::engine {
 
-void TensorTable::insert(Table::node_type node, int64_t cache_id, size_t cache_size) {
-  node.mapped().cache_id = cache_id;
-  auto placed = table_.insert(std::move(node));
-  if (cache_id >= 0 && placed.inserted) {
-    if (by_id_.size() <= static_cast<size_t>(cache_id)) by_id_.resize(cache_size, nullptr);
-    by_id_[static_cast<size_t>(cache_id)] = &*placed.position;
-  }
-}
-
 TableSlot* TensorTable::find(const std::string& key) {
   auto it = table_.find(key);
   return it == table_.end() ? nullptr : &*it;

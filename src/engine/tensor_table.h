@@ -20,7 +20,15 @@ class TensorTable {
   bool empty() const { return table_.empty(); }
   // An operation taken from the queue; `cache_id` (or -1) is the id it was sent as, so that a
   // cached response finds it without a name. `cache_size`: ids the cache holds now.
-  void insert(Table::node_type node, int64_t cache_id, size_t cache_size);
+  // Inline: it runs once per tensor per step.
+  void insert(Table::node_type node, int64_t cache_id, size_t cache_size) {
+    node.mapped().cache_id = cache_id;
+    auto placed = table_.insert(std::move(node));
+    if (cache_id >= 0 && placed.inserted) {
+      if (by_id_.size() <= static_cast<size_t>(cache_id)) by_id_.resize(cache_size, nullptr);
+      by_id_[static_cast<size_t>(cache_id)] = &*placed.position;
+    }
+  }
   TableSlot* find(const std::string& key);
   bool contains(const std::string& key) const { return table_.count(key) != 0; }
   // The entry a response's cache id stands for (null: none on this rank).
