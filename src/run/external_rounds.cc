@@ -15,7 +15,6 @@
 
 #include "krug/types.h"
 #include "rendezvous/server.h"
-#include "run/elastic_plan.h"
 #include "transport/shm_segment.h"
 
 namespace krug::run {
@@ -92,30 +91,10 @@ std::optional<std::string> ExternalRounds::form_round(Clock::time_point now) {
   if (!waiting_since_) waiting_since_ = now;
   const double waited = std::chrono::duration<double>(now - *waiting_since_).count();
   if (!absent.empty()) {
-    const bool broken = std::any_of(waiting.begin(), waiting.end(),
-                                    [&](const std::string& id) { return workers_[id].rank; });
-    if (broken && waited > options_.elastic_timeout_s) {
-      std::string names;
-      for (const auto& id : absent) names += (names.empty() ? "" : ", ") + id;
-      stop_ = Stop{1, fmt::format("worker(s) {} did not come back to re-form the job within {} s "
-                                  "(elastic timeout)",
-                                  names, options_.elastic_timeout_s)};
-    }
+    stop_if_absent_too_long(waiting, absent, waited);
     return std::nullopt;
   }
-  std::vector<RoundMember> plan;
-  for (const std::string& id : waiting) {
-    Worker& w = workers_[id];
-    if (any_finished_) {
-      el::Assignment removed;
-      removed.removed = "the job finished: another worker completed training";
-      tell(id, w, removed);
-      w.told_removed = true;
-      w.rank.reset();
-      continue;
-    }
-    plan.push_back({id, w.host, w.slot, w.rank});
-  }
+  std::vector<RoundMember> plan = round_plan(waiting);
   if (plan.empty()) return std::nullopt;
   if (static_cast<int>(plan.size()) < options_.min_np) {
     if (waited > options_.elastic_timeout_s)
@@ -129,6 +108,42 @@ std::optional<std::string> ExternalRounds::form_round(Clock::time_point now) {
         1, fmt::format("reset limit reached ({} resets, limit {})", resets_, options_.reset_limit)};
     return std::nullopt;
   }
+  waiting_since_.reset();
+  return start_round(plan);
+}
+
+void ExternalRounds::stop_if_absent_too_long(const std::vector<std::string>& waiting,
+                                             const std::vector<std::string>& absent,
+                                             double waited) {
+  // Workers of an earlier round wait for the absent ones; a first round just has not formed.
+  const bool broken = std::any_of(waiting.begin(), waiting.end(),
+                                  [&](const std::string& id) { return workers_[id].rank; });
+  if (!broken || waited <= options_.elastic_timeout_s) return;
+  std::string names;
+  for (const auto& id : absent) names += (names.empty() ? "" : ", ") + id;
+  stop_ = Stop{1, fmt::format("worker(s) {} did not come back to re-form the job within {} s "
+                              "(elastic timeout)",
+                              names, options_.elastic_timeout_s)};
+}
+
+std::vector<RoundMember> ExternalRounds::round_plan(const std::vector<std::string>& waiting) {
+  std::vector<RoundMember> plan;
+  for (const std::string& id : waiting) {
+    Worker& w = workers_[id];
+    if (any_finished_) {  // no new round once one worker completed training
+      el::Assignment removed;
+      removed.removed = "the job finished: another worker completed training";
+      tell(id, w, removed);
+      w.told_removed = true;
+      w.rank.reset();
+      continue;
+    }
+    plan.push_back({id, w.host, w.slot, w.rank});
+  }
+  return plan;
+}
+
+std::string ExternalRounds::start_round(const std::vector<RoundMember>& plan) {
   ++round_;
   const auto assignments = plan_round(plan, hosts_, round_, version_.version);
   std::string layout;
@@ -141,7 +156,6 @@ std::optional<std::string> ExternalRounds::form_round(Clock::time_point now) {
     w.rank = a.rank;
     tell(m.worker, w, a);
   }
-  waiting_since_.reset();
   return fmt::format("round {}: {} worker(s): {}", round_, plan.size(), layout);
 }
 
@@ -168,11 +182,9 @@ void apply_command(ExternalRounds& rounds, const std::string& line) {
                line.c_str());
 }
 
-}  // namespace
-
-int elastic_rendezvous_main(int argc, char** argv) {
-  std::string bind = "127.0.0.1";
-  ExternalRoundsOptions options;
+// Parses `krugrun __elastic-rendezvous`'s flags; returns the exit status on a bad one.
+std::optional<int> parse_rendezvous_args(int argc, char** argv, std::string& bind,
+                                         ExternalRoundsOptions& options) {
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i + 1 >= argc) {
@@ -193,6 +205,46 @@ int elastic_rendezvous_main(int argc, char** argv) {
       return 2;
     }
   }
+  return std::nullopt;
+}
+
+// Applies the launcher's commands from stdin and prints rounds and the stop on stdout, until
+// stdin closes.
+void serve_commands(ExternalRounds& rounds) {
+  std::string pending;
+  char buf[4096];
+  for (;;) {
+    pollfd fd{STDIN_FILENO, POLLIN, 0};
+    // The driver's store checks are no data path: a tenth of a second is prompt enough.
+    const int n = ::poll(&fd, 1, 100);
+    if (n < 0 && errno != EINTR) return;
+    if (n > 0) {
+      const ssize_t got = ::read(STDIN_FILENO, buf, sizeof buf);
+      if (got == 0 || (got < 0 && errno != EINTR)) return;
+      if (got > 0) pending.append(buf, static_cast<size_t>(got));
+      for (size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
+        apply_command(rounds, pending.substr(0, eol));
+        pending.erase(0, eol + 1);
+      }
+    }
+    const bool was_stopped = rounds.stopped().has_value();
+    if (auto message = rounds.tick(ExternalRounds::Clock::now())) {
+      std::printf("round %s\n", message->c_str());
+      std::fflush(stdout);
+    }
+    if (!was_stopped && rounds.stopped()) {
+      std::printf("stop %d %s\n", rounds.stopped()->code, rounds.stopped()->message.c_str());
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+int elastic_rendezvous_main(int argc, char** argv) {
+  std::string bind = "127.0.0.1";
+  ExternalRoundsOptions options;
+  if (auto status = parse_rendezvous_args(argc, argv, bind, options)) return *status;
   const char* secret = std::getenv("KRUG_SECRET");
   if (secret == nullptr || *secret == '\0') {
     std::fprintf(stderr, "krugrun __elastic-rendezvous: KRUG_SECRET is not set\n");
@@ -207,32 +259,7 @@ int elastic_rendezvous_main(int argc, char** argv) {
     ExternalRounds rounds(store, options);
     std::printf("KRUG_RENDEZVOUS_PORT=%u\n", static_cast<unsigned>(server.port()));
     std::fflush(stdout);
-    std::string pending;
-    char buf[4096];
-    for (;;) {
-      pollfd fd{STDIN_FILENO, POLLIN, 0};
-      // The driver's store checks are no data path: a tenth of a second is prompt enough.
-      const int n = ::poll(&fd, 1, 100);
-      if (n < 0 && errno != EINTR) break;
-      if (n > 0) {
-        const ssize_t got = ::read(STDIN_FILENO, buf, sizeof buf);
-        if (got == 0 || (got < 0 && errno != EINTR)) break;
-        if (got > 0) pending.append(buf, static_cast<size_t>(got));
-        for (size_t eol; (eol = pending.find('\n')) != std::string::npos;) {
-          apply_command(rounds, pending.substr(0, eol));
-          pending.erase(0, eol + 1);
-        }
-      }
-      const bool was_stopped = rounds.stopped().has_value();
-      if (auto message = rounds.tick(ExternalRounds::Clock::now())) {
-        std::printf("round %s\n", message->c_str());
-        std::fflush(stdout);
-      }
-      if (!was_stopped && rounds.stopped()) {
-        std::printf("stop %d %s\n", rounds.stopped()->code, rounds.stopped()->message.c_str());
-        std::fflush(stdout);
-      }
-    }
+    serve_commands(rounds);
   } catch (const Error& e) {
     std::fprintf(stderr, "krugrun __elastic-rendezvous: %s\n", e.what());
     return 1;

@@ -10,9 +10,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rendezvous/elastic_protocol.h"
 #include "rendezvous/store.h"
+#include "run/elastic_plan.h"
 
 namespace krug::run {
 
@@ -56,6 +58,12 @@ class ExternalRounds {
   void publish_hosts_version(bool addition);
   void tell(const std::string& id, Worker& w, const rendezvous::elastic::Assignment& a);
   std::optional<std::string> form_round(Clock::time_point now);
+  // form_round's steps: stop the job when absent workers of a broken round are overdue; plan
+  // the waiting workers (telling them to leave once training finished); assign the ranks.
+  void stop_if_absent_too_long(const std::vector<std::string>& waiting,
+                               const std::vector<std::string>& absent, double waited);
+  std::vector<RoundMember> round_plan(const std::vector<std::string>& waiting);
+  std::string start_round(const std::vector<RoundMember>& plan);
 
   rendezvous::Store& store_;
   ExternalRoundsOptions options_;
