@@ -48,8 +48,8 @@ def finished_jobs(tmp_path_factory):
     if hvd.size() != 1:
         pytest.skip("runs its own jobs from the 1-rank run")
     launcher = krugrun()
-    if launcher is None:
-        pytest.skip("no krugrun beside the krug package (not a build tree)")
+    # ctest runs this from a build tree, which always has the launcher: missing, it is a failure.
+    assert launcher is not None, "no krugrun beside the krug package at %s" % krug.__path__[0]
     script = tmp_path_factory.mktemp("stall") / "stall.py"
     script.write_text(SCRIPT)
     # The jobs' own environment: none of this (outer) job's rank variables.
