@@ -12,8 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+import select
 import tempfile
-import threading
 
 import krug
 from krug.common.messages import MessageClient
@@ -34,10 +34,70 @@ def _host_of(address):
     return host[1:-1] if host.startswith("[") else host
 
 
-def _forward(stream, client, tag, name):
-    for line in iter(stream.readline, b""):
-        client.send("out", tag, name, line.decode(errors="replace"))
-    stream.close()
+class _Lines:
+    """One output pipe of the rank: bytes read from it, sent to the driver a line at a time."""
+
+    def __init__(self, fd, name, client, tag):
+        self.fd, self.name, self.client, self.tag = fd, name, client, tag
+        self.partial = b""
+
+    def read(self):
+        """Forwards what one read returns; False at end of file (after the last partial line).
+        Raises BlockingIOError when the (non-blocking) pipe is empty."""
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            if self.partial:
+                self._send(self.partial)
+                self.partial = b""
+            return False
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for line in lines:
+            self._send(line + b"\n")
+        return True
+
+    def _send(self, line):
+        self.client.send("out", self.tag, self.name, line.decode(errors="replace"))
+
+
+def _forward_output(proc, ready_fd, client, tag, on_ready):
+    """Forwards the rank's output lines until both its pipes close. When the rank says its
+    outcome is written (a byte on ``ready_fd``, or its end of file), first forwards what the
+    pipes hold, which is everything it printed before (it flushed first), then calls
+    ``on_ready()``: one thread reads both the output and the signal, so a line the rank
+    printed before returning can never reach the driver after its result."""
+    streams = {s.fileno(): _Lines(s.fileno(), n, client, tag)
+               for s, n in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))}
+    poller = select.poll()  # not select(): an executor may have descriptors above 1023
+    for fd in [*streams, ready_fd]:
+        os.set_blocking(fd, False)
+        poller.register(fd, select.POLLIN)
+    waiting_for_ready = True
+    while streams or waiting_for_ready:
+        events = sorted(fd for fd, _ in poller.poll())
+        for fd in [fd for fd in events if fd in streams]:
+            _forward_available(streams, fd, poller, all_of_it=False)
+        if waiting_for_ready and ready_fd in events:
+            for fd in list(streams):
+                _forward_available(streams, fd, poller, all_of_it=True)
+            os.read(ready_fd, 1)  # b"r", or b"" when the rank died before writing it
+            poller.unregister(ready_fd)
+            waiting_for_ready = False
+            on_ready()
+    for s in (proc.stdout, proc.stderr):
+        s.close()
+
+
+def _forward_available(streams, fd, poller, all_of_it):
+    """Forwards one read from pipe ``fd``, or (``all_of_it``) reads until it is empty; at its
+    end of file the pipe leaves ``streams``."""
+    try:
+        while streams[fd].read():
+            if not all_of_it:
+                return
+    except BlockingIOError:
+        return
+    del streams[fd]
+    poller.unregister(fd)
 
 
 def _child_environment(job, krug_env):
@@ -69,21 +129,21 @@ def run_rank(job, env, tag, client, report, early):
                 stderr=subprocess.PIPE, preexec_fn=_die_with_parent, pass_fds=(ready_w,))
         finally:
             os.close(ready_w)
-        pumps = [threading.Thread(target=_forward, args=(s, client, tag, n), daemon=True)
-                 for s, n in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
-        for p in pumps:
-            p.start()
-        with os.fdopen(ready_r, "rb") as ready:
-            ready.read(1)  # the outcome is written, or the rank died (end of file)
-        data = None
-        if os.path.exists(result):
-            with open(result, "rb") as f:
-                data = f.read()
-        if early and data is not None:
-            report(0, data)
+        outcome = {}
+
+        def on_ready():
+            if os.path.exists(result):
+                with open(result, "rb") as f:
+                    outcome["data"] = f.read()
+            if early and "data" in outcome:
+                report(0, outcome["data"])
+
+        try:
+            _forward_output(proc, ready_r, client, tag, on_ready)
+        finally:
+            os.close(ready_r)
         code = proc.wait()
-        for p in pumps:
-            p.join()
+        data = outcome.get("data")
         if not (early and data is not None):
             how = ("was killed by signal %d" % -code) if code < 0 else \
                 ("exited with status %d" % code)
