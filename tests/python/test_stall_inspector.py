@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-import krug
 import krug.torch as hvd
+from krug._launcher import krugrun_path
 
 SCRIPT = textwrap.dedent('''
     import sys, time
@@ -31,13 +31,6 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def krugrun():
-    # krugrun puts <build>/python on PYTHONPATH; the launcher sits in <build>.
-    build = os.path.dirname(os.path.dirname(os.path.abspath(krug.__path__[0])))
-    path = os.path.join(build, "krugrun")
-    return path if os.access(path, os.X_OK) else None
-
-
 CASES = [(case, np) for case in ("join", "barrier", "remove_process_set") for np in (2, 3)]
 
 
@@ -47,9 +40,9 @@ def finished_jobs(tmp_path_factory):
     {(case, np): (returncode, output)}."""
     if hvd.size() != 1:
         pytest.skip("runs its own jobs from the 1-rank run")
-    launcher = krugrun()
+    launcher = krugrun_path()
     # ctest runs this from a build tree, which always has the launcher: missing, it is a failure.
-    assert launcher is not None, "no krugrun beside the krug package at %s" % krug.__path__[0]
+    assert os.access(launcher, os.X_OK), "no krugrun at %s" % launcher
     script = tmp_path_factory.mktemp("stall") / "stall.py"
     script.write_text(SCRIPT)
     # The jobs' own environment: none of this (outer) job's rank variables.

@@ -96,7 +96,8 @@ try:
     import krug.keras  # noqa: F401
     KRUG_KERAS = None
 except ImportError as e:
-    if os.environ.get("KRUG_TENSORFLOW_BUILT") == "1":
+    from krug import _build_info
+    if _build_info.tensorflow_built:
         raise  # the build has the Keras frontend: failing to import it is a failure, not a skip
     KRUG_KERAS = "krug.keras is not available in this build (%s); KerasEstimator trains with it" % e
 
