@@ -9,10 +9,10 @@ Spark does not retry the stage."""
 
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
-import select
 import tempfile
 
 import krug
@@ -73,8 +73,8 @@ def _forward_output(proc, ready_fd, client, tag, on_ready):
         poller.register(fd, select.POLLIN)
     waiting_for_ready = True
     while streams or waiting_for_ready:
-        events = sorted(fd for fd, _ in poller.poll())
-        for fd in [fd for fd in events if fd in streams]:
+        events = {fd for fd, _ in poller.poll()}
+        for fd in events & streams.keys():
             _forward_available(streams, fd, poller, all_of_it=False)
         if waiting_for_ready and ready_fd in events:
             for fd in list(streams):
@@ -129,21 +129,21 @@ def run_rank(job, env, tag, client, report, early):
                 stderr=subprocess.PIPE, preexec_fn=_die_with_parent, pass_fds=(ready_w,))
         finally:
             os.close(ready_w)
-        outcome = {}
+        data = None
 
         def on_ready():
+            nonlocal data
             if os.path.exists(result):
                 with open(result, "rb") as f:
-                    outcome["data"] = f.read()
-            if early and "data" in outcome:
-                report(0, outcome["data"])
+                    data = f.read()
+            if early and data is not None:
+                report(0, data)
 
         try:
             _forward_output(proc, ready_r, client, tag, on_ready)
         finally:
             os.close(ready_r)
         code = proc.wait()
-        data = outcome.get("data")
         if not (early and data is not None):
             how = ("was killed by signal %d" % -code) if code < 0 else \
                 ("exited with status %d" % code)
