@@ -12,6 +12,7 @@ The pieces:
   save, restore and sync (copy from rank 0) their values.
 - :class:`ObjectState`: a State of plain Python values, kept as attributes.
 - :func:`run_fn`: the recovery loop around a training function.
+- :func:`call_worker`: how a cluster engine's task (Spark, Ray) runs an elastic worker.
 """
 
 import copy
@@ -249,4 +250,20 @@ def run_fn(func, reset, elastic_round=None, topology=None, elastic_enabled=None)
     return wrapper
 
 
-__all__ = ["State", "ObjectState", "run_fn", "log"]
+def call_worker(fn, args, kwargs):
+    """Calls ``fn(*args, **kwargs)`` in an elastic worker that a cluster engine's task runs.
+    Returns ``(True, value)``, or ``(False, None)`` when the job no longer needs this worker:
+    ``elastic.run`` exited with status 0, or ``init()`` raised :class:`WorkerRemoved` before
+    ``elastic.run`` could catch it (the job finished while the worker was starting, as with
+    a task that Spark retries late). Neither is a failure. Other exits and errors propagate."""
+    try:
+        return True, fn(*args, **kwargs)
+    except WorkerRemoved:
+        return False, None
+    except SystemExit as e:
+        if e.code in (0, None):
+            return False, None
+        raise
+
+
+__all__ = ["State", "ObjectState", "run_fn", "call_worker", "log"]

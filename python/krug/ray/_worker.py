@@ -43,16 +43,17 @@ class Worker:
 
     def run_elastic(self, fn, args, kwargs):
         """fn(*args, **kwargs) as an elastic worker: returns ("ok", value, final rank), or
-        ("removed", None, None) when the job no longer needed this worker (elastic.run's
-        exit with status 0)."""
+        ("removed", None, None) when the job no longer needed this worker."""
         import sys
 
+        from krug.common.elastic import call_worker
+
         try:
-            value = fn(*args, **kwargs)
+            finished, value = call_worker(fn, args, kwargs)
         except SystemExit as e:
-            if e.code in (0, None):
-                return ("removed", None, None)
             raise RuntimeError("the worker exited with status %s" % e.code) from None
+        if not finished:
+            return ("removed", None, None)
         rank = None
         torch_api = sys.modules.get("krug.torch")
         if torch_api is not None and torch_api.is_initialized():

@@ -11,6 +11,8 @@ import os
 import sys
 import traceback
 
+from krug.common.elastic import call_worker
+
 try:
     import cloudpickle
 except ImportError:  # pragma: no cover - PySpark ships a copy
@@ -33,13 +35,12 @@ def main(payload_path, result_path):
     try:
         with open(payload_path, "rb") as f:
             fn, args, kwargs = cloudpickle.load(f)
-        value = fn(*args, **kwargs)
-        data = cloudpickle.dumps(("ok", value, _final_rank()))
+        finished, value = call_worker(fn, args, kwargs)
+        data = cloudpickle.dumps(("ok", value, _final_rank()) if finished else
+                                 ("removed", None, None))
     except SystemExit as e:
-        # An elastic worker the job no longer needs leaves with status 0 (elastic.run).
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        data = cloudpickle.dumps(("removed", None, None) if code == 0 else
-                                 ("error", "the rank exited with status %s" % e.code, None))
+        code = e.code if isinstance(e.code, int) else 1
+        data = cloudpickle.dumps(("error", "the rank exited with status %s" % e.code, None))
     except BaseException:  # noqa: B902 - every failure goes to the driver with its traceback
         code = 1
         data = cloudpickle.dumps(("error", traceback.format_exc(), None))
