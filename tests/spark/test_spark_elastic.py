@@ -3,7 +3,6 @@ of training costs no committed step, Spark's retry of it joins the job again, an
 finishes with every step applied exactly once."""
 
 import io
-import re
 
 import krug.spark
 from conftest import assert_no_stray_processes, by_value
@@ -40,7 +39,12 @@ def train_with_a_ledger(steps, kill_after):
             state.step += 1
             state.commit()
             if state.step == kill_after and me == "p1a0":
-                os.kill(os.getppid(), signal.SIGKILL)  # the Spark task's Python worker
+                # The Spark task's Python worker, then this rank at once: the parent-death
+                # signal reaches the rank only when its parent has exited, a few steps later,
+                # and whether the survivor then sees a failed collective or a hosts-changed
+                # notice at a commit would depend on timing.
+                os.kill(os.getppid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
         return state.ledger, state.sizes, me
 
     return train(state)
@@ -60,10 +64,12 @@ def test_a_killed_task_recovers_without_losing_committed_work(spark):
     ledger, sizes, _ = results[0]
     assert sizes[:10] == [2] * 10  # both workers until the kill
     # Whether Spark's retry of the task (worker p1a1) joins before the survivor finishes depends
-    # on timing; what must hold is that the survivor rolled back and went on.
+    # on timing; what must hold is that the survivor rolled back to the last commit and went
+    # on, and that a retry the finished job no longer needs is not reported as a failure.
     assert "worker p1a0 on host" in log and "lost with its Spark task" in log, log
-    assert re.search(r"rolling back to commit \d+", log), log
+    assert "rolling back to commit 10" in log, log
     assert "elastic round 1:" in log, log
+    assert "failed" not in log, log
     assert_no_stray_processes()
 
 
