@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -88,9 +89,17 @@ class Handle {
 // rank 0 serves the rendezvous store itself when krugrun does not. Connects to every rank;
 // throws krug::Error if that fails. Calling init() twice without shutdown() is an error.
 void init();
+// init() that gives up once `stop` is requested (from another thread: a binding's Ctrl-C, a
+// program's own cancellation): its waits for the rendezvous server and the other ranks look
+// every 50 ms, and it throws krug::Error saying it was interrupted, leaving krug uninitialized.
+// MPI's own start-up (a job from mpirun) cannot be stopped.
+void init(std::stop_token stop);
 // Drains this rank's pending operations, stops the background thread and frees everything;
 // other ranks' pending operations fail with a message naming this rank. init() may follow.
 void shutdown();
+// shutdown() that, once `stop` is requested, stops waiting for the other ranks: krug stops on
+// this rank at once and their pending operations fail with an error naming it as interrupted.
+void shutdown(std::stop_token stop);
 bool is_initialized();
 
 // Starts recording the timeline to `path` at run time (Horovod's hvd.start_timeline): a Chrome

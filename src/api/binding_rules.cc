@@ -43,11 +43,14 @@ void report_interrupted(std::string_view what) {
   } catch (const Error&) {
     return;  // not initialized (or shut down meanwhile): nobody is left to tell
   }
-  const Config& c = engine->config();
-  engine->abort(fmt::format(
+  engine->abort(interrupted_reason(engine->config(), what));
+}
+
+std::string interrupted_reason(const Config& config, std::string_view what) {
+  return fmt::format(
       "rank {} ({}) was interrupted while waiting in {} and stopped krug on that rank; end the "
       "job, or (elastic) start a new round",
-      c.rank, c.hostname, what));
+      config.rank, config.hostname, what);
 }
 
 }  // namespace krug

@@ -142,12 +142,34 @@ const std::vector<int64_t>& Handle::received_splits() const {
 }
 int64_t Handle::value() const { return checked().result().value; }
 
-void init() {
-  auto& rt = runtime();
-  std::lock_guard lock(rt.mu);
-  if (rt.engine) throw Error("krug::init() called twice: call krug::shutdown() first");
-  Config config = load_config();
-  log::set_level(log::parse_level(config.log_level));
+namespace {
+
+// The store for this job: in memory for a job of one, else a client of krugrun's rendezvous
+// server whose waits end once `stop` is requested.
+std::shared_ptr<rendezvous::Store> job_store(Config& config, std::stop_token stop) {
+  if (config.size == 1 && config.rendezvous_addr.empty())
+    return std::make_shared<rendezvous::InMemoryStore>();
+  if (config.rendezvous_addr.empty() || config.rendezvous_port <= 0)
+    throw Error(fmt::format(
+        "krug::init() on rank {}: KRUG_RENDEZVOUS_ADDR/KRUG_RENDEZVOUS_PORT are not set; start "
+        "the job with krugrun (krugrun -np N your-command)",
+        config.rank));
+  try {
+    config.advertise_address = net::advertise_address(config.iface, config.rendezvous_addr);
+  } catch (const Error& e) {
+    throw Error(fmt::format(
+        "krug::init() on rank {} ({}): cannot choose the address to give "
+        "peers: {}; set KRUG_GLOO_IFACE (krugrun --network-interface) to "
+        "the interface the hosts share",
+        config.rank, config.hostname.empty() ? net::hostname() : config.hostname, e.what()));
+  }
+  return std::make_shared<rendezvous::RendezvousClient>(
+      config.rendezvous_addr, static_cast<uint16_t>(config.rendezvous_port), config.secret,
+      whole_ms(config.timeout), std::move(stop));
+}
+
+// init()'s work, with the runtime locked.
+void initialize(Runtime& rt, Config& config, std::stop_token stop) {
   if (started_by_mpirun(config)) {
     configure_from_mpi(config, rt.mpi);
   } else if (config.rank < 0 && config.size < 0) {
@@ -155,28 +177,7 @@ void init() {
     config.rank = 0;
     config.size = 1;
   }
-  std::shared_ptr<rendezvous::Store> store;
-  if (config.size == 1 && config.rendezvous_addr.empty()) {
-    store = std::make_shared<rendezvous::InMemoryStore>();
-  } else {
-    if (config.rendezvous_addr.empty() || config.rendezvous_port <= 0)
-      throw Error(fmt::format(
-          "krug::init() on rank {}: KRUG_RENDEZVOUS_ADDR/KRUG_RENDEZVOUS_PORT are not set; start "
-          "the job with krugrun (krugrun -np N your-command)",
-          config.rank));
-    try {
-      config.advertise_address = net::advertise_address(config.iface, config.rendezvous_addr);
-    } catch (const Error& e) {
-      throw Error(fmt::format("krug::init() on rank {} ({}): cannot choose the address to give "
-                              "peers: {}; set KRUG_GLOO_IFACE (krugrun --network-interface) to "
-                              "the interface the hosts share",
-                              config.rank, config.hostname.empty() ? net::hostname() : config.hostname,
-                              e.what()));
-    }
-    store = std::make_shared<rendezvous::RendezvousClient>(
-        config.rendezvous_addr, static_cast<uint16_t>(config.rendezvous_port), config.secret,
-        whole_ms(config.timeout));
-  }
+  std::shared_ptr<rendezvous::Store> store = job_store(config, stop);
   const int64_t seq = rt.generation++;
   std::string prefix = fmt::format("init{}/", seq);
   rt.elastic.reset();
@@ -198,11 +199,40 @@ void init() {
   std::vector<std::shared_ptr<engine::CycleObserver>> observers;
   if (config.elastic)
     observers.push_back(std::make_shared<api::HealthReporter>(scoped, config.rank));
-  rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped), std::move(observers));
+  rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped), std::move(observers),
+                                               std::move(stop));
   rt.op_names = std::make_shared<OpNameCounters>();
 }
 
+}  // namespace
+
+void init() {
+  init(std::stop_token{});
+}
+
+void init(std::stop_token stop) {
+  auto& rt = runtime();
+  std::lock_guard lock(rt.mu);
+  if (rt.engine) throw Error("krug::init() called twice: call krug::shutdown() first");
+  Config config = load_config();
+  log::set_level(log::parse_level(config.log_level));
+  try {
+    initialize(rt, config, stop);
+  } catch (const Error& e) {
+    rt.elastic.reset();
+    if (!stop.stop_requested()) throw;
+    throw Error(fmt::format(
+        "krug::init() on rank {} ({}) was interrupted before it finished "
+        "({}); krug is not initialized",
+        config.rank, config.hostname.empty() ? net::hostname() : config.hostname, e.what()));
+  }
+}
+
 void shutdown() {
+  shutdown(std::stop_token{});
+}
+
+void shutdown(std::stop_token stop) {
   std::shared_ptr<engine::Engine> engine;
   {
     auto& rt = runtime();
@@ -210,7 +240,12 @@ void shutdown() {
     engine = std::move(rt.engine);
     rt.op_names.reset();
   }
-  if (engine) engine->shutdown();
+  if (!engine) return;
+  // A stop while the other ranks are awaited ends the wait: this rank leaves at once, and
+  // they are told, as after an interrupted collective.
+  std::stop_callback abort(
+      stop, [&engine] { engine->abort(interrupted_reason(engine->config(), "shutdown")); });
+  engine->shutdown();
 }
 
 bool is_initialized() {

@@ -4,6 +4,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "api/op_name_counters.h"
 #include "engine/engine.h"
@@ -26,5 +28,9 @@ struct ElasticSession {
 };
 // nullopt outside elastic mode; throws krug::Error when krug is not initialized.
 std::optional<ElasticSession> current_elastic_session();
+
+// Why the engine of a rank whose user interrupted `what` stopped: the error every rank's
+// pending operations then fail with.
+std::string interrupted_reason(const Config& config, std::string_view what);
 
 }  // namespace krug

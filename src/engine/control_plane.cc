@@ -30,19 +30,20 @@ std::string to_string(const std::vector<uint8_t>& b) {
 ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host,
                            const std::string& hostname, rendezvous::Store& store,
                            const std::string& secret, std::chrono::milliseconds timeout,
-                           bool mailboxes, const SegmentFactory& segment)
+                           bool mailboxes, const SegmentFactory& segment, std::stop_token stop)
     : rank_(rank), size_(size), timeout_(timeout), hosts_(size) {
   hosts_[rank] = hostname;
   stash_.resize(is_coordinator() ? size : 1);
   if (size == 1) return;
-  mailboxes = is_coordinator() ? accept_workers(advertise_host, store, secret, mailboxes)
-                               : connect_to_coordinator(hostname, store, secret);
+  const net::Deadline until(net::Clock::now() + timeout_, std::move(stop));
+  mailboxes = is_coordinator() ? accept_workers(advertise_host, store, secret, mailboxes, until)
+                               : connect_to_coordinator(hostname, store, secret, until);
   if (mailboxes) map_mailboxes(segment);
 }
 
 bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous::Store& store,
-                                  const std::string& secret, bool mailboxes) {
-  const auto until = deadline();
+                                  const std::string& secret, bool mailboxes,
+                                  const net::Deadline& until) {
   // Bound to the advertised address only: peers reach it there, and nothing else should.
   net::Listener listener(advertise_host, 0);
   store.set(kAddressKey, to_bytes(fmt::format("{}:{}", advertise_host, listener.port())));
@@ -90,8 +91,7 @@ bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous:
 }
 
 bool ControlPlane::connect_to_coordinator(const std::string& hostname, rendezvous::Store& store,
-                                          const std::string& secret) {
-  const auto until = deadline();
+                                          const std::string& secret, const net::Deadline& until) {
   auto address = to_string(store.get(kAddressKey, timeout_));
   auto colon = address.rfind(':');
   coordinator_ = net::Connection::connect(
@@ -137,7 +137,7 @@ std::vector<int> ControlPlane::fds() const {
   return fds;
 }
 
-void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, net::Deadline until) {
+void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, const net::Deadline& until) {
   net::Connection& conn = connection(peer);
   if (!uses_mailboxes()) {
     conn.send_frame(frame, until);

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -34,10 +35,12 @@ class ControlPlane {
 
   // Blocks until every rank is connected or `timeout` passes (throws krug::Error naming the
   // ranks that did not show up). The coordinator decides for everyone whether lists go through
-  // mailboxes: when `mailboxes` is set on rank 0 and every rank is on its host.
+  // mailboxes: when `mailboxes` is set on rank 0 and every rank is on its host. Requesting
+  // `stop` ends the wait for the others early (net::Stopped).
   ControlPlane(int rank, int size, const std::string& advertise_host, const std::string& hostname,
                rendezvous::Store& store, const std::string& secret,
-               std::chrono::milliseconds timeout, bool mailboxes, const SegmentFactory& segment);
+               std::chrono::milliseconds timeout, bool mailboxes, const SegmentFactory& segment,
+               std::stop_token stop = {});
 
   bool is_coordinator() const { return rank_ == 0; }
   // Coordinator: fds of connected workers, indexed by rank (-1 for self or a closed peer).
@@ -75,12 +78,12 @@ class ControlPlane {
   // Rank 0: waits for every worker's hello, then sends all of them the host table. Returns
   // whether lists go through mailboxes.
   bool accept_workers(const std::string& advertise_host, rendezvous::Store& store,
-                      const std::string& secret, bool mailboxes);
+                      const std::string& secret, bool mailboxes, const net::Deadline& until);
   // Other ranks: connects to rank 0 and reads the host table; returns the mailbox choice.
   bool connect_to_coordinator(const std::string& hostname, rendezvous::Store& store,
-                              const std::string& secret);
+                              const std::string& secret, const net::Deadline& until);
   void map_mailboxes(const SegmentFactory& segment);
-  void send(int peer, const std::vector<uint8_t>& frame, net::Deadline until);
+  void send(int peer, const std::vector<uint8_t>& frame, const net::Deadline& until);
   std::optional<std::vector<uint8_t>> next_frame(int peer);
 
   int rank_;

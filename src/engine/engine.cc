@@ -66,7 +66,7 @@ std::chrono::microseconds busy_poll_for(const Config& config) {
 }  // namespace
 
 Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
-                   std::vector<std::shared_ptr<CycleObserver>> observers)
+                   std::vector<std::shared_ptr<CycleObserver>> observers, std::stop_token stop)
     : config_(validated(config)),
       store_(std::move(store)),
       busy_poll_(busy_poll_for(config_)),
@@ -92,9 +92,9 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
     return std::make_unique<transport::Segment>(config_.rank, config_.size, bytes, config_.job_id,
                                                 prefixed, timeout);
   };
-  control_ =
-      std::make_unique<ControlPlane>(config_.rank, config_.size, advertise, config_.hostname,
-                                     *store_, config_.secret, timeout, mailboxes, mailbox_segment);
+  control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise, config_.hostname,
+                                            *store_, config_.secret, timeout, mailboxes,
+                                            mailbox_segment, std::move(stop));
   sets_ = std::make_unique<ProcessSets>(config_, store_, *control_, advertise);
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;
@@ -470,8 +470,9 @@ void Engine::Impl::stop_engine(std::string message, bool tell_peers, bool is_err
 // ---- Engine ----
 
 Engine::Engine(const Config& config, std::shared_ptr<rendezvous::Store> store,
-               std::vector<std::shared_ptr<CycleObserver>> observers)
-    : impl_(std::make_shared<Impl>(config, std::move(store), std::move(observers))) {}
+               std::vector<std::shared_ptr<CycleObserver>> observers, std::stop_token stop)
+    : impl_(std::make_shared<Impl>(config, std::move(store), std::move(observers),
+                                   std::move(stop))) {}
 // A thread still driving a handle keeps the rest of Impl alive until it returns.
 Engine::~Engine() {
   impl_->shutdown();

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -76,8 +77,10 @@ class Engine {
   // Connects to every rank of config.size through `store` (already namespaced for this
   // initialization) and starts the background thread. Throws krug::Error on failure.
   // `observers` are told of every negotiation round on the coordinator (observer.h).
+  // Requesting `stop` ends the control plane's wait for the other ranks early; the store's own
+  // waits end with it when the store was made with the same token (init()).
   Engine(const Config& config, std::shared_ptr<rendezvous::Store> store,
-         std::vector<std::shared_ptr<CycleObserver>> observers = {});
+         std::vector<std::shared_ptr<CycleObserver>> observers = {}, std::stop_token stop = {});
   ~Engine();  // shutdown()
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -35,7 +35,7 @@ class Engine::Impl : public Driver,
                      public std::enable_shared_from_this<Engine::Impl> {
  public:
   Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
-       std::vector<std::shared_ptr<CycleObserver>> observers);
+       std::vector<std::shared_ptr<CycleObserver>> observers, std::stop_token stop);
   ~Impl() override { shutdown(); }
 
   void shutdown();

@@ -30,7 +30,7 @@ std::vector<uint8_t> hmac_sha256(const std::string& secret, const std::vector<ui
   return mac;
 }
 
-void send_verdict(Connection& conn, std::optional<std::string> reason, Deadline deadline) {
+void send_verdict(Connection& conn, std::optional<std::string> reason, const Deadline& deadline) {
   Writer w;
   w.u8(reason ? kRejected : kAccepted);
   if (reason) w.str(*reason);
@@ -39,7 +39,7 @@ void send_verdict(Connection& conn, std::optional<std::string> reason, Deadline 
 
 }  // namespace
 
-void Connection::authenticate_as_client(const std::string& secret, Deadline deadline) {
+void Connection::authenticate_as_client(const std::string& secret, const Deadline& deadline) {
   auto nonce = recv_frame(deadline, kMaxHandshakeFrame);
   if (nonce.size() != kNonceSize)
     throw NetError(fmt::format("handshake with {}: expected a {}-byte nonce, got {} bytes "
@@ -54,7 +54,7 @@ void Connection::authenticate_as_client(const std::string& secret, Deadline dead
 }
 
 std::optional<std::string> Connection::authenticate_as_server(const std::string& secret,
-                                                             Deadline deadline) {
+                                                              const Deadline& deadline) {
   std::optional<std::string> reason;
   try {
     std::vector<uint8_t> nonce(kNonceSize);

@@ -25,16 +25,22 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+void throw_if_stopped(const Deadline& deadline, const std::string& what) {
+  if (deadline.stop.stop_requested()) throw Stopped("stopped (interrupted) while " + what);
+}
+
 // Waits for `events` on fd until the deadline. `what` completes "timeout after N s <what>".
-void wait_for(int fd, short events, Clock::time_point started, Deadline deadline,
+void wait_for(int fd, short events, Clock::time_point started, const Deadline& deadline,
               const std::string& what) {
   for (;;) {
+    throw_if_stopped(deadline, what);
     auto now = Clock::now();
-    if (now >= deadline)
+    if (now >= deadline.at)
       throw NetError(fmt::format("timeout after {:.1f} s {}", seconds_between(started, now), what));
-    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline.at - now);
+    if (deadline.stop.stop_possible()) left = std::min(left, kStopCheck);
     pollfd p{fd, events, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1 << 30)));
+    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
     if (rc > 0) return;  // ready, or an error that the following read/write will report
     if (rc < 0 && errno != EINTR) throw NetError(fmt::format("poll failed {}: {}", what, errno_text(errno)));
   }
@@ -74,7 +80,8 @@ AddrInfoPtr resolve(const std::string& host, uint16_t port, bool passive) {
 }
 
 // One non-blocking connect attempt. Returns the connected fd, or the errno that stopped it.
-std::pair<Fd, int> try_connect(const addrinfo* ai, Deadline deadline, const std::string& peer) {
+std::pair<Fd, int> try_connect(const addrinfo* ai, const Deadline& deadline,
+                               const std::string& peer) {
   Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol));
   if (!fd.valid()) return {Fd(), errno};
   auto started = Clock::now();
@@ -110,7 +117,7 @@ void Fd::reset() {
   fd_ = -1;
 }
 
-Connection Connection::connect(const std::string& host, uint16_t port, Deadline deadline) {
+Connection Connection::connect(const std::string& host, uint16_t port, const Deadline& deadline) {
   const std::string peer = fmt::format("{}:{}", host, port);
   auto started = Clock::now();
   auto backoff = std::chrono::milliseconds(10);
@@ -128,15 +135,17 @@ Connection Connection::connect(const std::string& host, uint16_t port, Deadline 
     if (!refused)
       throw NetError(fmt::format("cannot connect to {}: {}", peer, errno_text(last_err)));
     auto now = Clock::now();
-    if (now + backoff >= deadline)
+    if (now + backoff >= deadline.at)
       throw NetError(fmt::format("cannot connect to {}: connection refused (retried for {:.1f} s)",
                                  peer, seconds_between(started, now)));
     std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(250));
+    throw_if_stopped(deadline, "connecting to " + peer);
+    backoff = std::min(backoff * 2,
+                       deadline.stop.stop_possible() ? kStopCheck : std::chrono::milliseconds(250));
   }
 }
 
-void Connection::send_frame(const void* data, size_t size, Deadline deadline) {
+void Connection::send_frame(const void* data, size_t size, const Deadline& deadline) {
   if (!valid()) throw NetError("send to " + peer_ + ": connection is closed");
   if (size > kMaxFrameSize)
     throw NetError(fmt::format("send to {}: frame of {} bytes exceeds the {} byte limit", peer_,
@@ -175,7 +184,8 @@ void Connection::send_frame(const void* data, size_t size, Deadline deadline) {
   }
 }
 
-void Connection::recv_exact(void* out, size_t size, Clock::time_point started, Deadline deadline) {
+void Connection::recv_exact(void* out, size_t size, Clock::time_point started,
+                            const Deadline& deadline) {
   auto* p = static_cast<uint8_t*>(out);
   size_t got = 0;
   while (got < size) {
@@ -192,11 +202,11 @@ void Connection::recv_exact(void* out, size_t size, Clock::time_point started, D
   }
 }
 
-std::vector<uint8_t> Connection::recv_frame(Deadline deadline) {
+std::vector<uint8_t> Connection::recv_frame(const Deadline& deadline) {
   return recv_frame(deadline, kMaxFrameSize);
 }
 
-std::vector<uint8_t> Connection::recv_frame(Deadline deadline, size_t max_size) {
+std::vector<uint8_t> Connection::recv_frame(const Deadline& deadline, size_t max_size) {
   if (!valid()) throw NetError("receive from " + peer_ + ": connection is closed");
   auto started = Clock::now();
   uint8_t header[4];
@@ -242,7 +252,7 @@ Listener::Listener(const std::string& bind_host, uint16_t port) {
   throw NetError(fmt::format("cannot listen on {}:{}: {}", bind_host, port, errno_text(last_err)));
 }
 
-std::optional<Connection> Listener::accept(Deadline deadline) {
+std::optional<Connection> Listener::accept(const Deadline& deadline) {
   for (;;) {
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
@@ -258,7 +268,7 @@ std::optional<Connection> Listener::accept(Deadline deadline) {
     try {
       wait_for(fd_.get(), POLLIN, Clock::now(), deadline, "accepting");
     } catch (const NetError&) {
-      if (Clock::now() >= deadline) return std::nullopt;
+      if (Clock::now() >= deadline.at) return std::nullopt;
       throw;
     }
   }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,11 +17,26 @@
 namespace krug::net {
 
 using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
+
+// When a blocking call gives up: at a time, or sooner once `stop` is requested (a binding whose
+// user pressed Ctrl-C during init()). A wait with a stop token looks at it every kStopCheck.
+struct Deadline {
+  Deadline(Clock::time_point at) : at(at) {}  // NOLINT(google-explicit-constructor): most waits
+  Deadline(Clock::time_point at, std::stop_token stop) : at(at), stop(std::move(stop)) {}
+  Clock::time_point at;
+  std::stop_token stop;
+};
+inline constexpr std::chrono::milliseconds kStopCheck{50};
 
 class NetError : public Error {
  public:
   using Error::Error;
+};
+
+// Thrown by a wait whose Deadline's stop was requested.
+class Stopped : public NetError {
+ public:
+  using NetError::NetError;
 };
 
 // Largest frame sent or accepted (bounds what a peer can make us allocate).
@@ -52,23 +68,24 @@ class Connection {
 
   // Connects to host:port, retrying refused connections until the deadline (the peer may not
   // be listening yet). Throws NetError naming host:port on failure.
-  static Connection connect(const std::string& host, uint16_t port, Deadline deadline);
+  static Connection connect(const std::string& host, uint16_t port, const Deadline& deadline);
 
-  void send_frame(const void* data, size_t size, Deadline deadline);
-  void send_frame(const std::vector<uint8_t>& frame, Deadline deadline) {
+  void send_frame(const void* data, size_t size, const Deadline& deadline);
+  void send_frame(const std::vector<uint8_t>& frame, const Deadline& deadline) {
     send_frame(frame.data(), frame.size(), deadline);
   }
   // Throws NetError on EOF ("peer closed the connection") or timeout.
-  std::vector<uint8_t> recv_frame(Deadline deadline);
+  std::vector<uint8_t> recv_frame(const Deadline& deadline);
   // Same, rejecting frames longer than max_size (used before the peer is authenticated).
-  std::vector<uint8_t> recv_frame(Deadline deadline, size_t max_size);
+  std::vector<uint8_t> recv_frame(const Deadline& deadline, size_t max_size);
 
   // Client side of the handshake: proves knowledge of `secret` (HMAC-SHA256 over a server
   // nonce). Throws NetError with the server's reason if rejected.
-  void authenticate_as_client(const std::string& secret, Deadline deadline);
+  void authenticate_as_client(const std::string& secret, const Deadline& deadline);
   // Server side: returns std::nullopt on success, or the reason the peer was rejected (the
   // connection is then closed). An empty secret accepts everyone.
-  std::optional<std::string> authenticate_as_server(const std::string& secret, Deadline deadline);
+  std::optional<std::string> authenticate_as_server(const std::string& secret,
+                                                    const Deadline& deadline);
 
   int fd() const { return fd_.get(); }
   bool valid() const { return fd_.valid(); }
@@ -76,7 +93,7 @@ class Connection {
   void close() { fd_.reset(); }
 
  private:
-  void recv_exact(void* out, size_t size, Clock::time_point started, Deadline deadline);
+  void recv_exact(void* out, size_t size, Clock::time_point started, const Deadline& deadline);
   Fd fd_;
   std::string peer_;
 };
@@ -88,7 +105,7 @@ class Listener {
   uint16_t port() const { return port_; }
   int fd() const { return fd_.get(); }
   // Returns std::nullopt if nothing arrived before the deadline.
-  std::optional<Connection> accept(Deadline deadline);
+  std::optional<Connection> accept(const Deadline& deadline);
 
  private:
   Fd fd_;

@@ -27,6 +27,7 @@ void put_keys(net::Writer& w, const std::vector<std::string>& keys) {
 
 struct RendezvousClient::Impl {
   std::string address;
+  std::stop_token stop;
   std::mutex mu;
   net::Connection conn;
   bool broken = false;  // a failed exchange leaves the stream mid-frame: never reuse it
@@ -39,7 +40,7 @@ struct RendezvousClient::Impl {
                               address));
     Bytes reply;
     try {
-      auto deadline = net::Clock::now() + clamp_wait(server_wait) + kRequestSlack;
+      net::Deadline deadline(net::Clock::now() + clamp_wait(server_wait) + kRequestSlack, stop);
       conn.send_frame(request.data(), deadline);
       reply = conn.recv_frame(deadline);
     } catch (const net::NetError& e) {
@@ -58,10 +59,11 @@ struct RendezvousClient::Impl {
 
 RendezvousClient::RendezvousClient(const std::string& host, uint16_t port,
                                    const std::string& secret,
-                                   std::chrono::milliseconds connect_timeout)
+                                   std::chrono::milliseconds connect_timeout, std::stop_token stop)
     : impl_(std::make_unique<Impl>()) {
   impl_->address = fmt::format("{}:{}", host, port);
-  auto deadline = net::Clock::now() + connect_timeout;
+  impl_->stop = std::move(stop);
+  net::Deadline deadline(net::Clock::now() + connect_timeout, impl_->stop);
   try {
     impl_->conn = net::Connection::connect(host, port, deadline);
     impl_->conn.authenticate_as_client(secret, deadline);

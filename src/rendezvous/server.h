@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -35,8 +36,10 @@ class RendezvousServer {
 // server address when the server cannot be reached or refuses the secret.
 class RendezvousClient : public Store {
  public:
+  // Every wait of this client (connecting, and each request) also ends once `stop` is
+  // requested, throwing krug::Error: what makes init() interruptible.
   RendezvousClient(const std::string& host, uint16_t port, const std::string& secret,
-                   std::chrono::milliseconds connect_timeout);
+                   std::chrono::milliseconds connect_timeout, std::stop_token stop = {});
   ~RendezvousClient() override;
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key, std::chrono::milliseconds timeout) override;

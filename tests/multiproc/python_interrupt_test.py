@@ -1,7 +1,9 @@
 """A blocking wait in krug.torch gives way to Ctrl-C (issue 17, item 6): SIGINT to a rank that
 waits for a collective no other rank submits raises KeyboardInterrupt there, and the other rank
-fails with an error naming that rank; the job ends. Run by ctest as python.interrupt.*; each
-case starts `krugrun -np 2 python3 python_interrupt_worker.py`."""
+fails with an error naming that rank; the job ends. So do init() waiting for a rank that never
+starts and shutdown() draining an operation the other rank never submits. Run by ctest as
+python.interrupt; each case starts `krugrun -np 2 python3 python_interrupt_worker.py` (or
+python_lifecycle_interrupt_worker.py)."""
 import os
 import signal
 import subprocess
@@ -12,6 +14,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "python_interrupt_worker.py")
+LIFECYCLE_WORKER = os.path.join(HERE, "python_lifecycle_interrupt_worker.py")
 KRUGRUN = os.environ.get("KRUGRUN", os.path.join(HERE, "..", "..", "build", "krugrun"))
 # Hang guards only: the job takes a few seconds.
 JOB_SECONDS = 120
@@ -50,17 +53,18 @@ def wait_until_asleep(pid, deadline):
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
-@pytest.mark.parametrize("wait", ["synchronize", "barrier"])
-def test_sigint_interrupts_the_wait_and_fails_the_other_rank(tmp_path, victim, wait):
-    job = subprocess.Popen([KRUGRUN, "-np", "2", sys.executable, WORKER, str(tmp_path),
+def interrupt_a_waiting_rank(tmp_path, worker, victim, wait, both_ready=True):
+    """Runs `krugrun -np 2 worker OUT_DIR VICTIM WAIT`, sends SIGINT to the victim once it sleeps
+    in its wait, and checks that the job succeeded and KeyboardInterrupt came in time."""
+    job = subprocess.Popen([KRUGRUN, "-np", "2", sys.executable, worker, str(tmp_path),
                             str(victim), wait],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)
     try:
         deadline = time.monotonic() + JOB_SECONDS
         pid = int(wait_for_file(str(tmp_path / ("rank%d.ready" % victim)), job, deadline))
-        wait_for_file(str(tmp_path / ("rank%d.ready" % (1 - victim))), job, deadline)
+        if both_ready:
+            wait_for_file(str(tmp_path / ("rank%d.ready" % (1 - victim))), job, deadline)
         wait_until_asleep(pid, deadline)
         signalled = time.monotonic()
         os.kill(pid, signal.SIGINT)
@@ -74,8 +78,28 @@ def test_sigint_interrupts_the_wait_and_fails_the_other_rank(tmp_path, victim, w
     latency = float(interrupted) - signalled
     print("%s on rank %d: KeyboardInterrupt %.3f s after SIGINT" % (wait, victim, latency))
     assert latency < INTERRUPT_SECONDS, (latency, output)
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+@pytest.mark.parametrize("wait", ["synchronize", "barrier"])
+def test_sigint_interrupts_the_wait_and_fails_the_other_rank(tmp_path, victim, wait):
+    interrupt_a_waiting_rank(tmp_path, WORKER, victim, wait)
     # The other rank was told, by name, rather than waiting for the victim until a timeout.
     error = read(str(tmp_path / ("rank%d.error" % (1 - victim))))
     assert "rank %d " % victim in error and "interrupted" in error, error
     after = read(str(tmp_path / ("rank%d.after" % victim)))
     assert "interrupted" in after, after
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker", "coordinator"])
+def test_sigint_interrupts_init_waiting_for_a_rank_that_never_starts(tmp_path, victim):
+    # The worker waits for rank 0's address in the store; rank 0 for the worker's connection.
+    interrupt_a_waiting_rank(tmp_path, LIFECYCLE_WORKER, victim, "init", both_ready=False)
+    assert read(str(tmp_path / ("rank%d.after" % victim))) == "not initialized"
+
+
+def test_sigint_interrupts_shutdown_draining_and_fails_the_other_rank(tmp_path):
+    interrupt_a_waiting_rank(tmp_path, LIFECYCLE_WORKER, 0, "shutdown", both_ready=False)
+    assert read(str(tmp_path / "rank0.after")) == "not initialized"
+    error = read(str(tmp_path / "rank1.error"))
+    assert "rank 0 " in error and "interrupted" in error and "shutdown" in error, error

@@ -1,8 +1,9 @@
-#include "net/socket.h"
-
 #include <gtest/gtest.h>
 
+#include <stop_token>
 #include <thread>
+
+#include "net/socket.h"
 
 namespace krug::net {
 namespace {
@@ -114,6 +115,45 @@ TEST(NetTest, AcceptReturnsNulloptAtDeadline) {
   Listener listener("127.0.0.1", 0);
   EXPECT_NE(listener.port(), 0);
   EXPECT_FALSE(listener.accept(in(50ms)).has_value());
+}
+
+// A stop requested from another thread ends a wait whose deadline is far off; the 120 s
+// deadlines are hang guards, so reaching the catch at all shows the stop was seen.
+TEST(NetTest, AStopEndsAReceiveLongBeforeItsDeadline) {
+  auto [a, b] = connected_pair();
+  std::stop_source stop;
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(100ms);  // lets the receive start waiting (else it proves less)
+    stop.request_stop();
+  });
+  try {
+    b.recv_frame(Deadline(Clock::now() + 120s, stop.get_token()));
+    FAIL() << "expected the stop";
+  } catch (const Stopped& e) {
+    EXPECT_NE(std::string(e.what()).find("interrupted"), std::string::npos) << e.what();
+  }
+  stopper.join();
+}
+
+TEST(NetTest, AStoppedAcceptThrowsRatherThanReportingATimeout) {
+  Listener listener("127.0.0.1", 0);
+  std::stop_source stop;
+  stop.request_stop();
+  EXPECT_THROW(listener.accept(Deadline(Clock::now() + 120s, stop.get_token())), Stopped);
+}
+
+TEST(NetTest, AStopEndsTheRetriesOfARefusedConnect) {
+  uint16_t port;
+  { port = Listener("127.0.0.1", 0).port(); }  // nothing listens there
+  std::stop_source stop;
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(100ms);
+    stop.request_stop();
+  });
+  EXPECT_THROW(
+      Connection::connect("127.0.0.1", port, Deadline(Clock::now() + 120s, stop.get_token())),
+      Stopped);
+  stopper.join();
 }
 
 TEST(NetTest, HandshakeAcceptsTheRightSecret) {

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <stop_token>
 #include <thread>
 
 #include "net/socket.h"
@@ -189,6 +190,27 @@ TEST(RendezvousServerTest, ClientNamesTheServerWhenItIsGone) {
     EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos)
         << e.what();
   }
+}
+
+// init() stops through its client: a get parked on the server for a key nobody sets ends once
+// the stop is requested (the 120 s wait is a hang guard).
+TEST(RendezvousServerTest, AStopEndsAParkedGet) {
+  RendezvousServer server("127.0.0.1", 0, "s");
+  std::stop_source stop;
+  RendezvousClient client("127.0.0.1", server.port(), "s", 60s, stop.get_token());
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(100ms);  // lets the get park first
+    stop.request_stop();
+  });
+  try {
+    client.get("never-set", 120s);
+    FAIL() << "expected the stop";
+  } catch (const StoreTimeout& e) {
+    FAIL() << "a stop is not a timeout: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("interrupted"), std::string::npos) << e.what();
+  }
+  stopper.join();
 }
 
 // The parked get can only end with a value once `other` has set and read a key of its own and

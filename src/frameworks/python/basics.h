@@ -39,8 +39,9 @@ inline void define_basics(pybind11::module_& m) {
     }
   });
 
-  m.def("init", &krug::init, py::call_guard<py::gil_scoped_release>());
-  m.def("shutdown", &krug::shutdown, py::call_guard<py::gil_scoped_release>());
+  m.def("init", [] { call_stoppably([](std::stop_token stop) { krug::init(std::move(stop)); }); });
+  m.def("shutdown",
+        [] { call_stoppably([](std::stop_token stop) { krug::shutdown(std::move(stop)); }); });
   m.def("is_initialized", &krug::is_initialized);
   // Waits for the loop's round in progress and closes a file: without the GIL.
   m.def("start_timeline", &krug::start_timeline, py::arg("path"), py::arg("mark_cycles"),

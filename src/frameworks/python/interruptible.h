@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <future>
+#include <stop_token>
 #include <string>
 #include <utility>
 
@@ -20,33 +21,38 @@ namespace krug::python {
 
 inline constexpr std::chrono::milliseconds kSignalCheckInterval{50};
 
-// With the GIL held and the exception of a signal handler set (PyErr_CheckSignals failed):
-// stops krug on this rank, tells the other ranks why, then raises the handler's exception.
-[[noreturn]] inline void raise_interrupted(const char* what) {
-  namespace py = pybind11;
-  py::error_already_set interrupt;  // takes the pending exception (KeyboardInterrupt, say)
-  const std::string how =
-      fmt::format("{} ({} in Python)", what, interrupt.type().attr("__name__").cast<std::string>());
-  {
-    py::gil_scoped_release release;
-    krug::report_interrupted(how);
-  }
-  throw interrupt;
-}
-
 // Runs `wait_for(interval) -> bool` (true: done) with the GIL released until it says done,
-// giving Python's signal handlers a turn between slices.
-template <typename WaitFor>
-void wait_interruptibly(const WaitFor& wait_for, const char* what) {
+// giving Python's signal handlers a turn between slices. When one raises, calls
+// `on_interrupt(exception type name)` without the GIL, then raises the handler's exception.
+template <typename WaitFor, typename OnInterrupt>
+void wait_in_slices(const WaitFor& wait_for, const OnInterrupt& on_interrupt) {
+  namespace py = pybind11;
   for (;;) {
     bool done;
     {
-      pybind11::gil_scoped_release release;
+      py::gil_scoped_release release;
       done = wait_for(kSignalCheckInterval);
     }
     if (done) return;
-    if (PyErr_CheckSignals() != 0) raise_interrupted(what);
+    if (PyErr_CheckSignals() != 0) {
+      py::error_already_set interrupt;  // takes the pending exception (KeyboardInterrupt, say)
+      const auto name = interrupt.type().attr("__name__").cast<std::string>();
+      {
+        py::gil_scoped_release release;
+        on_interrupt(name);
+      }
+      throw interrupt;
+    }
   }
+}
+
+// wait_in_slices for a wait inside krug's operations: an interruption stops krug on this rank
+// and tells the other ranks why.
+template <typename WaitFor>
+void wait_interruptibly(const WaitFor& wait_for, const char* what) {
+  wait_in_slices(wait_for, [what](const std::string& name) {
+    krug::report_interrupted(fmt::format("{} ({} in Python)", what, name));
+  });
 }
 
 // A blocking call of the C++ API (barrier, process-set changes), made interruptible: it runs on
@@ -65,6 +71,24 @@ auto call_interruptibly(Call call, const char* what) {
     throw;
   }
   return result.get();  // its value, or its exception
+}
+
+// init() or shutdown(), made interruptible: `call(std::stop_token)` runs on a helper thread
+// while this one waits in slices. An interruption requests the stop, which ends the call within
+// about 50 ms (init() leaves krug uninitialized; shutdown() stops krug on this rank at once and
+// the other ranks are told), then raises the handler's exception.
+template <typename Call>
+void call_stoppably(Call call) {
+  std::stop_source stop;
+  auto result = std::async(std::launch::async,
+                           [call = std::move(call), token = stop.get_token()] { call(token); });
+  wait_in_slices(
+      [&](auto interval) { return result.wait_for(interval) == std::future_status::ready; },
+      [&](const std::string&) {
+        stop.request_stop();
+        result.wait();  // the call's own error ("interrupted") gives way to the handler's
+      });
+  result.get();  // its exception, if it failed by itself
 }
 
 }  // namespace krug::python
