@@ -57,7 +57,7 @@ void wait_interruptibly(const WaitFor& wait_for, const char* what) {
 
 // A blocking call of the C++ API (barrier, process-set changes), made interruptible: it runs on
 // a helper thread while this one waits in slices. An interruption stops krug on this rank
-// (raise_interrupted), which fails the call, so the helper always ends.
+// (wait_interruptibly), which fails the call, so the helper always ends.
 template <typename Call>
 auto call_interruptibly(Call call, const char* what) {
   auto result = std::async(std::launch::async, std::move(call));
