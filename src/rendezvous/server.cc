@@ -165,9 +165,9 @@ void RendezvousServer::Impl::accept_new() {
 void RendezvousServer::Impl::start_handshake(net::Connection conn) {
   std::lock_guard lock(hs_mu);
   if (handshakes.size() >= kMaxPendingHandshakes) {
-    ++rejected;
     log(fmt::format("rendezvous server: rejected client {}: too many pending handshakes",
                     conn.peer()));
+    ++rejected;  // after the line: whoever sees the count can read the line
     return;
   }
   uint64_t id = next_id++;
@@ -198,8 +198,8 @@ void RendezvousServer::Impl::collect_handshakes() {
   for (auto& t : threads) t.join();  // each has already published its result: joins at once
   for (auto& f : done) {
     if (f.reason) {
-      ++rejected;
       log(fmt::format("rendezvous server: rejected client {}: {}", f.peer, *f.reason));
+      ++rejected;  // after the line, as above
     } else {
       clients[f.id].conn = std::move(f.conn);
     }

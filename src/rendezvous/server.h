@@ -24,7 +24,8 @@ class RendezvousServer {
   RendezvousServer& operator=(const RendezvousServer&) = delete;
 
   uint16_t port() const;
-  // Number of clients rejected by the handshake so far (tests use it).
+  // Number of clients rejected by the handshake so far, each counted after its log line (tests
+  // use it).
   int rejected_clients() const;
 
  private:
