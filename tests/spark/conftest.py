@@ -6,6 +6,7 @@ test that starts ranks checks that none is left."""
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -66,6 +67,12 @@ def krug_rank_processes():
         if "krug.spark._rank" in args or "__rendezvous-server" in args:
             found.append((int(pid), args))
     return [p for p in found if p[0] != os.getpid()]
+
+
+def krug_spark_temp_entries():
+    """The names in the temporary directory that krug.spark's tasks would have made (tests of
+    other packages running beside these make their own "krug-..." entries)."""
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("krug-spark")}
 
 
 def assert_no_stray_processes(deadline_s=60):

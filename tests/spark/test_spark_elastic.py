@@ -5,7 +5,7 @@ finishes with every step applied exactly once."""
 import io
 
 import krug.spark
-from conftest import assert_no_stray_processes, by_value
+from conftest import assert_no_stray_processes, by_value, krug_spark_temp_entries
 
 by_value(__name__)
 
@@ -51,6 +51,7 @@ def train_with_a_ledger(steps, kill_after):
 
 
 def test_a_killed_task_recovers_without_losing_committed_work(spark):
+    temp_before = krug_spark_temp_entries()
     err = io.StringIO()
     results = krug.spark.run_elastic(train_with_a_ledger, args=(60, 10), num_proc=2,
                                      min_num_proc=1, max_num_proc=2, start_timeout=120,
@@ -71,6 +72,8 @@ def test_a_killed_task_recovers_without_losing_committed_work(spark):
     assert "elastic round 1:" in log, log
     assert "failed" not in log, log
     assert_no_stray_processes()
+    # The killed task left nothing of the job (its payload) behind on the executor.
+    assert krug_spark_temp_entries() - temp_before == set()
 
 
 def test_elastic_bad_limits_fail_before_starting(spark):

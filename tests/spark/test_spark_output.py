@@ -44,7 +44,7 @@ def run_rank(script, signal_ready=True):
     os.close(ready_w)
     client = Recorder()
     try:
-        _forward_output(proc, ready_r, client, 3, lambda: client.send("done"))
+        _forward_output(proc, ready_r, client, 3, lambda written: client.send("done", written))
     finally:
         os.close(ready_r)
     assert proc.wait(timeout=60) == 0
@@ -53,7 +53,7 @@ def run_rank(script, signal_ready=True):
 
 def test_every_line_printed_before_the_result_arrives_before_it():
     messages = run_rank(RANK)
-    done = messages.index(("done",))
+    done = messages.index(("done", True))  # it said its outcome was written
     before = messages[:done]
     lines = ["line %d of the rank's output\n" % i for i in range(4000)]
     assert [m[3] for m in before if m[2] == "stdout"][:4000] == lines
@@ -66,4 +66,4 @@ def test_every_line_printed_before_the_result_arrives_before_it():
 
 def test_a_rank_that_dies_before_its_result_still_ends_the_wait():
     messages = run_rank("import sys; print('about to go'); sys.stdout.flush()")
-    assert messages == [("out", 3, "stdout", "about to go\n"), ("done",)]
+    assert messages == [("out", 3, "stdout", "about to go\n"), ("done", False)]

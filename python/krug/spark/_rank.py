@@ -1,11 +1,13 @@
 """A rank of a krug.spark job: the child process a Spark task starts.
 
-    python -m krug.spark._rank PAYLOAD RESULT FD
+    python -m krug.spark._rank PAYLOAD_FD RESULT_FD READY_FD
 
-PAYLOAD holds the pickled (fn, args, kwargs); RESULT receives the pickled ("ok", value) or
-("error", traceback text), and a byte on file descriptor FD says it is there. The rank runs in a process of its own, not in Spark's Python worker,
-so that its environment (KRUG_RANK, ...) and its krug engine end with it, and a task that Spark
-kills takes it down (the parent-death signal) instead of leaving it running."""
+PAYLOAD_FD is an in-memory file holding the pickled (fn, args, kwargs); the rank writes the
+pickled outcome, ("ok", value, rank), ("removed", None, None) or ("error", traceback text, None),
+into the empty RESULT_FD, then a byte to READY_FD says it is there. The rank runs in a process
+of its own, not in Spark's Python worker, so that its environment (KRUG_RANK, ...) and its krug
+engine end with it, and a task that Spark kills takes it down (the parent-death signal) instead
+of leaving it running."""
 
 import os
 import sys
@@ -30,10 +32,11 @@ def _final_rank():
     return None
 
 
-def main(payload_path, result_path):
+def main(payload_fd, result_fd):
     code = 0
     try:
-        with open(payload_path, "rb") as f:
+        with open(payload_fd, "rb") as f:
+            f.seek(0)  # the task wrote it through a descriptor that shares this offset
             fn, args, kwargs = cloudpickle.load(f)
         finished, value = call_worker(fn, args, kwargs)
         data = cloudpickle.dumps(("ok", value, _final_rank()) if finished else
@@ -44,16 +47,15 @@ def main(payload_path, result_path):
     except BaseException:  # noqa: B902 - every failure goes to the driver with its traceback
         code = 1
         data = cloudpickle.dumps(("error", traceback.format_exc(), None))
-    with open(result_path + ".tmp", "wb") as f:
+    with open(result_fd, "wb") as f:
         f.write(data)
-    os.rename(result_path + ".tmp", result_path)
     sys.stdout.flush()
     sys.stderr.flush()
     return code
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1], sys.argv[2])
+    status = main(int(sys.argv[1]), int(sys.argv[2]))
     # Tell the task the result is there now, before the interpreter's exit shuts krug down:
     # a failing rank's own error must reach the driver before its peers' errors about it.
     os.write(int(sys.argv[3]), b"r")

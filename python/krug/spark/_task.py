@@ -13,7 +13,6 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 
 import krug
 from krug.common.messages import MessageClient
@@ -63,8 +62,9 @@ def _forward_output(proc, ready_fd, client, tag, on_ready):
     """Forwards the rank's output lines until both its pipes close. When the rank says its
     outcome is written (a byte on ``ready_fd``, or its end of file), first forwards what the
     pipes hold, which is everything it printed before (it flushed first), then calls
-    ``on_ready()``: one thread reads both the output and the signal, so a line the rank
-    printed before returning can never reach the driver after its result."""
+    ``on_ready(written)`` (``written``: the rank said so, it did not die first): one thread
+    reads both the output and the signal, so a line the rank printed before returning can
+    never reach the driver after its result."""
     streams = {s.fileno(): _Lines(s.fileno(), n, client, tag)
                for s, n in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))}
     poller = select.poll()  # not select(): an executor may have descriptors above 1023
@@ -79,10 +79,10 @@ def _forward_output(proc, ready_fd, client, tag, on_ready):
         if waiting_for_ready and ready_fd in events:
             for fd in list(streams):
                 _forward_available(streams, fd, poller, all_of_it=True)
-            os.read(ready_fd, 1)  # b"r", or b"" when the rank died before writing it
+            written = os.read(ready_fd, 1) == b"r"  # b"" when the rank died before that
             poller.unregister(ready_fd)
             waiting_for_ready = False
-            on_ready()
+            on_ready(written)
     for s in (proc.stdout, proc.stderr):
         s.close()
 
@@ -117,38 +117,57 @@ def run_rank(job, env, tag, client, report, early):
     driver under ``tag``. Calls ``report(exit status, result)`` once: result is the pickled
     outcome the rank wrote, or the text saying how it died without one. ``early``: report as
     soon as the outcome is written (status 0 then), before the rank's process has exited."""
-    with tempfile.TemporaryDirectory(prefix="krug-spark-") as tmp:
-        payload, result = os.path.join(tmp, "payload"), os.path.join(tmp, "result")
-        with open(payload, "wb") as f:
-            f.write(job["payload"])
-        ready_r, ready_w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "krug.spark._rank", payload, result, str(ready_w)],
-                env=_child_environment(job, env), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, preexec_fn=_die_with_parent, pass_fds=(ready_w,))
-        finally:
-            os.close(ready_w)
-        data = None
+    # The payload and the outcome travel in anonymous memory files, not in a directory: Spark
+    # kills the task's worker when it cancels a stage (as the driver does on any failure), and
+    # a killed worker would leave a directory with the pickled function on the executor.
+    payload_fd = _memory_file("krug-spark-payload", job["payload"])
+    result_fd = _memory_file("krug-spark-result", b"")
+    ready_r, ready_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "krug.spark._rank", str(payload_fd), str(result_fd),
+             str(ready_w)],
+            env=_child_environment(job, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent, pass_fds=(payload_fd, result_fd, ready_w))
+    finally:
+        os.close(ready_w)
+        os.close(payload_fd)
+    data = None
 
-        def on_ready():
-            nonlocal data
-            if os.path.exists(result):
-                with open(result, "rb") as f:
-                    data = f.read()
-            if early and data is not None:
-                report(0, data)
+    def on_ready(written):
+        nonlocal data
+        if written:
+            data = _read_memory_file(result_fd)
+        if early and data is not None:
+            report(0, data)
 
-        try:
-            _forward_output(proc, ready_r, client, tag, on_ready)
-        finally:
-            os.close(ready_r)
-        code = proc.wait()
-        if not (early and data is not None):
-            how = ("was killed by signal %d" % -code) if code < 0 else \
-                ("exited with status %d" % code)
-            report(code, data if data is not None else
-                   "the rank's process %s before returning a result" % how)
+    try:
+        _forward_output(proc, ready_r, client, tag, on_ready)
+    finally:
+        os.close(ready_r)
+        os.close(result_fd)
+    code = proc.wait()
+    if not (early and data is not None):
+        how = ("was killed by signal %d" % -code) if code < 0 else \
+            ("exited with status %d" % code)
+        report(code, data if data is not None else
+               "the rank's process %s before returning a result" % how)
+
+
+def _memory_file(name, data):
+    """A file descriptor of an anonymous in-memory file holding ``data``; it is gone once the
+    last process holding it closes it or dies."""
+    fd = os.memfd_create(name)
+    with open(fd, "wb", closefd=False) as f:
+        f.write(data)
+    return fd
+
+
+def _read_memory_file(fd):
+    # The child wrote through its own copy of the descriptor, which shares this one's offset.
+    with open(fd, "rb", closefd=False) as f:
+        f.seek(0)
+        return f.read()
 
 
 def barrier_task(job):
