@@ -217,8 +217,10 @@ def test_tensorflow_killed_worker_costs_no_committed_work(tmp_path):
                      command=[sys.executable, worker, "--epochs", str(epochs), "--commit-every",
                               "5", "--hold-at-step", "10", "--hold-for-workers", "4",
                               "--result-file", os.path.join(str(tmp_path), "result.json")],
+                     # TMPDIR: the killed worker cannot remove AutoGraph's generated files.
                      env={"TF_CPP_MIN_LOG_LEVEL": "2", "OMP_NUM_THREADS": "1",
-                          "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"})
+                          "TF_NUM_INTEROP_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1",
+                          "TMPDIR": str(tmp_path)})
     index, _, _ = job.wait_for(r"step 5 committed", timeout=240)
     job.set_hosts(HOSTS)
     # The ranks wait after step 10 until the new worker has joined (--hold-at-step).
