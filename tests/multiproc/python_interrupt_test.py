@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from rank_records import record_path
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "python_interrupt_worker.py")
 LIFECYCLE_WORKER = os.path.join(HERE, "python_lifecycle_interrupt_worker.py")
@@ -62,9 +64,9 @@ def interrupt_a_waiting_rank(tmp_path, worker, victim, wait, both_ready=True):
                            start_new_session=True)
     try:
         deadline = time.monotonic() + JOB_SECONDS
-        pid = int(wait_for_file(str(tmp_path / ("rank%d.ready" % victim)), job, deadline))
+        pid = int(wait_for_file(record_path(str(tmp_path), victim, "ready"), job, deadline))
         if both_ready:
-            wait_for_file(str(tmp_path / ("rank%d.ready" % (1 - victim))), job, deadline)
+            wait_for_file(record_path(str(tmp_path), 1 - victim, "ready"), job, deadline)
         wait_until_asleep(pid, deadline)
         signalled = time.monotonic()
         os.kill(pid, signal.SIGINT)
@@ -74,7 +76,7 @@ def interrupt_a_waiting_rank(tmp_path, worker, victim, wait, both_ready=True):
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     assert job.returncode == 0, output
-    interrupted = read(str(tmp_path / ("rank%d.interrupted" % victim)))
+    interrupted = read(record_path(str(tmp_path), victim, "interrupted"))
     latency = float(interrupted) - signalled
     print("%s on rank %d: KeyboardInterrupt %.3f s after SIGINT" % (wait, victim, latency))
     assert latency < INTERRUPT_SECONDS, (latency, output)
@@ -85,9 +87,9 @@ def interrupt_a_waiting_rank(tmp_path, worker, victim, wait, both_ready=True):
 def test_sigint_interrupts_the_wait_and_fails_the_other_rank(tmp_path, victim, wait):
     interrupt_a_waiting_rank(tmp_path, WORKER, victim, wait)
     # The other rank was told, by name, rather than waiting for the victim until a timeout.
-    error = read(str(tmp_path / ("rank%d.error" % (1 - victim))))
+    error = read(record_path(str(tmp_path), 1 - victim, "error"))
     assert "rank %d " % victim in error and "interrupted" in error, error
-    after = read(str(tmp_path / ("rank%d.after" % victim)))
+    after = read(record_path(str(tmp_path), victim, "after"))
     assert "interrupted" in after, after
 
 
@@ -95,11 +97,11 @@ def test_sigint_interrupts_the_wait_and_fails_the_other_rank(tmp_path, victim, w
 def test_sigint_interrupts_init_waiting_for_a_rank_that_never_starts(tmp_path, victim):
     # The worker waits for rank 0's address in the store; rank 0 for the worker's connection.
     interrupt_a_waiting_rank(tmp_path, LIFECYCLE_WORKER, victim, "init", both_ready=False)
-    assert read(str(tmp_path / ("rank%d.after" % victim))) == "not initialized"
+    assert read(record_path(str(tmp_path), victim, "after")) == "not initialized"
 
 
 def test_sigint_interrupts_shutdown_draining_and_fails_the_other_rank(tmp_path):
     interrupt_a_waiting_rank(tmp_path, LIFECYCLE_WORKER, 0, "shutdown", both_ready=False)
-    assert read(str(tmp_path / "rank0.after")) == "not initialized"
-    error = read(str(tmp_path / "rank1.error"))
+    assert read(record_path(str(tmp_path), 0, "after")) == "not initialized"
+    error = read(record_path(str(tmp_path), 1, "error"))
     assert "rank 0 " in error and "interrupted" in error and "shutdown" in error, error

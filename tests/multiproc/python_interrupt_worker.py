@@ -15,6 +15,7 @@ import time
 import torch
 
 import krug.torch as hvd
+import rank_records
 from krug.common.exceptions import HorovodInternalError
 
 
@@ -24,10 +25,7 @@ def main():
     rank = hvd.rank()
 
     def record(key, text):
-        path = os.path.join(out_dir, "rank%d.%s" % (rank, key))
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)  # the test never reads half a file
+        rank_records.record(out_dir, rank, key, text)
 
     if rank != victim:
         record("ready", str(os.getpid()))

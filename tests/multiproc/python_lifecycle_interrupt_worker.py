@@ -17,6 +17,7 @@ import time
 import torch
 
 import krug.torch as hvd
+import rank_records
 from krug.common.exceptions import HorovodInternalError
 
 # Hang guard for the other rank's wait for the victim's outcome.
@@ -27,17 +28,12 @@ def main():
     out_dir, victim, wait = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     rank = int(os.environ["KRUG_RANK"])
 
-    def path(r, key):
-        return os.path.join(out_dir, "rank%d.%s" % (r, key))
-
     def record(key, text):
-        with open(path(rank, key) + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path(rank, key) + ".tmp", path(rank, key))  # never half a file
+        rank_records.record(out_dir, rank, key, text)
 
     def wait_for_victim():
         deadline = time.monotonic() + WAIT_SECONDS
-        while not os.path.exists(path(victim, "interrupted")):
+        while not os.path.exists(rank_records.record_path(out_dir, victim, "interrupted")):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)  # polling a file, not synchronizing ranks
