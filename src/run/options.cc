@@ -354,7 +354,9 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     }
     settle_ranks_and_hosts(app, o);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (or the help) and has a code of its own per kind of error;
+    // krugrun's contract is one usage status, 2, whatever the mistake.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

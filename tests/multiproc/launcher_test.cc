@@ -273,6 +273,9 @@ TEST(Launcher, UsageErrorsAreExplained) {
       {{"-np", "1", "-H", "localhost:1,,x", "true"}, "empty host entry"},
       {{"-np", "1"}, "no command"},
       {{"-np", "1", "--bogus", "true"}, "unknown option '--bogus'"},
+      // Mistakes the option parser itself finds exit 2 too, not with its own codes.
+      {{"-np", "abc", "true"}, "Could not convert: --np = abc"},
+      {{"-np", "1", "--ssh-port", "0", "true"}, "not in range 1 to 65535"},
   };
   for (const auto& c : cases) {
     Krugrun run(c.args);
