@@ -24,8 +24,9 @@ namespace krug::run {
 namespace {
 
 constexpr std::string_view kKeys =
-    "np, workers, hostfile, env, forward_env, output_filename, verbose, prefix, start_timeout, "
-    "ssh_port, ssh_identity_file, ssh_config_file, network_interface, run";
+    "np, workers, hostfile, env, forward_env, output_filename, verbose, prefix, autotune, "
+    "hierarchical_allreduce, start_timeout, ssh_port, ssh_identity_file, ssh_config_file, "
+    "network_interface, run";
 
 std::string_view kind_of(const YAML::Node& n) {
   if (n.IsSequence()) return "a list";
@@ -221,6 +222,16 @@ const std::map<std::string, Handler, std::less<>>& handlers() {
                      JobSpec& s) { s.verbose = r.boolean(v, "verbose"); }},
       {"prefix",
        [](const Reader& r, const YAML::Node& v, JobSpec& s) { s.prefix = r.boolean(v, "prefix"); }},
+      // The switches --autotune and --[no-]hierarchical-allreduce, as true or false.
+      {"autotune",
+       [](const Reader& r, const YAML::Node& v, JobSpec& s) {
+         s.knob_env["KRUG_AUTOTUNE"] = r.boolean(v, "autotune") ? "1" : "0";
+       }},
+      {"hierarchical_allreduce",
+       [](const Reader& r, const YAML::Node& v, JobSpec& s) {
+         s.knob_env["KRUG_HIERARCHICAL_ALLREDUCE"] =
+             r.boolean(v, "hierarchical_allreduce") ? "1" : "0";
+       }},
       {"start_timeout",
        [](const Reader& r, const YAML::Node& v, JobSpec& s) {
          s.start_timeout = r.positive_number(v, "start_timeout");

@@ -145,6 +145,20 @@ TEST(JobSpec, KnobsMatchTheirFlags) {
   EXPECT_EQ(s.knob_env.at("KRUG_CYCLE_TIME"), "10");
 }
 
+TEST(JobSpec, SwitchesMatchTheirFlags) {
+  JobSpec on = parse("autotune: true\nhierarchical_allreduce: yes\nrun: 'true'\n");
+  LaunchOptions o = parse_args({"-np", "1", "--autotune", "--hierarchical-allreduce", "true"});
+  EXPECT_EQ(on.knob_env, o.knob_env);
+  JobSpec off = parse("autotune: false\nhierarchical_allreduce: false\nrun: 'true'\n");
+  EXPECT_EQ(off.knob_env.at("KRUG_AUTOTUNE"), "0");
+  EXPECT_EQ(off.knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"), "0");
+  // The command line wins over the file.
+  LaunchOptions flags = parse_args({"-np", "1", "--no-hierarchical-allreduce", "true"});
+  LaunchOptions merged = apply_job_spec(on, flags, {});
+  EXPECT_EQ(merged.knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"), "0");
+  EXPECT_EQ(merged.knob_env.at("KRUG_AUTOTUNE"), "1");
+}
+
 TEST(JobSpec, MinimalFileAndSingleStringForms) {
   JobSpec s = parse("run: python3 train.py --epochs 3\nforward_env: HOME\n");
   EXPECT_FALSE(s.np);
@@ -274,6 +288,7 @@ TEST(JobSpec, DocumentedExampleParses) {
   EXPECT_EQ(o.hosts[1].host, "node2");
   EXPECT_EQ(o.hosts[1].slots, 4);
   EXPECT_EQ(o.knob_env.at("KRUG_LOG_LEVEL"), "info");
+  EXPECT_EQ(o.knob_env.at("KRUG_AUTOTUNE"), "1");
   EXPECT_EQ(o.steps.size(), 2u);
 }
 
