@@ -308,9 +308,11 @@ TEST(ConfigTest, EveryKnobIsInDocsConfigurationMd) {
   const std::string path = std::string(KRUG_SOURCE_DIR) + "/docs/configuration.md";
   std::ifstream file(path);
   ASSERT_TRUE(file) << "cannot read " << path;
-  std::map<std::string, std::string> rows;  // "| `KRUG_X` |..." keyed by KRUG_X
+  std::map<std::string, std::string> rows;  // "| `KRUG_X` |..." of "## Knobs", keyed by KRUG_X
+  bool in_table_section = false;
   for (std::string line; std::getline(file, line);) {
-    if (line.rfind("| `KRUG_", 0) != 0) continue;
+    if (line.rfind("## ", 0) == 0) in_table_section = line == "## Knobs";
+    if (!in_table_section || line.rfind("| `KRUG_", 0) != 0) continue;
     const size_t end = line.find('`', 3);
     rows[line.substr(3, end - 3)] = line;
   }
