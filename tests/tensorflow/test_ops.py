@@ -188,6 +188,8 @@ def test_join_barrier_and_topology_ops():
 
     assert [int(v) for v in topology()] == [n(), r(), hvd.local_size(), hvd.local_rank()]
     assert hvd.is_homogeneous()
+    # krugrun's jobs run on krug's own planes (shared memory on one host), never MPI here.
+    assert hvd.gloo_enabled() and not hvd.mpi_enabled()
 
 
 def test_names_ignore_name_scope():

@@ -121,7 +121,9 @@ def gloo_built():
 
 
 def gloo_enabled():
-    return _basics.is_initialized() and _basics.cpu_operations() == "gloo"
+    # Horovod's "Gloo mode": krug's own controller and CPU planes (Gloo, or shared memory
+    # inside a host), that is, not MPI.
+    return _basics.is_initialized() and _basics.cpu_operations() != "mpi"
 
 
 def _false():

@@ -174,8 +174,9 @@ def mpi_built():
 
 
 def gloo_enabled():
-    """Whether the data plane is Gloo (the default)."""
-    return not mpi_enabled()
+    """Whether krug runs in Horovod's "Gloo mode": its own controller and CPU planes (Gloo, or
+    shared memory inside a host), not MPI."""
+    return _core.is_initialized() and _core.cpu_operations() != "mpi"
 
 
 def gloo_built():
