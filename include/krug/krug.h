@@ -122,7 +122,8 @@ int local_rank();
 int local_size();
 int cross_rank();
 int cross_size();
-// The data plane of this initialization: "gloo" or "mpi" (KRUG_CPU_OPERATIONS).
+// The global process set's CPU data plane: "shm" (every rank on one host), "gloo" or "mpi"
+// (KRUG_CPU_OPERATIONS).
 std::string cpu_operations();
 // Whether this build has the MPI backend (Open MPI was found when krug was built).
 bool mpi_built();

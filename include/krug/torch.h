@@ -15,12 +15,12 @@
 //   }
 //   krug::shutdown();
 //
-// Tensors live on the CPU (the only device krug supports so far) and may have any of krug's
-// data types: uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool.
-// Non-contiguous inputs are copied to a contiguous buffer first. Like every krug operation,
-// each call has a name that identifies it across ranks: every rank of the process set must
-// make the same call with the same name, dtype and shape (allgather: the first dimension may
-// differ). An empty name makes one up from a counter per operation and process set
+// Tensors live on the CPU, or on a CUDA device in a build with CUDA (docs/gpu.md), and may
+// have any of krug's data types: uint8, int8, int16, int32, int64, float16, bfloat16, float32,
+// float64, bool. Non-contiguous inputs are copied to a contiguous buffer first. Like every
+// krug operation, each call has a name that identifies it across ranks: every rank of the
+// process set must make the same call with the same name, dtype and shape (allgather: the first
+// dimension may differ). An empty name makes one up from a counter per operation and process set
 // ("allreduce.noname.3", krug::unnamed_op_name in krug/binding_rules.h), which is right only
 // when every rank makes its unnamed calls in the same order; the counters start again at every
 // init(), on every rank (so survivors and new workers agree after an elastic reset). Failures
@@ -192,7 +192,7 @@ namespace krug::torch::elastic {
 // each parameter group (learning rate, ...), the user's `values`, and commits(). The model and
 // the optimizer are held by reference and must outlive the state; their parameters must stay the
 // same tensors (restore() and sync() write into them in place, so a DistributedOptimizer built
-// on them stays valid). CPU tensors only, like the rest of krug.
+// on them stays valid). Its saved copies stay on each tensor's own device.
 class TorchState : public krug::elastic::State {
  public:
   // Saves at once, so restore() is valid from the start.
