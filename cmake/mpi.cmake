@@ -32,6 +32,16 @@ else()
     # these tell it, and change nothing for other users. (krugrun --mpi and krug_mpirun_tests
     # pass --allow-run-as-root themselves when root.)
     set(KRUG_MPIRUN_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+    # Open MPI 4 keeps every job's session directory under one directory per user
+    # (/tmp/ompi.<host>.<uid>), which a job that ends removes: a job starting at that moment
+    # fails to create its own (open-mpi/ompi#8510), as ctest -j starts mpirun jobs side by
+    # side. krug_mpi_session_env(TEST VAR): VAR, the environment entry that gives the test's
+    # jobs a directory of their own. (The gtest binaries' jobs get one from krugrun_process.h.)
+    function(krug_mpi_session_env test_name out_var)
+      set(dir ${CMAKE_BINARY_DIR}/ompi-session/${test_name})
+      file(MAKE_DIRECTORY ${dir})
+      set(${out_var} "OMPI_MCA_orte_tmpdir_base=${dir}" PARENT_SCOPE)
+    endfunction()
     message(STATUS "krug: MPI backend enabled (MPI ${MPI_C_VERSION}, ${MPIEXEC_EXECUTABLE})")
   elseif(KRUG_WITH_MPI STREQUAL "ON")
     message(FATAL_ERROR "KRUG_WITH_MPI=ON but MPI's C bindings or mpirun were not found. "

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -69,7 +70,12 @@ class KrugrunProcess {
     dir_ = fs::temp_directory_path() / unique_marker("krugrun");
     int in_pipe[2] = {-1, -1};
     if (stdin_pipe && ::pipe(in_pipe) != 0) in_pipe[0] = in_pipe[1] = -1;
-    fs::create_directories(dir_);
+    fs::create_directories(dir_ / "ompi");
+    // Made before fork: the child may only call async-signal-safe functions.
+    std::vector<std::string> env = environment_with_own_mpi_session_dir(dir_ / "ompi");
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     start_ = std::chrono::steady_clock::now();
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -83,7 +89,7 @@ class KrugrunProcess {
       std::vector<char*> argv{const_cast<char*>(krugrun.c_str())};
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      ::execv(krugrun.c_str(), argv.data());
+      ::execve(krugrun.c_str(), argv.data(), envp.data());
       ::_exit(126);
     }
     if (in_pipe[0] >= 0) ::close(in_pipe[0]);
@@ -93,6 +99,22 @@ class KrugrunProcess {
     if (stdin_write_ >= 0) ::close(stdin_write_);
     stdin_write_ = -1;
   }
+  // This process's environment, with Open MPI's session directory in `dir` unless the caller
+  // chose one. Open MPI 4 keeps every job's session directory under one directory per user
+  // (/tmp/ompi.<host>.<uid>), which a job that ends removes: another job starting at that moment
+  // fails to create its own there (open-mpi/ompi#8510), as ctest -j runs mpirun jobs.
+  static std::vector<std::string> environment_with_own_mpi_session_dir(const fs::path& dir) {
+    static constexpr std::string_view kName = "OMPI_MCA_orte_tmpdir_base=";
+    std::vector<std::string> env;
+    bool chosen = false;
+    for (char** e = environ; *e != nullptr; ++e) {
+      env.emplace_back(*e);
+      chosen = chosen || env.back().starts_with(kName);
+    }
+    if (!chosen) env.push_back(std::string(kName) + dir.string());
+    return env;
+  }
+
   KrugrunProcess(const KrugrunProcess&) = delete;
   KrugrunProcess& operator=(const KrugrunProcess&) = delete;
   ~KrugrunProcess() {
