@@ -102,6 +102,7 @@ def test_sigint_interrupts_init_waiting_for_a_rank_that_never_starts(tmp_path, v
 
 def test_sigint_interrupts_shutdown_draining_and_fails_the_other_rank(tmp_path):
     interrupt_a_waiting_rank(tmp_path, LIFECYCLE_WORKER, 0, "shutdown", both_ready=False)
-    assert read(record_path(str(tmp_path), 0, "after")) == "not initialized"
+    after = read(record_path(str(tmp_path), 0, "after"))
+    assert after == "not initialized, set forgotten", after
     error = read(record_path(str(tmp_path), 1, "error"))
     assert "rank 0 " in error and "interrupted" in error and "shutdown" in error, error

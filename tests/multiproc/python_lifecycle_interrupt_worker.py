@@ -42,7 +42,7 @@ def main():
     if rank != victim:
         if wait == "init":
             return 0 if wait_for_victim() else 1
-        hvd.init()
+        hvd.init(process_sets=[hvd.ProcessSet([0])])
         if not wait_for_victim():
             return 1
         try:
@@ -54,8 +54,9 @@ def main():
         hvd.shutdown()
         return 0
 
+    subset = hvd.ProcessSet([0])
     if wait == "shutdown":
-        hvd.init()
+        hvd.init(process_sets=[subset])
         hvd.allreduce_async(torch.ones(4), name="interrupt.pending")
     record("ready", str(os.getpid()))  # the test waits until this thread sleeps, then signals
     try:
@@ -65,7 +66,10 @@ def main():
     else:
         record("interrupted", "no: %s completed" % wait)
         return 1
-    record("after", "initialized" if hvd.is_initialized() else "not initialized")
+    after = "initialized" if hvd.is_initialized() else "not initialized"
+    if wait == "shutdown":  # krug is down: the Python side must have forgotten its sets too
+        after += ", set %s" % ("forgotten" if subset.process_set_id is None else "still registered")
+    record("after", after)
     return 0
 
 

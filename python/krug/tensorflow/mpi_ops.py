@@ -68,8 +68,10 @@ def init(comm=None, process_sets=None):
 
 def shutdown():
     """Drains pending operations and stops krug; init() may follow."""
-    _basics.shutdown()
-    _process_sets.on_shutdown()
+    try:
+        _basics.shutdown()
+    finally:  # krug is shut down even when Ctrl-C stopped the wait
+        _process_sets.on_shutdown()
 
 
 def is_initialized():

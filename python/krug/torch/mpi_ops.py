@@ -105,12 +105,15 @@ def shutdown():
     """Drains pending operations and stops krug; init() may follow. Operations that other
     ranks never submitted fail; their handles are dropped."""
     # The core first: it completes every pending operation, so dropping the handles below
-    # never waits for one (a handle's destructor waits for its operation).
-    _core.shutdown()
-    _process_sets.on_shutdown()
-    with _lock:
-        _results.clear()
-    _handles.clear()
+    # never waits for one (a handle's destructor waits for its operation). krug is shut down
+    # even when the core raises (Ctrl-C stops its wait), so the cleanup always follows.
+    try:
+        _core.shutdown()
+    finally:
+        _process_sets.on_shutdown()
+        with _lock:
+            _results.clear()
+        _handles.clear()
 
 
 def is_initialized():
