@@ -71,6 +71,9 @@ std::optional<std::string> Connection::authenticate_as_server(const std::string&
         reason = "wrong job secret (HMAC mismatch)";
     }
     send_verdict(*this, reason, deadline);
+  } catch (const Stopped&) {
+    close();
+    throw;  // our own stop, not the peer's failure: nothing to report about the peer
   } catch (const NetError& e) {
     reason = std::string("handshake failed: ") + e.what();
   }

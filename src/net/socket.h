@@ -83,7 +83,8 @@ class Connection {
   // nonce). Throws NetError with the server's reason if rejected.
   void authenticate_as_client(const std::string& secret, const Deadline& deadline);
   // Server side: returns std::nullopt on success, or the reason the peer was rejected (the
-  // connection is then closed). An empty secret accepts everyone.
+  // connection is then closed). An empty secret accepts everyone. A stop of `deadline` is
+  // not the peer's fault: it closes the connection and throws Stopped.
   std::optional<std::string> authenticate_as_server(const std::string& secret,
                                                     const Deadline& deadline);
 
