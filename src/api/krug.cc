@@ -178,6 +178,7 @@ void initialize(Runtime& rt, Config& config, std::stop_token stop) {
     config.size = 1;
   }
   std::shared_ptr<rendezvous::Store> store = job_store(config, stop);
+  auto client = std::dynamic_pointer_cast<rendezvous::RendezvousClient>(store);
   const int64_t seq = rt.generation++;
   std::string prefix = fmt::format("init{}/", seq);
   rt.elastic.reset();
@@ -202,6 +203,7 @@ void initialize(Runtime& rt, Config& config, std::stop_token stop) {
   rt.engine = std::make_shared<engine::Engine>(config, std::move(scoped), std::move(observers),
                                                std::move(stop));
   rt.op_names = std::make_shared<OpNameCounters>();
+  if (client) client->release_stop();
 }
 
 }  // namespace

@@ -27,8 +27,8 @@ void put_keys(net::Writer& w, const std::vector<std::string>& keys) {
 
 struct RendezvousClient::Impl {
   std::string address;
-  std::stop_token stop;
   std::mutex mu;
+  std::stop_token stop;  // guarded by mu
   net::Connection conn;
   bool broken = false;  // a failed exchange leaves the stream mid-frame: never reuse it
 
@@ -73,6 +73,11 @@ RendezvousClient::RendezvousClient(const std::string& host, uint16_t port,
 }
 
 RendezvousClient::~RendezvousClient() = default;
+
+void RendezvousClient::release_stop() {
+  std::lock_guard lock(impl_->mu);
+  impl_->stop = {};
+}
 
 void RendezvousClient::set(const std::string& key, const Bytes& value) {
   net::Writer w;

@@ -37,11 +37,14 @@ class RendezvousServer {
 // server address when the server cannot be reached or refuses the secret.
 class RendezvousClient : public Store {
  public:
-  // Every wait of this client (connecting, and each request) also ends once `stop` is
-  // requested, throwing krug::Error: what makes init() interruptible.
+  // Every wait of this client (connecting, and each request until release_stop()) also ends
+  // once `stop` is requested, throwing krug::Error: what makes init() interruptible.
   RendezvousClient(const std::string& host, uint16_t port, const std::string& secret,
                    std::chrono::milliseconds connect_timeout, std::stop_token stop = {});
   ~RendezvousClient() override;
+  // Later requests no longer watch the constructor's `stop`: init() is over, and a stop
+  // requested after it must not break the job's store.
+  void release_stop();
   void set(const std::string& key, const Bytes& value) override;
   Bytes get(const std::string& key, std::chrono::milliseconds timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;

@@ -213,6 +213,18 @@ TEST(RendezvousServerTest, AStopEndsAParkedGet) {
   stopper.join();
 }
 
+// init() hands its stop to the client and releases it when it returns: a stop requested later
+// (the signal came as init() finished) must not break the job's store.
+TEST(RendezvousServerTest, AReleasedStopLeavesRequestsAlone) {
+  RendezvousServer server("127.0.0.1", 0, "s");
+  std::stop_source stop;
+  RendezvousClient client("127.0.0.1", server.port(), "s", 60s, stop.get_token());
+  client.release_stop();
+  stop.request_stop();
+  client.set("k", b("v"));
+  EXPECT_EQ(client.get("k", 60s), b("v"));
+}
+
 // The parked get can only end with a value once `other` has set and read a key of its own and
 // then released it: were other clients blocked behind a parked get, that would wait out the
 // get's deadline and the get would end in a timeout instead. No clock decides the outcome.

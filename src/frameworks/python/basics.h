@@ -39,25 +39,35 @@ inline void define_basics(pybind11::module_& m) {
     }
   });
 
-  m.def("init", [] { call_stoppably([](std::stop_token stop) { krug::init(std::move(stop)); }); });
-  m.def("shutdown",
-        [] { call_stoppably([](std::stop_token stop) { krug::shutdown(std::move(stop)); }); });
-  m.def("is_initialized", &krug::is_initialized);
+  m.def("init", [] {
+    call_stoppably([](std::stop_token stop) { krug::init(std::move(stop)); },
+                   [] {
+                     krug::report_interrupted("init (interrupted in Python as it finished)");
+                     krug::shutdown();
+                   });
+  });
+  m.def("shutdown", [] {
+    call_stoppably([](std::stop_token stop) { krug::shutdown(std::move(stop)); }, [] {});
+  });
+  // These read the runtime under the lock init() holds throughout: without the GIL, so that
+  // another thread asking during init() cannot keep the main thread from its signal handlers.
+  const auto without_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("is_initialized", &krug::is_initialized, without_gil);
   // Waits for the loop's round in progress and closes a file: without the GIL.
   m.def("start_timeline", &krug::start_timeline, py::arg("path"), py::arg("mark_cycles"),
         py::call_guard<py::gil_scoped_release>());
   m.def("stop_timeline", &krug::stop_timeline, py::call_guard<py::gil_scoped_release>());
-  m.def("rank", &krug::rank);
-  m.def("size", &krug::size);
-  m.def("local_rank", &krug::local_rank);
-  m.def("local_size", &krug::local_size);
-  m.def("cross_rank", &krug::cross_rank);
-  m.def("cross_size", &krug::cross_size);
-  m.def("cpu_operations", &krug::cpu_operations);
+  m.def("rank", &krug::rank, without_gil);
+  m.def("size", &krug::size, without_gil);
+  m.def("local_rank", &krug::local_rank, without_gil);
+  m.def("local_size", &krug::local_size, without_gil);
+  m.def("cross_rank", &krug::cross_rank, without_gil);
+  m.def("cross_size", &krug::cross_size, without_gil);
+  m.def("cpu_operations", &krug::cpu_operations, without_gil);
   m.def("mpi_built", &krug::mpi_built);
   m.def("cuda_built", &krug::cuda_built);
   m.def("nccl_built", &krug::nccl_built);
-  m.def("mpi_threads_supported", &krug::mpi_threads_supported);
+  m.def("mpi_threads_supported", &krug::mpi_threads_supported, without_gil);
   m.def("elastic_enabled", &krug::elastic::enabled);
   m.def("elastic_round", [] {
     auto r = krug::elastic::round_info();

@@ -76,18 +76,37 @@ auto call_interruptibly(Call call, const char* what) {
 // init() or shutdown(), made interruptible: `call(std::stop_token)` runs on a helper thread
 // while this one waits in slices. An interruption requests the stop, which ends the call within
 // about 50 ms (init() leaves krug uninitialized; shutdown() stops krug on this rank at once and
-// the other ranks are told), then raises the handler's exception.
-template <typename Call>
-void call_stoppably(Call call) {
+// the other ranks are told), then raises the handler's exception. A call that had finished
+// anyway (the signal came as it returned) is undone first (`undo()`), so the exception always
+// means the same state.
+template <typename Call, typename Undo>
+void call_stoppably(Call call, Undo undo) {
   std::stop_source stop;
   auto result = std::async(std::launch::async,
                            [call = std::move(call), token = stop.get_token()] { call(token); });
-  wait_in_slices(
-      [&](auto interval) { return result.wait_for(interval) == std::future_status::ready; },
-      [&](const std::string&) {
-        stop.request_stop();
-        result.wait();  // the call's own error ("interrupted") gives way to the handler's
-      });
+  auto finished = [&](auto interval) {
+    return result.wait_for(interval) == std::future_status::ready;
+  };
+  try {
+    wait_in_slices(finished, [&](const std::string&) {
+      stop.request_stop();
+      try {
+        result.get();  // the call's own error ("interrupted") gives way to the handler's
+      } catch (...) {
+        return;
+      }
+      try {
+        undo();
+      } catch (...) {  // the handler's exception is the one to raise; krug has stopped anyway
+      }
+    });
+  } catch (...) {
+    // Never leave with the helper running: it may still use this frame's `stop`.
+    pybind11::gil_scoped_release release;
+    stop.request_stop();
+    if (result.valid()) result.wait();
+    throw;
+  }
   result.get();  // its exception, if it failed by itself
 }
 
