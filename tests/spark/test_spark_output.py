@@ -67,3 +67,22 @@ def test_every_line_printed_before_the_result_arrives_before_it():
 def test_a_rank_that_dies_before_its_result_still_ends_the_wait():
     messages = run_rank("import sys; print('about to go'); sys.stdout.flush()")
     assert messages == [("out", 3, "stdout", "about to go\n"), ("done", False)]
+
+
+def test_a_rank_gets_its_payload_and_returns_its_result_through_memory_files():
+    import cloudpickle
+
+    from krug.spark._task import run_rank
+
+    def open_descriptors():
+        return sorted(os.listdir("/proc/self/fd"))
+
+    job = {"payload": cloudpickle.dumps((lambda x, y=0: x * y, (6,), {"y": 7})), "env": {}}
+    before = open_descriptors()
+    reports = []
+    run_rank(job, {}, 0, Recorder(), lambda code, data: reports.append((code, data)),
+             early=False)
+    assert len(reports) == 1, reports
+    code, data = reports[0]
+    assert code == 0 and cloudpickle.loads(data) == ("ok", 42, None)
+    assert open_descriptors() == before  # nothing of the rank's plumbing stays open

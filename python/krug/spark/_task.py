@@ -120,32 +120,29 @@ def run_rank(job, env, tag, client, report, early):
     # The payload and the outcome travel in anonymous memory files, not in a directory: Spark
     # kills the task's worker when it cancels a stage (as the driver does on any failure), and
     # a killed worker would leave a directory with the pickled function on the executor.
-    payload_fd = _memory_file("krug-spark-payload", job["payload"])
-    result_fd = _memory_file("krug-spark-result", b"")
-    ready_r, ready_w = os.pipe()
-    try:
+    with _Descriptors() as fds:
+        payload_fd = fds.own(_memory_file("krug-spark-payload", job["payload"]))
+        result_fd = fds.own(_memory_file("krug-spark-result", b""))
+        ready_r, ready_w = (fds.own(fd) for fd in os.pipe())
         proc = subprocess.Popen(
             [sys.executable, "-m", "krug.spark._rank", str(payload_fd), str(result_fd),
              str(ready_w)],
             env=_child_environment(job, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent, pass_fds=(payload_fd, result_fd, ready_w))
-    finally:
-        os.close(ready_w)
-        os.close(payload_fd)
-    data = None
+        # Only the rank holds these now: its death ends the ready pipe, and the payload's
+        # memory goes once the rank has read it.
+        fds.close(ready_w)
+        fds.close(payload_fd)
+        data = None
 
-    def on_ready(written):
-        nonlocal data
-        if written:
-            data = _read_memory_file(result_fd)
-        if early and data is not None:
-            report(0, data)
+        def on_ready(written):
+            nonlocal data
+            if written:
+                data = _read_memory_file(result_fd)
+            if early and data is not None:
+                report(0, data)
 
-    try:
         _forward_output(proc, ready_r, client, tag, on_ready)
-    finally:
-        os.close(ready_r)
-        os.close(result_fd)
     code = proc.wait()
     if not (early and data is not None):
         how = ("was killed by signal %d" % -code) if code < 0 else \
@@ -154,12 +151,39 @@ def run_rank(job, env, tag, client, report, early):
                "the rank's process %s before returning a result" % how)
 
 
+class _Descriptors:
+    """File descriptors owned by one call: close() closes one early, leaving the block closes
+    the rest, whatever ended it (a task's worker lives on for the next task)."""
+
+    def __init__(self):
+        self._open = []
+
+    def own(self, fd):
+        self._open.append(fd)
+        return fd
+
+    def close(self, fd):
+        self._open.remove(fd)
+        os.close(fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        while self._open:
+            os.close(self._open.pop())
+
+
 def _memory_file(name, data):
     """A file descriptor of an anonymous in-memory file holding ``data``; it is gone once the
     last process holding it closes it or dies."""
     fd = os.memfd_create(name)
-    with open(fd, "wb", closefd=False) as f:
-        f.write(data)
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            f.write(data)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
