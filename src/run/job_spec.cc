@@ -201,6 +201,13 @@ void read_env(const Reader& r, const YAML::Node& env, JobSpec& spec) {
 
 using Handler = std::function<void(const Reader&, const YAML::Node&, JobSpec&)>;
 
+// A key that sets a boolean knob ("1" or "0"), as a switch on the command line does.
+Handler switch_key(const char* key, const char* env) {
+  return [key, env](const Reader& r, const YAML::Node& v, JobSpec& s) {
+    s.knob_env[env] = r.boolean(v, key) ? "1" : "0";
+  };
+}
+
 const std::map<std::string, Handler, std::less<>>& handlers() {
   static const std::map<std::string, Handler, std::less<>> table = {
       {"np",
@@ -223,15 +230,9 @@ const std::map<std::string, Handler, std::less<>>& handlers() {
       {"prefix",
        [](const Reader& r, const YAML::Node& v, JobSpec& s) { s.prefix = r.boolean(v, "prefix"); }},
       // The switches --autotune and --[no-]hierarchical-allreduce, as true or false.
-      {"autotune",
-       [](const Reader& r, const YAML::Node& v, JobSpec& s) {
-         s.knob_env["KRUG_AUTOTUNE"] = r.boolean(v, "autotune") ? "1" : "0";
-       }},
+      {"autotune", switch_key("autotune", "KRUG_AUTOTUNE")},
       {"hierarchical_allreduce",
-       [](const Reader& r, const YAML::Node& v, JobSpec& s) {
-         s.knob_env["KRUG_HIERARCHICAL_ALLREDUCE"] =
-             r.boolean(v, "hierarchical_allreduce") ? "1" : "0";
-       }},
+       switch_key("hierarchical_allreduce", "KRUG_HIERARCHICAL_ALLREDUCE")},
       {"start_timeout",
        [](const Reader& r, const YAML::Node& v, JobSpec& s) {
          s.start_timeout = r.positive_number(v, "start_timeout");

@@ -55,8 +55,8 @@ inline void define_basics(pybind11::module_& m) {
   m.def("is_initialized", &krug::is_initialized, without_gil);
   // Waits for the loop's round in progress and closes a file: without the GIL.
   m.def("start_timeline", &krug::start_timeline, py::arg("path"), py::arg("mark_cycles"),
-        py::call_guard<py::gil_scoped_release>());
-  m.def("stop_timeline", &krug::stop_timeline, py::call_guard<py::gil_scoped_release>());
+        without_gil);
+  m.def("stop_timeline", &krug::stop_timeline, without_gil);
   m.def("rank", &krug::rank, without_gil);
   m.def("size", &krug::size, without_gil);
   m.def("local_rank", &krug::local_rank, without_gil);
