@@ -4,6 +4,7 @@
 #include <poll.h>
 
 #include <chrono>
+#include <optional>
 #include <vector>
 
 namespace krug::engine {
@@ -29,6 +30,23 @@ void tell_peers(ControlPlane& control, int rank, const std::string& message) {
   }
 }
 
+namespace {
+
+// A failure report already received from `peer`: a fatal shutdown (on a worker) or a worker's
+// fatal error (on the coordinator).
+std::optional<std::string> report_waiting(ControlPlane& control, bool coordinator, int peer) {
+  if (!coordinator) {
+    while (auto list = control.next_response_list())
+      if (list->shutdown && list->fatal) return list->shutdown_reason;
+  } else {
+    while (auto list = control.next_request_list(peer))
+      if (!list->fatal_error.empty()) return list->fatal_error;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string root_cause(ControlPlane& control, const std::string& local_error) {
   const auto until = Clock::now() + std::chrono::milliseconds(1500);
   const auto fds = control.fds();
@@ -49,14 +67,15 @@ std::string root_cause(ControlPlane& control, const std::string& local_error) {
       const int peer = peers[j];
       try {
         if (pfds[j].revents) control.read_socket(peer);
-        if (!coordinator) {
-          while (auto list = control.next_response_list())
-            if (list->shutdown && list->fatal) return list->shutdown_reason;
-        } else {
-          while (auto list = control.next_request_list(peer))
-            if (!list->fatal_error.empty()) return list->fatal_error;
-        }
+        if (auto report = report_waiting(control, coordinator, peer)) return *report;
       } catch (const std::exception&) {
+        // A peer that reported and then exited: over shared-memory mailboxes its report waits
+        // in the mailbox while its socket only says it closed.
+        try {
+          if (auto report = report_waiting(control, coordinator, peer)) return *report;
+        } catch (const std::exception&) {
+          // Nothing readable was left.
+        }
         if (!coordinator) return local_error;  // the coordinator itself is gone; this says enough
         control.close_worker(peer);
         return fmt::format(
