@@ -128,12 +128,7 @@ set_target_properties(_tensorflow_ops PROPERTIES PREFIX ""
   BUILD_RPATH "$ORIGIN/../../..;${CMAKE_BINARY_DIR};${KRUG_TENSORFLOW_LIBRARY_DIR}"
   INSTALL_RPATH "$ORIGIN/../../..")
 
-pybind11_add_module(_basics MODULE src/frameworks/python/basics_module.cc)
-target_link_libraries(_basics PRIVATE krug krug_frameworks_python_headers fmt::fmt)
-set_target_properties(_basics PROPERTIES
-  LIBRARY_OUTPUT_DIRECTORY ${KRUG_PYTHON_DIR}/krug/common
-  BUILD_RPATH "$ORIGIN/../../..;${CMAKE_BINARY_DIR}"
-  INSTALL_RPATH "$ORIGIN/../../..")
+krug_add_python_basics()
 if(TARGET krug_python)
   add_dependencies(_tensorflow_ops krug_python)
 endif()

@@ -57,6 +57,13 @@ def torch_core_error(cause, torch_here):
                sys.executable, rebuild))
 
 
+def load_basics():
+    """krug.common._basics, the framework-free module of the TensorFlow and JAX bindings (it is
+    built with either), or an ImportError."""
+    _load_core_first()
+    return importlib.import_module("krug.common._basics")
+
+
 def load_tensorflow_ops():
     """(krug.common._basics, the loaded TensorFlow op library), or an ImportError that explains
     why they cannot be loaded."""
@@ -67,8 +74,7 @@ def load_tensorflow_ops():
                           "TensorFlow binding (%s). Install tensorflow into this environment, "
                           "then rebuild krug: %s" % (_build_info.tensorflow_problem, rebuild))
     try:
-        _load_core_first()
-        basics = importlib.import_module("krug.common._basics")
+        basics = load_basics()
         here = os.path.dirname(os.path.abspath(_build_info.__file__))
         ops = tf.load_op_library(os.path.join(here, "tensorflow", "_tensorflow_ops.so"))
     except (ImportError, tf.errors.NotFoundError, OSError) as e:

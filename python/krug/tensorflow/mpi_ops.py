@@ -7,7 +7,6 @@ reduces (``KrugAllreduce_<tensor name>``), so every rank that builds the same gr
 same names; in eager mode ops run one after another and share their op's name.
 """
 
-import atexit
 import re
 
 import tensorflow as tf
@@ -15,12 +14,14 @@ from tensorflow.python.framework import ops as _tf_ops
 
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
-from krug.common.timeline import make_timeline_api
 from krug.common.binding import load_tensorflow_ops
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
+from krug.common.lifecycle import (  # noqa: F401 (krug.tensorflow's API)
+    init, shutdown, is_initialized, start_timeline, stop_timeline, size, rank, local_size,
+    local_rank, cross_size, cross_rank, is_homogeneous, mpi_threads_supported, mpi_built,
+    mpi_enabled, gloo_built, gloo_enabled, add_process_set, remove_process_set, barrier)
 
 _basics, _ops = load_tensorflow_ops()
-_process_sets.use_core(_basics)
 
 # Reduction ops: the core's names and values (krug/binding_rules.h), as in every binding.
 _OP_VALUES = dict(_basics.reduce_ops())
@@ -37,95 +38,7 @@ global_process_set = _process_sets.global_process_set
 
 
 # ---------------------------------------------------------------------------------------------
-# Lifecycle and topology
-
-
-def _check_initialized():
-    if not _basics.is_initialized():
-        raise ValueError("krug has not been initialized; use hvd.init().")
-
-
-_atexit = {"registered": False}
-
-
-def init(comm=None, process_sets=None):
-    """Initializes krug from the environment krugrun sets (a job of one without krugrun).
-
-    comm: None or the list of every rank (MPI communicators are not supported).
-    process_sets: ProcessSet objects to register now (every rank passes the same list), or
-        "dynamic". Calling init() again while initialized does nothing."""
-    if not _basics.is_initialized():
-        _basics.init()
-        if not _atexit["registered"]:
-            # While TensorFlow is still whole, not from a static destructor after Python.
-            _atexit["registered"] = True
-            atexit.register(shutdown)
-    if comm is not None and list(comm) != list(range(_basics.size())):
-        raise ValueError("init(comm=...) is not supported: krug always uses every rank of the "
-                         "job; use process sets for subsets")
-    _process_sets.on_init(_basics.size(), process_sets)
-
-
-def shutdown():
-    """Drains pending operations and stops krug; init() may follow."""
-    try:
-        _basics.shutdown()
-    finally:  # krug is shut down even when Ctrl-C stopped the wait
-        _process_sets.on_shutdown()
-
-
-def is_initialized():
-    return _basics.is_initialized()
-
-
-start_timeline, stop_timeline = make_timeline_api(_basics)
-
-
-def _topology(fn):
-    def get():
-        _check_initialized()
-        return fn()
-    get.__name__ = fn.__name__
-    get.__doc__ = "This rank's {} (Horovod's hvd.{}()).".format(fn.__name__.replace("_", " "),
-                                                               fn.__name__)
-    return get
-
-
-size = _topology(_basics.size)
-rank = _topology(_basics.rank)
-local_size = _topology(_basics.local_size)
-local_rank = _topology(_basics.local_rank)
-cross_size = _topology(_basics.cross_size)
-cross_rank = _topology(_basics.cross_rank)
-
-
-def is_homogeneous():
-    """Whether every host runs the same number of ranks."""
-    _check_initialized()
-    return size() == local_size() * cross_size()
-
-
-def mpi_threads_supported():
-    _check_initialized()
-    return _basics.mpi_threads_supported()
-
-
-def mpi_built():
-    return _basics.mpi_built()
-
-
-def mpi_enabled():
-    return _basics.is_initialized() and _basics.cpu_operations() == "mpi"
-
-
-def gloo_built():
-    return True
-
-
-def gloo_enabled():
-    # Horovod's "Gloo mode": krug's own controller and CPU planes (Gloo, or shared memory
-    # inside a host), that is, not MPI.
-    return _basics.is_initialized() and _basics.cpu_operations() != "mpi"
+# Lifecycle and topology: krug.common.lifecycle's, shared with krug.jax
 
 
 def _false():
@@ -133,24 +46,6 @@ def _false():
 
 
 nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = _false
-
-
-def add_process_set(process_set):
-    """Registers a process set on every rank (collective); returns the ProcessSet."""
-    _check_initialized()
-    return _process_sets.add_process_set(process_set)
-
-
-def remove_process_set(process_set):
-    """Removes a registered process set on every rank (collective)."""
-    _check_initialized()
-    return _process_sets.remove_process_set(process_set)
-
-
-def barrier(process_set=global_process_set):
-    """Returns once every rank of the set called it."""
-    _check_initialized()
-    _basics.barrier(_process_sets.set_id(process_set))
 
 
 # Topology as ops: read when the graph runs, not when it was traced (elastic jobs).

@@ -1,0 +1,120 @@
+"""Lifecycle, topology, process sets and barrier for the frontends that reach the core through
+``krug.common._basics`` (krug.tensorflow, krug.keras, krug.jax): Horovod's ``hvd.init()``,
+``hvd.rank()``, ... defined once. krug.torch has the same calls in its own compiled module."""
+
+import atexit
+
+from krug.common import process_sets as _process_sets
+from krug.common.binding import load_basics
+from krug.common.timeline import make_timeline_api
+
+_basics = load_basics()
+_process_sets.use_core(_basics)
+
+global_process_set = _process_sets.global_process_set
+
+
+def check_initialized():
+    if not _basics.is_initialized():
+        raise ValueError("krug has not been initialized; use hvd.init().")
+
+
+_atexit = {"registered": False}
+
+
+def init(comm=None, process_sets=None):
+    """Initializes krug from the environment krugrun sets (a job of one without krugrun).
+
+    comm: None or the list of every rank (MPI communicators are not supported).
+    process_sets: ProcessSet objects to register now (every rank passes the same list), or
+        "dynamic". Calling init() again while initialized does nothing."""
+    if not _basics.is_initialized():
+        _basics.init()
+        if not _atexit["registered"]:
+            # While the framework is still whole, not from a static destructor after Python.
+            _atexit["registered"] = True
+            atexit.register(shutdown)
+    if comm is not None and list(comm) != list(range(_basics.size())):
+        raise ValueError("init(comm=...) is not supported: krug always uses every rank of the "
+                         "job; use process sets for subsets")
+    _process_sets.on_init(_basics.size(), process_sets)
+
+
+def shutdown():
+    """Drains pending operations and stops krug; init() may follow."""
+    try:
+        _basics.shutdown()
+    finally:  # krug is shut down even when Ctrl-C stopped the wait
+        _process_sets.on_shutdown()
+
+
+def is_initialized():
+    return _basics.is_initialized()
+
+
+start_timeline, stop_timeline = make_timeline_api(_basics)
+
+
+def _topology(fn):
+    def get():
+        check_initialized()
+        return fn()
+    get.__name__ = fn.__name__
+    get.__doc__ = "This rank's {} (Horovod's hvd.{}()).".format(fn.__name__.replace("_", " "),
+                                                               fn.__name__)
+    return get
+
+
+size = _topology(_basics.size)
+rank = _topology(_basics.rank)
+local_size = _topology(_basics.local_size)
+local_rank = _topology(_basics.local_rank)
+cross_size = _topology(_basics.cross_size)
+cross_rank = _topology(_basics.cross_rank)
+
+
+def is_homogeneous():
+    """Whether every host runs the same number of ranks."""
+    check_initialized()
+    return size() == local_size() * cross_size()
+
+
+def mpi_threads_supported():
+    check_initialized()
+    return _basics.mpi_threads_supported()
+
+
+def mpi_built():
+    return _basics.mpi_built()
+
+
+def mpi_enabled():
+    return _basics.is_initialized() and _basics.cpu_operations() == "mpi"
+
+
+def gloo_built():
+    return True
+
+
+def gloo_enabled():
+    # Horovod's "Gloo mode": krug's own controller and CPU planes (Gloo, or shared memory
+    # inside a host), that is, not MPI.
+    return _basics.is_initialized() and _basics.cpu_operations() != "mpi"
+
+
+def add_process_set(process_set):
+    """Registers a process set on every rank (collective); returns the ProcessSet."""
+    check_initialized()
+    return _process_sets.add_process_set(process_set)
+
+
+def remove_process_set(process_set):
+    """Removes a registered process set on every rank (collective)."""
+    check_initialized()
+    return _process_sets.remove_process_set(process_set)
+
+
+def barrier(process_set=global_process_set):
+    """Returns once every rank of the set called it."""
+    check_initialized()
+    _basics.barrier(_process_sets.set_id(process_set))
