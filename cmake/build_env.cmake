@@ -3,8 +3,9 @@
 # HOROVOD_WITHOUT_<X>) say whether part <X> must be built or must be left out.
 #   PYTORCH  the torch binding (KRUG_BUILD_TORCH)     MPI  the MPI backend (KRUG_WITH_MPI)
 #   TENSORFLOW  the TensorFlow and Keras binding (KRUG_BUILD_TENSORFLOW)
+#   JAX      the JAX binding (KRUG_BUILD_JAX)
 #   GLOO     always built (krug's TCP data plane); WITHOUT_GLOO is an error
-#   MXNET, JAX: no binding yet; WITH_<X> is an error, WITHOUT_<X> is accepted
+#   MXNET: no binding; WITH_MXNET is an error, WITHOUT_MXNET is accepted
 
 # The value of a WITH/WITHOUT switch: whether KRUG_<kind>_<part> or HOROVOD_<kind>_<part> is set
 # to something other than empty or 0.
@@ -51,10 +52,8 @@ if(without)
   message(FATAL_ERROR "krug: ${name} is set, but krug cannot be built without Gloo: it is the "
     "data plane across hosts (install libgloo-dev)")
 endif()
-foreach(part MXNET JAX)
-  _krug_env_switch(WITH ${part} with name)
-  if(with)
-    message(FATAL_ERROR "krug: ${name} is set, but this version of krug has no ${part} binding "
-      "(only PyTorch's and TensorFlow's); unset it")
-  endif()
-endforeach()
+_krug_env_switch(WITH MXNET with name)
+if(with)
+  message(FATAL_ERROR "krug: ${name} is set, but krug has no MXNet binding (PyTorch's, "
+    "TensorFlow's and JAX's); unset it")
+endif()

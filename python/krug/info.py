@@ -2,7 +2,7 @@
 
 It prints krug's version and place, the interpreter, the torch importable here beside the one
 the binding was built against (and whether the binding loads), the TensorFlow the TensorFlow
-binding was built against and the one here, then krugrun's build report
+binding was built against and the one here, the same for JAX, then krugrun's build report
 (``krugrun --check-build``: frameworks, controllers, tensor operations).
 """
 
@@ -46,11 +46,24 @@ def _tensorflow_lines():
     return lines
 
 
+def _jax_lines():
+    if not _build_info.jax_built:
+        return ["krug.jax:            not built: " + _build_info.jax_problem]
+    lines = ["krug.jax:            built against JAX %s" % _build_info.jax_version]
+    try:
+        import jax
+        lines.append("jax here:            %s" % jax.__version__)
+    except ImportError as e:
+        lines.append("jax here:            none (%s)" % e)
+    return lines
+
+
 def report():
     lines = ["krug %s (%s)" % (krug.__version__, os.path.dirname(krug.__file__)),
              "python:              %s %s" % (sys.executable, sys.version.split()[0])]
     lines += _torch_lines()
     lines += _tensorflow_lines()
+    lines += _jax_lines()
     lines.append("krugrun:             " + krugrun_path())
     return "\n".join(lines) + "\n"
 

@@ -24,6 +24,8 @@ BuildFeatures this_build() {
   f.mpi = krug::mpi_built();
   f.tensorflow_version = KRUG_BUILD_TENSORFLOW_VERSION;
   f.tensorflow_problem = KRUG_BUILD_TENSORFLOW_PROBLEM;
+  f.jax_version = KRUG_BUILD_JAX_VERSION;
+  f.jax_problem = KRUG_BUILD_JAX_PROBLEM;
   f.cuda_version = krug::cuda_version();
   f.cuda_problem = KRUG_BUILD_CUDA_PROBLEM;
   f.nccl_version = krug::nccl_version();
@@ -40,7 +42,8 @@ std::string build_report(const BuildFeatures& f) {
            tensorflow ? "built against TensorFlow " + f.tensorflow_version : f.tensorflow_problem);
   out += item(torch, "PyTorch", torch ? "built against torch " + f.torch_version : f.torch_problem);
   out += item(false, "MXNet");
-  out += item(false, "JAX");
+  const bool jax = !f.jax_version.empty();
+  out += item(jax, "JAX", jax ? "built against JAX " + f.jax_version : f.jax_problem);
   out += "\nAvailable Controllers:\n";
   out += item(f.mpi, "MPI");
   out += item(true, "Gloo");

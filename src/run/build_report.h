@@ -13,6 +13,8 @@ struct BuildFeatures {
   bool mpi = false;                // the MPI backend
   std::string tensorflow_version;  // the TensorFlow the binding was built against
   std::string tensorflow_problem;  // why the TensorFlow binding was not built
+  std::string jax_version;         // the JAX the binding was built against
+  std::string jax_problem;         // why the JAX binding was not built
   std::string cuda_version;        // the CUDA runtime krug was built against; empty: no CUDA
   std::string cuda_problem;        // why CUDA was not built
   std::string nccl_version;        // the NCCL plane's (built against, loaded); empty: no NCCL

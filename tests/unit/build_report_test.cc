@@ -31,7 +31,9 @@ BuildFeatures features(std::string version, std::string torch, std::string torch
 TEST(BuildReport, ListsWhatWasBuiltWithVersions) {
   BuildFeatures f = features("1.2.3", "2.15.0", "", true);
   f.tensorflow_problem = "no TensorFlow here";
+  f.jax_version = "0.10.2";
   const std::string r = build_report(f);
+  EXPECT_TRUE(contains(r, "    [X] JAX (built against JAX 0.10.2)\n")) << r;
   EXPECT_TRUE(contains(r, "krug v1.2.3:\n\nAvailable Frameworks:\n")) << r;
   EXPECT_TRUE(contains(r, "    [X] PyTorch (built against torch 2.15.0)\n")) << r;
   EXPECT_TRUE(contains(r, "    [ ] TensorFlow (no TensorFlow here)\n")) << r;
@@ -62,6 +64,7 @@ TEST(BuildReport, SaysWhyABindingWasNotBuilt) {
   const std::string r = build_report(f);
   EXPECT_TRUE(contains(r, "    [X] TensorFlow (built against TensorFlow 2.21.0)\n")) << r;
   EXPECT_TRUE(contains(r, "    [ ] PyTorch (torch 1.12.1 is not supported)\n")) << r;
+  EXPECT_TRUE(contains(r, "    [ ] JAX\n")) << r;
   EXPECT_TRUE(contains(r, "Available Controllers:\n    [ ] MPI\n    [X] Gloo\n")) << r;
 }
 
@@ -77,6 +80,7 @@ TEST(BuildReport, ThisBuildIsTheGeneratedConfiguration) {
   // Exactly one of the two says what happened to the torch binding.
   EXPECT_NE(f.torch_version.empty(), f.torch_problem.empty());
   EXPECT_NE(f.tensorflow_version.empty(), f.tensorflow_problem.empty());
+  EXPECT_NE(f.jax_version.empty(), f.jax_problem.empty());
   EXPECT_EQ(version_line(f), std::string("krugrun ") + KRUG_VERSION);
 }
 

@@ -64,6 +64,28 @@ def load_basics():
     return importlib.import_module("krug.common._basics")
 
 
+def load_jax_ops():
+    """(krug.common._basics, the path of the JAX FFI handler library), or an ImportError that
+    explains why they cannot be loaded."""
+    import jax
+    rebuild = REBUILD.format(part="JAX", python=sys.executable)
+    if not _build_info.jax_built:
+        raise ImportError("krug.jax is not available: this krug was built without its JAX "
+                          "binding (%s). Install jax into this environment, then rebuild krug: "
+                          "%s" % (_build_info.jax_problem, rebuild))
+    here = os.path.dirname(os.path.abspath(_build_info.__file__))
+    path = os.path.join(here, "jax", "_jax_ops.so")
+    try:
+        basics = load_basics()
+        ctypes.CDLL(path)  # loads here, so that a missing library fails at import
+    except (ImportError, OSError) as e:
+        raise ImportError("krug.jax's binding does not load (%s). It was built against JAX %s "
+                          "for %s; this environment has JAX %s (%s). Rebuild krug against this "
+                          "JAX: %s" % (e, _build_info.jax_version, _build_info.python,
+                                       jax.__version__, sys.executable, rebuild)) from e
+    return basics, path
+
+
 def load_tensorflow_ops():
     """(krug.common._basics, the loaded TensorFlow op library), or an ImportError that explains
     why they cannot be loaded."""

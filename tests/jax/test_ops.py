@@ -1,0 +1,198 @@
+"""krug.jax's collectives on JAX arrays, eagerly and inside jax.jit, with their gradients, run
+inside every rank of `krugrun -np N python -m pytest`.
+
+Rank r contributes 2r+1, so over n ranks Sum = n^2, Average = n, Min = 1, Max = 2n-1,
+Product = 1*3*5*..., exact in every dtype for n <= 3.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import krug.jax as hvd
+
+NUMERIC = [jnp.uint8, jnp.int8, jnp.int16, jnp.int32, jnp.float16, jnp.bfloat16, jnp.float32]
+OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
+       "product": hvd.Product}
+
+
+def n():
+    return hvd.size()
+
+
+def r():
+    return hvd.rank()
+
+
+def expected(op):
+    values = [2 * k + 1 for k in range(n())]
+    return {"sum": sum(values), "average": sum(values) // n(), "min": min(values),
+            "max": max(values), "product": math.prod(values)}[op]
+
+
+def mine(dtype, shape=(2, 3)):
+    return jnp.full(shape, 2 * r() + 1, dtype)
+
+
+def as_np(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+@pytest.mark.parametrize("dtype", NUMERIC, ids=lambda d: jnp.dtype(d).name)
+def test_allreduce_every_op_eager_and_jitted(dtype):
+    for name, op in OPS.items():
+        out = hvd.allreduce(mine(dtype), op=op)
+        assert out.dtype == dtype and out.shape == (2, 3)
+        np.testing.assert_array_equal(as_np(out), expected(name), err_msg=name)
+
+    @jax.jit
+    def every_op(x):
+        return [hvd.allreduce(x, op=op) for op in OPS.values()]
+
+    for name, out in zip(OPS, every_op(mine(dtype))):
+        np.testing.assert_array_equal(as_np(out), expected(name), err_msg=name)
+
+
+def test_allreduce_scales_and_the_deprecated_average_argument():
+    out = hvd.allreduce(mine(jnp.float32), op=hvd.Sum, prescale_factor=0.5,
+                        postscale_factor=4.0)
+    np.testing.assert_allclose(as_np(out), 2.0 * expected("sum"))
+    with pytest.warns(DeprecationWarning):
+        out = hvd.allreduce(mine(jnp.float32), average=False)
+    np.testing.assert_array_equal(as_np(out), expected("sum"))
+
+
+def test_grouped_allreduce_keeps_each_tensor_apart():
+    tensors = [mine(jnp.float32, (4,)), mine(jnp.int32, (2, 2)), mine(jnp.float16, (1,))]
+    for out in (hvd.grouped_allreduce(tensors, op=hvd.Sum),
+                jax.jit(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Sum))(tensors)):
+        assert [o.shape for o in out] == [(4,), (2, 2), (1,)]
+        assert [o.dtype for o in out] == [jnp.float32, jnp.int32, jnp.float16]
+        for o in out:
+            np.testing.assert_array_equal(as_np(o), expected("sum"))
+    assert hvd.grouped_allreduce([]) == []
+
+
+def test_one_jitted_step_reuses_its_names_every_call():
+    step = jax.jit(lambda x: hvd.allreduce(x, op=hvd.Sum) + hvd.allreduce(2 * x, op=hvd.Max))
+    for i in range(5):
+        out = step(mine(jnp.float32) + i)
+        want = expected("sum") + n() * i + 2 * (expected("max") + i)
+        np.testing.assert_array_equal(as_np(out), want)
+
+
+def test_allgather_eager_takes_a_first_dimension_per_rank():
+    out = hvd.allgather(jnp.full((r() + 1, 2), r(), jnp.int32))
+    want = np.concatenate([np.full((k + 1, 2), k) for k in range(n())])
+    np.testing.assert_array_equal(np.asarray(out), want)
+
+
+def test_allgather_jitted_with_the_same_shape_everywhere():
+    out = jax.jit(hvd.allgather)(mine(jnp.float32, (2, 3)))
+    want = np.concatenate([np.full((2, 3), 2 * k + 1) for k in range(n())])
+    np.testing.assert_array_equal(as_np(out), want)
+
+
+def test_broadcast_from_every_root_eager_and_jitted():
+    for root in range(n()):
+        out = hvd.broadcast(mine(jnp.float32), root)
+        np.testing.assert_array_equal(as_np(out), 2 * root + 1)
+        out = jax.jit(lambda x, root=root: hvd.broadcast(x, root))(mine(jnp.int32))
+        np.testing.assert_array_equal(as_np(out), 2 * root + 1)
+
+
+def test_alltoall_with_splits_eagerly():
+    # Rank r sends k+1 rows to rank k, each row holding 100r + k.
+    splits = [k + 1 for k in range(n())]
+    rows = np.concatenate([np.full((k + 1, 2), 100 * r() + k) for k in range(n())])
+    out, received = hvd.alltoall(jnp.asarray(rows, jnp.int32), splits=splits)
+    want = np.concatenate([np.full((r() + 1, 2), 100 * k + r()) for k in range(n())])
+    np.testing.assert_array_equal(np.asarray(out), want)
+    np.testing.assert_array_equal(np.asarray(received), [r() + 1] * n())
+
+
+def test_alltoall_even_split_jitted():
+    rows = jnp.asarray(np.repeat(np.arange(n()) + 10 * r(), 2).reshape(-1, 1), jnp.float32)
+    out, received = jax.jit(hvd.alltoall)(rows)
+    want = np.repeat([10 * k + r() for k in range(n())], 2).reshape(-1, 1)
+    np.testing.assert_array_equal(as_np(out), want)
+    np.testing.assert_array_equal(np.asarray(received), [2] * n())
+
+
+def test_alltoall_with_splits_under_jit_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match="outside jax.jit"):
+        jax.jit(lambda x: hvd.alltoall(x, splits=[1] * n()))(jnp.ones((n(), 1)))
+
+
+def test_reducescatter_gives_each_rank_its_rows():
+    rows = 2 * n() + 1  # uneven: the first ranks get one more
+    x = jnp.tile(jnp.arange(rows, dtype=jnp.float32)[:, None], (1, 2)) * (r() + 1)
+    total = sum(k + 1 for k in range(n()))
+    start = sum(rows // n() + (1 if k < rows % n() else 0) for k in range(r()))
+    mine_rows = rows // n() + (1 if r() < rows % n() else 0)
+    for out in (hvd.reducescatter(x, op=hvd.Sum),
+                jax.jit(lambda x: hvd.reducescatter(x, op=hvd.Sum))(x)):
+        assert out.shape == (mine_rows, 2)
+        np.testing.assert_array_equal(
+            as_np(out)[:, 0], np.arange(start, start + mine_rows) * total)
+
+
+def test_gradients_follow_horovods_rules():
+    x = mine(jnp.float32, (3,))
+    # allreduce (Average): the cotangent averaged again.
+    np.testing.assert_allclose(as_np(jax.grad(lambda a: hvd.allreduce(a).sum())(x)), 1.0)
+    np.testing.assert_allclose(
+        as_np(jax.jit(jax.grad(lambda a: (hvd.allreduce(a, op=hvd.Sum) * 2).sum()))(x)),
+        2.0 * n())
+    # allgather: the gradient averaged over the ranks, this rank's rows.
+    g = jax.grad(lambda a: (hvd.allgather(a) * (hvd.rank() + 1)).sum())(jnp.ones((r() + 1, 2)))
+    assert g.shape == (r() + 1, 2)
+    np.testing.assert_allclose(as_np(g), sum(k + 1 for k in range(n())) / n())
+    # broadcast: averaged, kept on the root.
+    g = jax.grad(lambda a: hvd.broadcast(a, 0).sum())(x)
+    np.testing.assert_allclose(as_np(g), 1.0 if r() == 0 else 0.0)
+    # reducescatter (Sum): the allgather of the gradient times the set's size.
+    g = jax.grad(lambda a: hvd.reducescatter(a, op=hvd.Sum).sum())(jnp.ones((n(), 2)))
+    np.testing.assert_allclose(as_np(g), float(n()))
+
+
+def test_a_mismatch_across_ranks_raises_on_every_rank_and_the_job_goes_on():
+    if n() < 2:
+        pytest.skip("needs two ranks to disagree")
+    with pytest.raises(hvd.HorovodInternalError, match="Mismatched shapes"):
+        hvd.allreduce(jnp.ones((3 + r(),)), name="krug.jax.test.mismatch")
+    np.testing.assert_array_equal(as_np(hvd.allreduce(mine(jnp.float32), op=hvd.Sum)),
+                                  expected("sum"))
+
+
+def test_arguments_that_can_never_work_are_refused_here():
+    with pytest.raises(ValueError, match="not supported"):
+        hvd.allreduce(jnp.ones(2, jnp.complex64))
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        hvd.allreduce(jnp.ones(2), op=99)
+    with pytest.raises(ValueError, match="at least one dimension"):
+        hvd.allgather(jnp.float32(1.0))
+
+
+def test_process_sets():
+    if n() < 2:
+        pytest.skip("needs two ranks")
+    evens = hvd.add_process_set(hvd.ProcessSet(list(range(0, n(), 2))))
+    try:
+        if r() % 2 == 0:
+            out = hvd.allreduce(mine(jnp.float32), op=hvd.Sum, process_set=evens)
+            np.testing.assert_array_equal(as_np(out), sum(2 * k + 1 for k in range(0, n(), 2)))
+            out = jax.jit(lambda x: hvd.allgather(x, process_set=evens))(mine(jnp.float32))
+            assert out.shape == (2 * len(evens.ranks), 3)
+    finally:
+        hvd.remove_process_set(evens)
+
+
+def test_barrier_and_topology():
+    hvd.barrier()
+    assert hvd.is_initialized() and 0 <= r() < n()
+    assert hvd.local_size() * hvd.cross_size() == n()
+    assert hvd.gloo_enabled() and not hvd.mpi_enabled()

@@ -1,0 +1,74 @@
+"""krug.jax's training helpers inside every rank of `krugrun -np N python -m pytest`: parameter
+trees, gradients, optax's optimizer and Python objects."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import krug.jax as hvd
+
+
+def test_broadcast_parameters_gives_every_rank_the_roots_tree():
+    params = {"dense": {"w": jnp.full((3, 2), float(hvd.rank())), "b": jnp.zeros(2) + hvd.rank()},
+              "steps": [jnp.int32(hvd.rank() + 7)]}
+    out = hvd.broadcast_parameters(params, root_rank=hvd.size() - 1)
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(params)
+    for leaf in jax.tree_util.tree_leaves(out["dense"]):
+        np.testing.assert_array_equal(np.asarray(leaf), hvd.size() - 1)
+    assert int(out["steps"][0]) == hvd.size() + 6
+
+
+def test_allreduce_gradients_with_fp16_compression_keeps_dtypes():
+    grads = {"a": jnp.full((4,), hvd.rank() + 1.0), "n": jnp.full((2,), hvd.rank() + 1)}
+    out = hvd.allreduce_gradients(grads, compression=hvd.Compression.fp16)
+    assert out["a"].dtype == jnp.float32 and out["n"].dtype == jnp.int32
+    np.testing.assert_allclose(np.asarray(out["a"]), (hvd.size() + 1) / 2)
+
+
+def _loss(params, x, y):
+    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
+
+
+def test_distributed_optimizer_matches_one_process_on_the_whole_batch():
+    # Each rank holds one shard of a batch; the averaged gradient of equal shards is the whole
+    # batch's, so krug's training must follow one process's on the whole batch.
+    rng = np.random.RandomState(0)
+    n, shard = hvd.size(), 8
+    x_all = rng.randn(n * shard, 3).astype(np.float32)
+    y_all = x_all @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.3
+    mine = slice(hvd.rank() * shard, (hvd.rank() + 1) * shard)
+    params = hvd.broadcast_parameters({"w": jnp.asarray(rng.randn(3, 1), jnp.float32) *
+                                       (hvd.rank() + 1), "b": jnp.zeros(1)})
+    reference = jax.tree_util.tree_map(lambda a: a, params)
+    tx, one = hvd.DistributedOptimizer(optax.sgd(0.05)), optax.sgd(0.05)
+    state, ref_state = tx.init(params), one.init(reference)
+
+    @jax.jit
+    def step(params, state, x, y):
+        grads = jax.grad(_loss)(params, x, y)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    for _ in range(20):
+        params, state = step(params, state, x_all[mine], y_all[mine])
+        grads = jax.grad(_loss)(reference, x_all, y_all)
+        updates, ref_state = one.update(grads, ref_state, reference)
+        reference = optax.apply_updates(reference, updates)
+    for got, want in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(reference)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert float(_loss(params, x_all, y_all)) < float(_loss(
+        hvd.broadcast_parameters({"w": jnp.asarray(np.random.RandomState(0).randn(3, 1),
+                                                   jnp.float32), "b": jnp.zeros(1)}),
+        x_all, y_all))
+
+
+def test_python_objects():
+    got = hvd.broadcast_object({"epoch": 3, "rank": hvd.rank()}, root_rank=0)
+    assert got == {"epoch": 3, "rank": 0}
+    assert hvd.allgather_object(("r", hvd.rank())) == [("r", k) for k in range(hvd.size())]
+
+
+def test_join_returns_the_last_rank_to_join():
+    last = hvd.join()
+    assert 0 <= last < hvd.size()
