@@ -187,6 +187,11 @@ def test_process_sets():
             np.testing.assert_array_equal(as_np(out), sum(2 * k + 1 for k in range(0, n(), 2)))
             out = jax.jit(lambda x: hvd.allgather(x, process_set=evens))(mine(jnp.float32))
             assert out.shape == (2 * len(evens.ranks), 3)
+        else:
+            with pytest.raises(ValueError, match="not a member"):
+                hvd.reducescatter(mine(jnp.float32), process_set=evens)
+            with pytest.raises(ValueError):
+                hvd.allreduce(mine(jnp.float32), process_set=evens)
     finally:
         hvd.remove_process_set(evens)
 

@@ -101,11 +101,17 @@ def _like(x):
 
 
 def _set_size(process_set):
+    check_initialized()
     return len(_basics.process_set_ranks(_process_sets.set_id(process_set)))
 
 
 def _set_rank(process_set):
-    return _basics.process_set_ranks(_process_sets.set_id(process_set)).index(_basics.rank())
+    check_initialized()
+    ranks = _basics.process_set_ranks(_process_sets.set_id(process_set))
+    if _basics.rank() not in ranks:
+        raise ValueError("rank {} is not a member of {}: only its members run its collectives"
+                         .format(_basics.rank(), process_set))
+    return ranks.index(_basics.rank())
 
 
 # ---------------------------------------------------------------------------------------------
