@@ -35,15 +35,9 @@ _TARGET = "krug_collective"
 jax.ffi.register_ffi_target(
     _TARGET, jax.ffi.pycapsule(ctypes.CDLL(_library).KrugJaxCollective), platform="cpu")
 
-# Reduction ops: the core's names and values (krug/binding_rules.h), as in every binding.
-_OP_VALUES = dict(_basics.reduce_ops())
-Average = _OP_VALUES["Average"]
-Sum = _OP_VALUES["Sum"]
-Adasum = _OP_VALUES["Adasum"]
-Min = _OP_VALUES["Min"]
-Max = _OP_VALUES["Max"]
-Product = _OP_VALUES["Product"]
-_OP_NAMES = {value: name for name, value in _OP_VALUES.items()}
+# Reduction ops: the core's names and values, the same for every binding.
+_REDUCE_OPS = _reduce_ops.ReduceOps(_basics)
+Average, Sum, Adasum, Min, Max, Product = _REDUCE_OPS.horovod_constants()
 
 # krug::frontend::OpType (include/krug/frontend.h).
 _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _JOIN = 0, 1, 2, 3, 4, 6
@@ -64,9 +58,7 @@ def _name(kind, name, process_set, traced):
 
 
 def _check_op(op):
-    if op not in _OP_NAMES:
-        raise ValueError("unknown reduction op {!r}: use hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
-                         "hvd.Product or hvd.Adasum".format(op))
+    _REDUCE_OPS.check(op)
 
 
 def _raised(error):
@@ -140,7 +132,7 @@ def _allreduce_fn(name, op, prescale, postscale, process_set):
         # Horovod's rule: the same allreduce of the output's gradient.
         if op not in (Sum, Average):
             raise NotImplementedError("the gradient of allreduce is only defined for Sum and "
-                                      "Average, not {}".format(_OP_NAMES.get(op, op)))
+                                      "Average, not {}".format(_REDUCE_OPS.name(op)))
         return (_allreduce_fn(None, op, prescale, postscale, process_set)(list(grads)),)
 
     reduce.defvjp(forward, backward)
@@ -320,7 +312,7 @@ def _reducescatter_fn(name, op, prescale, postscale, process_set):
         # scale factors, and for Sum times the set's size.
         if op not in (Sum, Average):
             raise NotImplementedError("the gradient of reducescatter is only defined for Sum "
-                                      "and Average, not {}".format(_OP_NAMES.get(op, op)))
+                                      "and Average, not {}".format(_REDUCE_OPS.name(op)))
         scale = prescale * postscale * (n if op == Sum else 1)
         grad = allgather(grad, process_set=process_set)
         return (grad * jnp.asarray(scale, grad.dtype) if scale != 1.0 else grad,)

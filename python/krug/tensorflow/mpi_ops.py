@@ -23,15 +23,9 @@ from krug.common.lifecycle import (  # noqa: F401 (krug.tensorflow's API)
 
 _basics, _ops = load_tensorflow_ops()
 
-# Reduction ops: the core's names and values (krug/binding_rules.h), as in every binding.
-_OP_VALUES = dict(_basics.reduce_ops())
-Average = _OP_VALUES["Average"]
-Sum = _OP_VALUES["Sum"]
-Adasum = _OP_VALUES["Adasum"]
-Min = _OP_VALUES["Min"]
-Max = _OP_VALUES["Max"]
-Product = _OP_VALUES["Product"]
-_OP_NAMES = {value: name for name, value in _OP_VALUES.items()}
+# Reduction ops: the core's names and values, the same for every binding.
+_REDUCE_OPS = _reduce_ops.ReduceOps(_basics)
+Average, Sum, Adasum, Min, Max, Product = _REDUCE_OPS.horovod_constants()
 
 ProcessSet = _process_sets.ProcessSet
 global_process_set = _process_sets.global_process_set
@@ -89,9 +83,7 @@ def _op_name(kind, tensor, name):
 
 
 def _check_op(op):
-    if op not in _OP_NAMES:
-        raise ValueError("unknown reduction op {!r}: use hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
-                         "hvd.Product or hvd.Adasum".format(op))
+    _REDUCE_OPS.check(op)
 
 
 def handle_average_backwards_compatibility(op, average):
@@ -270,7 +262,7 @@ def _reducescatter_grad_one(grad, op, ignore_name_scope, process_set):
     reduce_op = op.get_attr("reduce_op")
     if reduce_op not in (Sum, Average):
         raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
-                                  "Average, not {}".format(_OP_NAMES.get(reduce_op, reduce_op)))
+                                  "Average, not {}".format(_REDUCE_OPS.name(reduce_op)))
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     grad = allgather(grad, ignore_name_scope=ignore_name_scope, process_set=process_set)
     if reduce_op == Sum:

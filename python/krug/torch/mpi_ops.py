@@ -20,16 +20,9 @@ from krug.common.timeline import make_timeline_api
 
 _core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
-# Reduction ops: the core's names and values (krug::reduce_ops(), krug/binding_rules.h), the
-# same for every binding.
-_OP_VALUES = dict(_core.reduce_ops())
-Average = _OP_VALUES["Average"]
-Sum = _OP_VALUES["Sum"]
-Adasum = _OP_VALUES["Adasum"]
-Min = _OP_VALUES["Min"]
-Max = _OP_VALUES["Max"]
-Product = _OP_VALUES["Product"]
-_OP_NAMES = {value: name for name, value in _OP_VALUES.items()}
+# Reduction ops: the core's names and values, the same for every binding.
+_REDUCE_OPS = _reduce_ops.ReduceOps(_core)
+Average, Sum, Adasum, Min, Max, Product = _REDUCE_OPS.horovod_constants()
 
 
 # Horovod's default for the compression= argument.
@@ -275,9 +268,7 @@ def handle_average_backwards_compatibility(op, average):
 
 
 def _check_op(op):
-    if op not in _OP_NAMES:
-        raise ValueError("unknown reduction op {!r}: use hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
-                         "hvd.Product or hvd.Adasum".format(op))
+    _REDUCE_OPS.check(op)
     if op == Adasum and not _core.adasum_available():
         raise NotImplementedError("Adasum is not available in this build")
 
@@ -459,7 +450,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     reduced sparse tensor, coalesced."""
     if op not in (Average, Sum):
         raise NotImplementedError("sparse allreduce supports only op=Average or op=Sum, not {}; "
-                                  "reduce the tensor dense instead".format(_OP_NAMES.get(op, op)))
+                                  "reduce the tensor dense instead".format(_REDUCE_OPS.name(op)))
     if not tensor.is_sparse:
         raise ValueError("sparse_allreduce_async takes a sparse COO tensor; use allreduce_async "
                          "for dense tensors")
@@ -686,7 +677,7 @@ def _reducescatter_backward(grad_output, op, prescale_factor, postscale_factor, 
     # Average does not; both apply the scale factors; then every rank gets every share.
     if op not in (Sum, Average):
         raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
-                                  "Average, not {}".format(_OP_NAMES.get(op, op)))
+                                  "Average, not {}".format(_REDUCE_OPS.name(op)))
     scale = float(prescale_factor) * float(postscale_factor)
     if op == Sum:
         scale *= process_set.size()
