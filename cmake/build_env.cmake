@@ -46,6 +46,39 @@ function(krug_apply_env_choice var part)
   set(${var} ${wanted} PARENT_SCOPE)
 endfunction()
 
+# Normalizes the AUTO/ON/OFF option `var` (a framework binding's: KRUG_BUILD_TENSORFLOW, ...) to
+# ON, OFF or AUTO, then applies KRUG_WITH_<part> / KRUG_WITHOUT_<part> to it.
+function(krug_build_choice var part)
+  string(TOUPPER "${${var}}" value)
+  if(value MATCHES "^(ON|YES|TRUE|Y|1)$")
+    set(value ON)
+  elseif(value MATCHES "^(OFF|NO|FALSE|N|0)$")
+    set(value OFF)
+  elseif(NOT value STREQUAL "AUTO")
+    message(FATAL_ERROR "${var} must be ON, OFF or AUTO, not '${${var}}'")
+  endif()
+  set(${var} ${value})
+  krug_apply_env_choice(${var} ${part})
+  set(${var} ${${var}} PARENT_SCOPE)
+endfunction()
+
+# Runs cmake/<script> (a query that prints JSON, with an "error" key when the framework is not
+# importable) with `python`. Under pip's build isolation PYTHONPATH hides the environment's
+# frameworks: when the first answer is an error, it asks again without pip's PYTHONPATH and
+# PYTHONNOUSERSITE. Sets out_json and out_rc (the script's exit status).
+function(krug_query_python python script out_json out_rc)
+  execute_process(COMMAND ${python} ${script} OUTPUT_VARIABLE json ERROR_QUIET
+    RESULT_VARIABLE rc)
+  string(JSON error ERROR_VARIABLE none GET "${json}" error)
+  if(NOT rc EQUAL 0 OR error)
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH
+      --unset=PYTHONNOUSERSITE ${python} ${script}
+      OUTPUT_VARIABLE json ERROR_QUIET RESULT_VARIABLE rc)
+  endif()
+  set(${out_json} "${json}" PARENT_SCOPE)
+  set(${out_rc} ${rc} PARENT_SCOPE)
+endfunction()
+
 # The parts krug has no choice about: Gloo is always built; bindings that do not exist yet.
 _krug_env_switch(WITHOUT GLOO without name)
 if(without)

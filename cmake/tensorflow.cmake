@@ -17,16 +17,7 @@ set(KRUG_TENSORFLOW_VERSION_LIMIT 3.0)
 set(KRUG_TENSORFLOW_ENABLED OFF)
 set(KRUG_TENSORFLOW_VERSION "")
 set(KRUG_TENSORFLOW_PROBLEM "")
-string(TOUPPER "${KRUG_BUILD_TENSORFLOW}" KRUG_BUILD_TENSORFLOW)
-if(KRUG_BUILD_TENSORFLOW MATCHES "^(ON|YES|TRUE|Y|1)$")
-  set(KRUG_BUILD_TENSORFLOW ON)
-elseif(KRUG_BUILD_TENSORFLOW MATCHES "^(OFF|NO|FALSE|N|0)$")
-  set(KRUG_BUILD_TENSORFLOW OFF)
-elseif(NOT KRUG_BUILD_TENSORFLOW STREQUAL "AUTO")
-  message(FATAL_ERROR "KRUG_BUILD_TENSORFLOW must be ON, OFF or AUTO, not "
-    "'${KRUG_BUILD_TENSORFLOW}'")
-endif()
-krug_apply_env_choice(KRUG_BUILD_TENSORFLOW TENSORFLOW)
+krug_build_choice(KRUG_BUILD_TENSORFLOW TENSORFLOW)
 
 if(KRUG_BUILD_TENSORFLOW STREQUAL "AUTO" AND KRUG_SANITIZE)
   set(KRUG_TENSORFLOW_PROBLEM "not built with KRUG_SANITIZE=${KRUG_SANITIZE}")
@@ -37,18 +28,9 @@ else()
   if(NOT Python_FOUND)
     set(KRUG_TENSORFLOW_PROBLEM "Python 3 development files (python3-dev) not found")
   else()
-    # Under pip's build isolation PYTHONPATH hides the environment's TensorFlow: ask again
-    # without it, as cmake/find_torch.cmake does for torch.
-    set(_tf_query ${CMAKE_CURRENT_LIST_DIR}/query_tensorflow.py)
-    execute_process(COMMAND ${Python_EXECUTABLE} ${_tf_query} OUTPUT_VARIABLE _tf_json
-      ERROR_QUIET RESULT_VARIABLE _tf_rc)
+    krug_query_python(${Python_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/query_tensorflow.py
+      _tf_json _tf_rc)
     string(JSON _tf_error ERROR_VARIABLE _tf_none GET "${_tf_json}" error)
-    if(NOT _tf_rc EQUAL 0 OR _tf_error)
-      execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH
-        --unset=PYTHONNOUSERSITE ${Python_EXECUTABLE} ${_tf_query}
-        OUTPUT_VARIABLE _tf_json ERROR_QUIET RESULT_VARIABLE _tf_rc)
-      string(JSON _tf_error ERROR_VARIABLE _tf_none GET "${_tf_json}" error)
-    endif()
     if(NOT _tf_rc EQUAL 0)
       set(KRUG_TENSORFLOW_PROBLEM "${Python_EXECUTABLE} cannot run cmake/query_tensorflow.py")
     elseif(_tf_error)

@@ -34,27 +34,18 @@ def _torch_lines():
     return lines
 
 
-def _tensorflow_lines():
-    if not _build_info.tensorflow_built:
-        return ["krug.tensorflow:     not built: " + _build_info.tensorflow_problem]
-    lines = ["krug.tensorflow:     built against TensorFlow %s" % _build_info.tensorflow_version]
+def _binding_lines(binding, framework, module):
+    """What ``binding`` (krug.tensorflow, krug.jax) was built against and what is here."""
+    label = (binding + ":").ljust(21)
+    if not getattr(_build_info, module + "_built"):
+        return [label + "not built: " + getattr(_build_info, module + "_problem")]
+    lines = [label + "built against %s %s" % (framework, getattr(_build_info,
+                                                                  module + "_version"))]
+    here = (module + " here:").ljust(21)
     try:
-        import tensorflow
-        lines.append("tensorflow here:     %s" % tensorflow.__version__)
+        lines.append(here + __import__(module).__version__)
     except ImportError as e:
-        lines.append("tensorflow here:     none (%s)" % e)
-    return lines
-
-
-def _jax_lines():
-    if not _build_info.jax_built:
-        return ["krug.jax:            not built: " + _build_info.jax_problem]
-    lines = ["krug.jax:            built against JAX %s" % _build_info.jax_version]
-    try:
-        import jax
-        lines.append("jax here:            %s" % jax.__version__)
-    except ImportError as e:
-        lines.append("jax here:            none (%s)" % e)
+        lines.append(here + "none (%s)" % e)
     return lines
 
 
@@ -62,8 +53,8 @@ def report():
     lines = ["krug %s (%s)" % (krug.__version__, os.path.dirname(krug.__file__)),
              "python:              %s %s" % (sys.executable, sys.version.split()[0])]
     lines += _torch_lines()
-    lines += _tensorflow_lines()
-    lines += _jax_lines()
+    lines += _binding_lines("krug.tensorflow", "TensorFlow", "tensorflow")
+    lines += _binding_lines("krug.jax", "JAX", "jax")
     lines.append("krugrun:             " + krugrun_path())
     return "\n".join(lines) + "\n"
 
