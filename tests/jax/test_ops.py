@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import io_callback
 
 import krug.jax as hvd
 
@@ -54,6 +55,22 @@ def test_allreduce_every_op_eager_and_jitted(dtype):
 
     for name, out in zip(OPS, every_op(mine(dtype))):
         np.testing.assert_array_equal(as_np(out), expected(name), err_msg=name)
+
+
+def test_bool_and_64_bit_dtypes():
+    flags = jnp.asarray([r() == 0, True, False])
+    np.testing.assert_array_equal(np.asarray(hvd.allreduce(flags, op=hvd.Max)),
+                                  [True, True, False])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda f: hvd.allreduce(f, op=hvd.Min))(
+        flags)), [n() == 1, True, False])
+    with jax.enable_x64(True):
+        for dtype in (jnp.int64, jnp.float64):
+            big = jnp.full((2,), 2**40 + r(), dtype)
+            for out in (hvd.allreduce(big, op=hvd.Sum),
+                        jax.jit(lambda x: hvd.allreduce(x, op=hvd.Sum))(big)):
+                assert out.dtype == dtype
+                np.testing.assert_array_equal(np.asarray(out),
+                                              n() * 2**40 + n() * (n() - 1) // 2)
 
 
 def test_allreduce_scales_and_the_deprecated_average_argument():
@@ -122,9 +139,29 @@ def test_alltoall_even_split_jitted():
     np.testing.assert_array_equal(np.asarray(received), [2] * n())
 
 
+def test_bad_alltoall_splits_raise_the_same_error_on_every_rank():
+    rows = jnp.ones((2 * n(), 1))
+    # One rank's splits do not add up: every rank raises, naming it, and nothing is stuck.
+    bad = [1] * n() if r() == n() - 1 else [2] * n()
+    with pytest.raises(ValueError, match="rank {}'s splits".format(n() - 1)):
+        hvd.alltoall(rows, splits=bad)
+    with pytest.raises(ValueError, match="wrong number of entries"):
+        hvd.alltoall(rows, splits=[2] * (n() + 1))
+    if n() > 1:
+        uneven = jnp.ones((n() + (1 if r() == 0 else 0), 1))
+        with pytest.raises(ValueError, match="rank 0 has {} rows".format(n() + 1)):
+            hvd.alltoall(uneven)
+    out, _ = hvd.alltoall(rows)
+    assert out.shape == (2 * n(), 1)
+
+
 def test_alltoall_with_splits_under_jit_is_refused_before_anything_runs():
     with pytest.raises(ValueError, match="outside jax.jit"):
         jax.jit(lambda x: hvd.alltoall(x, splits=[1] * n()))(jnp.ones((n(), 1)))
+    # Also when the jitted function only closes over a concrete array.
+    closed = jnp.ones((n(), 1))
+    with pytest.raises(ValueError, match="outside jax.jit"):
+        jax.jit(lambda: hvd.alltoall(closed, splits=[1] * n()))()
 
 
 def test_reducescatter_gives_each_rank_its_rows():
@@ -157,6 +194,47 @@ def test_gradients_follow_horovods_rules():
     # reducescatter (Sum): the allgather of the gradient times the set's size.
     g = jax.grad(lambda a: hvd.reducescatter(a, op=hvd.Sum).sum())(jnp.ones((n(), 2)))
     np.testing.assert_allclose(as_np(g), float(n()))
+
+
+def test_jitted_gradients_match_the_eager_ones():
+    rows = 2 * n() + 1  # reducescatter's shares are uneven
+    cases = {
+        "allgather": (lambda a: (hvd.allgather(a) * (hvd.rank() + 1)).sum(), jnp.ones((2, 3))),
+        "broadcast": (lambda a: (hvd.broadcast(a, n() - 1) * 3).sum(), mine(jnp.float32)),
+        "reducescatter": (lambda a: (hvd.reducescatter(a, op=hvd.Sum) ** 2).sum(),
+                          jnp.arange(rows * 2, dtype=jnp.float32).reshape(rows, 2)),
+    }
+    for name, (loss, x) in cases.items():
+        eager = jax.grad(loss)(x)
+        jitted = jax.jit(jax.grad(loss))(x)
+        assert jitted.shape == x.shape, name
+        np.testing.assert_allclose(as_np(jitted), as_np(eager), err_msg=name)
+
+
+def test_a_function_traced_again_on_one_rank_keeps_its_names():
+    # Names come from the calling line, not from a count of traces: rank 0 tracing the step
+    # once more (another shape, jax.eval_shape) must not shift its names against the others.
+    step = jax.jit(lambda x: hvd.allreduce(x, op=hvd.Sum))
+    if r() == 0:
+        jax.eval_shape(step, jnp.ones(5))
+        step.lower(jnp.ones(7))
+    np.testing.assert_array_equal(as_np(step(mine(jnp.float32))), expected("sum"))
+
+
+def test_a_host_callback_after_a_collective_may_call_krug():
+    # The program goes on on XLA's thread after a collective, so a callback that averages a
+    # metric over the ranks can use krug itself.
+    def metric(v):
+        return np.asarray(hvd.allreduce(v, op=hvd.Sum, name="test.metric"), np.float32)
+
+    @jax.jit
+    def step(x):
+        y = hvd.allreduce(x, op=hvd.Sum)
+        return y, io_callback(metric, jax.ShapeDtypeStruct((), jnp.float32), y.sum())
+
+    y, m = step(mine(jnp.float32))
+    np.testing.assert_array_equal(as_np(y), expected("sum"))
+    assert float(m) == 6 * expected("sum") * n()
 
 
 def test_a_mismatch_across_ranks_raises_on_every_rank_and_the_job_goes_on():

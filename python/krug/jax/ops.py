@@ -2,10 +2,11 @@
 (src/frameworks/jax/ffi_collective.cc) per operation, which enqueues the arrays' buffers through
 krug's frontend seam without copying them through Python.
 
-Names. Ranks match operations by name. Inside ``jax.jit`` an unnamed operation gets krug's next
-unnamed name when the function is traced, so every rank that traces the same functions in the
-same order agrees; a function that only some ranks trace should name its operations. Eagerly,
-operations run one at a time, and an unnamed one shares its kind's fixed name.
+Names. Ranks match operations by name. An unnamed operation is named after the line of the
+user's code that called it (``jax.allreduce@train.py:42``), the same on every rank and every
+time a function is traced again. XLA runs a program's custom calls one after another, in
+program order, so operations of one line that share a name never overlap; every rank must run
+the same jitted programs in the same order (as SPMD training does).
 
 Shapes. XLA fixes every result's shape when it traces a program. Eagerly krug.jax asks the
 other ranks first, so allgather and alltoall accept a first dimension (and alltoall splits)
@@ -13,12 +14,14 @@ that differs per rank, as Horovod does. Inside ``jax.jit`` it cannot ask: every 
 the same shape to allgather and alltoall, and alltoall splits evenly. A rank that breaks this
 fails the operation on every rank with a message that says so.
 
-Errors. Eagerly an operation waits for its result: a refused argument raises ValueError, a
-failure of the job (a dead peer, ranks that disagree) HorovodInternalError. Inside ``jax.jit``
-XLA raises them as ``jax.errors.JaxRuntimeError`` when the result is read.
+Errors. A refused argument raises ValueError, a failure of the job (a dead peer, ranks that
+disagree) HorovodInternalError; inside ``jax.jit`` XLA raises them as
+``jax.errors.JaxRuntimeError`` when the program runs.
 """
 
 import ctypes
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -45,16 +48,43 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _JOIN = 0, 1, 2, 
 global_process_set = _process_sets.global_process_set
 
 
+try:  # JAX's own test for a jit trace (not grad's); gone from a future JAX: the arrays say
+    from jax._src.core import unsafe_am_i_under_a_jit as _under_jit
+except ImportError:  # pragma: no cover
+    def _under_jit():
+        return False
+
+
 def _traced(*arrays):
-    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+    """Whether the call is being traced for jax.jit (also with only closed-over arrays)."""
+    return _under_jit() or any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
-def _name(kind, name, process_set, traced):
+# Frames of these packages are not the user's call site.
+_LIBRARY_MODULES = ("krug.", "jax.", "jaxlib.", "optax.", "flax.", "equinox.", "functools",
+                    "contextlib")
+
+
+def _call_site():
+    """``file:line`` of the user's code that called into krug.jax (through JAX's and optax's
+    frames), the same on every rank that runs the same script."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if not (module + ".").startswith(_LIBRARY_MODULES):
+            return "%s:%d" % (os.path.basename(frame.f_code.co_filename), frame.f_lineno)
+        frame = frame.f_back
+    return "unknown"
+
+
+def _name(kind, name):
+    """``name``, or one after the call site (``jax.allreduce@train.py:42``). A program runs its
+    collectives one after another, so the ops of one line may share its name; a name from the
+    code rather than from a counter stays the same when a function is traced again (another
+    shape, jax.eval_shape) on some ranks only, and stall reports point at the line."""
     if name is not None:
         return str(name)
-    if traced:
-        return _basics.unnamed_op_name("jax." + kind, _process_sets.set_id(process_set))
-    return "jax.%s.eager.%d" % (kind, _process_sets.set_id(process_set))
+    return "jax.%s@%s" % (kind, _call_site())
 
 
 def _check_op(op):
@@ -114,7 +144,7 @@ def _set_rank(process_set):
 def _reduce(tensors, name, op, prescale, postscale, process_set):
     traced = _traced(*tensors)
     grouped = len(tensors) > 1
-    name = _name("grouped_allreduce" if grouped else "allreduce", name, process_set, traced)
+    name = _name("grouped_allreduce" if grouped else "allreduce", name)
     return list(_collective(_ALLREDUCE, tensors, [_like(t) for t in tensors], name, traced,
                             reduce_op=op, prescale=prescale, postscale=postscale,
                             process_set=process_set, grouped=grouped))
@@ -166,17 +196,25 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
     return fn(tensors)
 
 
-def _first_dims(tensor, process_set):
-    """Every rank's first dimension, in set order (eagerly: one small allgather)."""
-    rows = jnp.asarray([tensor.shape[0]], dtype=jnp.int32)
+def _gathered_ints(values, kind, process_set):
+    """Every rank's ``values`` (the same count on every rank), as a list per rank in set order:
+    one small eager allgather, named after the user's call."""
     n = _set_size(process_set)
-    out = _collective(_ALLGATHER, [rows], [jax.ShapeDtypeStruct((n,), jnp.int32)],
-                      _name("allgather_rows", None, process_set, False), False,
-                      process_set=process_set)[0]
-    return [int(v) for v in np.asarray(out)]
+    out = _collective(_ALLGATHER, [jnp.asarray(values, dtype=jnp.int32)],
+                      [jax.ShapeDtypeStruct((n * len(values),), jnp.int32)],
+                      _name(kind, None), False, process_set=process_set)[0]
+    flat = [int(v) for v in np.asarray(out)]
+    return [flat[i * len(values):(i + 1) * len(values)] for i in range(n)]
 
 
-def _allgather_fn(name, process_set):
+def _set_rows(rows, process_set):
+    """Each rank's share of ``rows`` rows in a reducescatter (the engine's rule: rank i of n
+    gets rows // n, one more when i < rows % n)."""
+    n = _set_size(process_set)
+    return [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+
+
+def _allgather_fn(name, process_set, known_rows=None):
     rows_of = {}  # every rank's first dimension, found by the forward pass, for the backward
 
     @jax.custom_vjp
@@ -184,14 +222,16 @@ def _allgather_fn(name, process_set):
         if tensor.ndim == 0:
             raise ValueError("allgather needs a tensor of at least one dimension")
         traced = _traced(tensor)
-        if traced:
+        if known_rows is not None:
+            rows = known_rows
+        elif traced:
             rows = [tensor.shape[0]] * _set_size(process_set)
         else:
-            rows = _first_dims(tensor, process_set)
+            rows = [r[0] for r in _gathered_ints([tensor.shape[0]], "allgather.rows",
+                                                  process_set)]
         rows_of["rows"] = rows
         result = jax.ShapeDtypeStruct((sum(rows),) + tensor.shape[1:], tensor.dtype)
-        return _collective(_ALLGATHER, [tensor], [result],
-                           _name("allgather", name, process_set, traced), traced,
+        return _collective(_ALLGATHER, [tensor], [result], _name("allgather", name), traced,
                            process_set=process_set)[0]
 
     def forward(tensor):
@@ -221,9 +261,8 @@ def _broadcast_fn(root, name, process_set):
     @jax.custom_vjp
     def bcast(tensor):
         traced = _traced(tensor)
-        return _collective(_BROADCAST, [tensor], [_like(tensor)],
-                           _name("broadcast", name, process_set, traced), traced, root=index,
-                           process_set=process_set)[0]
+        return _collective(_BROADCAST, [tensor], [_like(tensor)], _name("broadcast", name),
+                           traced, root=index, process_set=process_set)[0]
 
     def forward(tensor):
         return bcast(tensor), None
@@ -256,52 +295,63 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if splits is not None and (traced or _traced(splits)):
         raise ValueError("alltoall with splits works outside jax.jit only: the rows each rank "
                          "receives decide the result's shape, which jit fixes when it traces")
-    if splits is None:
-        sent = np.zeros([0], np.int32)
-        rows = tensor.shape[0]
-        if not traced and tensor.shape[0] % n == 0:
-            rows = sum(_exchange_splits([tensor.shape[0] // n] * n, process_set))
+    if traced:
+        sent, rows = np.zeros([0], np.int32), tensor.shape[0]
     else:
-        sent = np.asarray(splits, dtype=np.int32).reshape(-1)
-        rows = sum(_exchange_splits(sent, process_set))
+        sent, received = _agreed_splits(tensor.shape[0], splits, process_set)
+        rows = sum(received)
     results = [jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype),
                jax.ShapeDtypeStruct((n,), jnp.int32)]
-    out, received = _collective(_ALLTOALL, [tensor, jnp.asarray(sent)], results,
-                                _name("alltoall", name, process_set, traced), traced,
-                                process_set=process_set)
+    out, received = _collective(_ALLTOALL, [tensor, jnp.asarray(sent, jnp.int32)], results,
+                                _name("alltoall", name), traced, process_set=process_set)
     return out, received
 
 
-def _exchange_splits(splits, process_set):
-    """The rows each rank of the set will send this one (eagerly: one alltoall of one int32 per
-    rank)."""
+def _agreed_splits(rows, splits, process_set):
+    """(this rank's splits, the rows each rank sends it), eagerly. Every rank learns every
+    rank's splits (one small allgather) and checks them all with the core's rule, so a bad
+    split raises the same ValueError on every rank instead of leaving the others waiting."""
     n = _set_size(process_set)
-    if len(splits) != n:
-        raise ValueError("alltoall splits need one entry per rank of the set ({}), got {}"
-                         .format(n, len(splits)))
-    out, _ = _collective(_ALLTOALL, [jnp.asarray(splits, dtype=jnp.int32),
-                                     jnp.zeros([0], jnp.int32)],
-                         [jax.ShapeDtypeStruct((n,), jnp.int32),
-                          jax.ShapeDtypeStruct((n,), jnp.int32)],
-                         _name("alltoall_splits", None, process_set, False), False,
-                         process_set=process_set)
-    return [int(v) for v in np.asarray(out)]
+    mine = [-1] * n if splits is None else [int(v) for v in np.asarray(splits).reshape(-1)]
+    if len(mine) != n:
+        mine = [-2] * n  # a wrong count: every rank reports it below
+    everyone = _gathered_ints([rows] + mine, "alltoall.splits", process_set)
+    set_id = _process_sets.set_id(process_set)
+    ranks = _basics.process_set_ranks(set_id)
+    agreed = []
+    for rank, (their_rows, *theirs) in zip(ranks, everyone):
+        if theirs[0] == -2:
+            raise ValueError("alltoall: rank {} passed splits with a wrong number of entries "
+                             "(one per rank of the set: {})".format(rank, n))
+        if theirs[0] == -1:
+            if their_rows % n:
+                raise ValueError("alltoall: rank {} has {} rows, which do not split evenly over "
+                                 "{} ranks; pass splits".format(rank, their_rows, n))
+            theirs = [their_rows // n] * n
+        try:
+            _basics.check_alltoall_splits(theirs, their_rows, set_id)
+        except ValueError as e:
+            raise ValueError("{} (rank {}'s splits)".format(e, rank)) from None
+        agreed.append(theirs)
+    me = ranks.index(_basics.rank())
+    return agreed[me], [theirs[me] for theirs in agreed]
 
 
 def _reducescatter_fn(name, op, prescale, postscale, process_set):
     n = _set_size(process_set)
     me = _set_rank(process_set)
+    rows_of = {}  # the input's first dimension, for the backward pass
 
     @jax.custom_vjp
     def scatter(tensor):
         if tensor.ndim == 0:
             raise ValueError("reducescatter needs a tensor of at least one dimension")
+        rows_of["rows"] = tensor.shape[0]
         traced = _traced(tensor)
-        rows = tensor.shape[0] // n + (1 if me < tensor.shape[0] % n else 0)
+        rows = _set_rows(tensor.shape[0], process_set)[me]
         result = jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype)
-        return _collective(_REDUCESCATTER, [tensor], [result],
-                           _name("reducescatter", name, process_set, traced), traced,
-                           reduce_op=op, prescale=prescale, postscale=postscale,
+        return _collective(_REDUCESCATTER, [tensor], [result], _name("reducescatter", name),
+                           traced, reduce_op=op, prescale=prescale, postscale=postscale,
                            process_set=process_set)[0]
 
     def forward(tensor):
@@ -309,12 +359,13 @@ def _reducescatter_fn(name, op, prescale, postscale, process_set):
 
     def backward(_, grad):
         # Horovod's rule (as krug.torch's): the allgather of the output's gradient times the
-        # scale factors, and for Sum times the set's size.
+        # scale factors, and for Sum times the set's size. Each rank's share is known, so the
+        # allgather needs no exchange and works under jit with uneven shares too.
         if op not in (Sum, Average):
             raise NotImplementedError("the gradient of reducescatter is only defined for Sum "
                                       "and Average, not {}".format(_REDUCE_OPS.name(op)))
         scale = prescale * postscale * (n if op == Sum else 1)
-        grad = allgather(grad, process_set=process_set)
+        grad = _allgather_fn(None, process_set, _set_rows(rows_of["rows"], process_set))(grad)
         return (grad * jnp.asarray(scale, grad.dtype) if scale != 1.0 else grad,)
 
     scatter.defvjp(forward, backward)

@@ -89,6 +89,10 @@ inline void define_basics(pybind11::module_& m) {
   m.def("unnamed_op_name", [](const std::string& kind, int process_set) {
     return krug::unnamed_op_name(kind, ps(process_set));
   });
+  // The core's rule for alltoall splits (krug/binding_rules.h); raises ValueError.
+  m.def("check_alltoall_splits", [](const std::vector<int64_t>& splits, int64_t rows, int id) {
+    krug::check_alltoall_splits(splits, rows, ps(id));
+  });
   m.def("add_process_set", [](std::vector<int> ranks) {
     return call_interruptibly(
         [ranks = std::move(ranks)]() mutable { return krug::add_process_set(std::move(ranks)).id; },
