@@ -20,6 +20,7 @@ disagree) HorovodInternalError; inside ``jax.jit`` XLA raises them as
 """
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -101,21 +102,47 @@ def _raised(error):
     return HorovodInternalError(message)
 
 
+def _custom_call(results, attributes):
+    """The custom call for these results and attributes (a tuple of (name, value) pairs)."""
+    call = jax.ffi.ffi_call(_TARGET, [jax.ShapeDtypeStruct(shape, dtype)
+                                      for shape, dtype in results], has_side_effect=True)
+    kinds = dict(name=str, op=np.int64, reduce_op=np.int64, prescale=np.float64,
+                 postscale=np.float64, root=np.int64, process_set=np.int64, grouped=np.int64)
+    typed = {key: kinds[key](value) for key, value in attributes}
+    return lambda *arrays: call(*arrays, **typed)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(results, attributes):
+    # Eager calls go through one jitted function per signature: JAX's C++ dispatch then finds it
+    # in a few microseconds, where an ffi_call dispatched as a primitive costs hundreds.
+    return jax.jit(_custom_call(results, attributes))
+
+
 def _collective(op_type, arrays, results, name, traced, reduce_op=0, prescale=1.0, postscale=1.0,
                 root=0, process_set=global_process_set, grouped=False):
     """The custom call's results; eagerly, waited for, with krug's errors raised."""
     check_initialized()
-    call = jax.ffi.ffi_call(_TARGET, results, has_side_effect=True)
-    attributes = dict(name=name, op=np.int64(op_type), reduce_op=np.int64(reduce_op),
-                      prescale=np.float64(prescale), postscale=np.float64(postscale),
-                      root=np.int64(root), process_set=np.int64(_process_sets.set_id(process_set)),
-                      grouped=np.int64(grouped))
+    results = tuple((tuple(r.shape), jnp.dtype(r.dtype).name) for r in results)
+    attributes = (("name", name), ("op", op_type), ("reduce_op", int(reduce_op)),
+                  ("prescale", float(prescale)), ("postscale", float(postscale)),
+                  ("root", int(root)), ("process_set", _process_sets.set_id(process_set)),
+                  ("grouped", int(grouped)))
     if traced:
-        return call(*arrays, **attributes)
+        return _custom_call(results, attributes)(*arrays)
     try:
-        return jax.block_until_ready(call(*arrays, **attributes))
+        return jax.block_until_ready(_compiled(results, attributes)(*arrays))
     except jax.errors.JaxRuntimeError as e:
         raise _raised(e) from None
+
+
+def _primal_or_differentiable(fn, *args):
+    """``fn`` (a jax.custom_vjp) itself when it may be differentiated or traced, else its
+    primal function: eagerly the custom_vjp machinery costs more than the collective."""
+    if any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(args)) or \
+            _under_jit():
+        return fn(*args)
+    return fn.fun(*args)
 
 
 def _like(x):
@@ -182,7 +209,7 @@ def allreduce(tensor, average=None, name=None, op=None, prescale_factor=1.0,
     and Average."""
     op = _reduction_op(op, average)
     fn = _allreduce_fn(name, op, float(prescale_factor), float(postscale_factor), process_set)
-    return fn([jnp.asarray(tensor)])[0]
+    return _primal_or_differentiable(fn, [jnp.asarray(tensor)])[0]
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -193,7 +220,7 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
     if not tensors:
         return []
     fn = _allreduce_fn(name, op, float(prescale_factor), float(postscale_factor), process_set)
-    return fn(tensors)
+    return _primal_or_differentiable(fn, tensors)
 
 
 def _gathered_ints(values, kind, process_set):
@@ -252,7 +279,7 @@ def _allgather_fn(name, process_set, known_rows=None):
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's ``tensor`` concatenated along the first dimension, in rank order. Eagerly
     the first dimension may differ per rank; inside jax.jit it must not. Differentiable."""
-    return _allgather_fn(name, process_set)(jnp.asarray(tensor))
+    return _primal_or_differentiable(_allgather_fn(name, process_set), jnp.asarray(tensor))
 
 
 def _broadcast_fn(root, name, process_set):
@@ -279,7 +306,8 @@ def _broadcast_fn(root, name, process_set):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """``tensor`` of ``root_rank`` (a global rank, a member of ``process_set``) on every rank.
     Differentiable: the gradient is averaged over the ranks and kept on the root."""
-    return _broadcast_fn(root_rank, name, process_set)(jnp.asarray(tensor))
+    return _primal_or_differentiable(_broadcast_fn(root_rank, name, process_set),
+                                     jnp.asarray(tensor))
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -380,7 +408,7 @@ def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_
     _check_op(op)
     fn = _reducescatter_fn(name, op, float(prescale_factor), float(postscale_factor),
                            process_set)
-    return fn(jnp.asarray(tensor))
+    return _primal_or_differentiable(fn, jnp.asarray(tensor))
 
 
 def join():
