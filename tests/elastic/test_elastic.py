@@ -242,3 +242,37 @@ def test_tensorflow_killed_worker_costs_no_committed_work(tmp_path):
     print("killed w0 after step %s trained;" % m.group(1),
           job.wait_for(r"rolling back to commit \d+")[2].group(0), "|",
           job.wait_for(r"final loss .*")[2].group(0))
+
+
+def test_jax_killed_worker_costs_no_committed_work(tmp_path):
+    """krug.jax: a jitted optax step under hvd.elastic.run with JaxState (jax_elastic_worker.py),
+    committing every 5 steps, as the TensorFlow test: a host is added (its worker syncs the
+    parameters and optimizer state from rank 0), then rank 0's worker is SIGKILLed two steps
+    after a commit; the survivors roll back, re-form, retrace their jitted step for the new
+    job and finish, with every committed step applied exactly once and the model trained."""
+    worker = os.path.join(os.path.dirname(__file__), "jax_elastic_worker.py")
+    epochs, steps_per_epoch = 4, 30
+    job = ElasticJob(tmp_path, HOSTS[:3], ["--min-np", "2"],
+                     command=[sys.executable, worker, "--epochs", str(epochs), "--commit-every",
+                              "5", "--hold-at-step", "10", "--hold-for-workers", "4",
+                              "--result-file", os.path.join(str(tmp_path), "result.json")],
+                     env={"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"})
+    index, _, _ = job.wait_for(r"step 5 committed", timeout=240)
+    job.set_hosts(HOSTS)
+    index, _, _ = job.wait_for(r"round 1: 4 worker\(s\): .*w3 rank 3 \(new\)", timeout=240,
+                               after=index)
+    index, _, m = job.wait_for(r"step (\d*[27]) trained", after=index)  # 2 steps after a commit
+    os.kill(job.worker_pids()["w0"][1], signal.SIGKILL)
+    job.wait_for(r"w0 .*killed by signal 9", after=index)
+    job.wait_for(r"rolling back to commit \d+", after=index)
+    job.wait_for(r"round 2: 3 worker\(s\)", after=index)
+    assert job.finish() == 0, job.text()[-6000:]
+    got = result(job)
+    assert got["ranks"] == 3 and got["resets"] >= 2, got
+    assert got["steps_per_epoch"] == steps_per_epoch
+    assert got["ledger"] == [[e, b] for e in range(epochs) for b in range(steps_per_epoch)]
+    assert got["seen"] == [float(epochs)] * len(got["seen"]), sorted(set(got["seen"]))
+    assert got["loss"] < 0.5 and got["accuracy"] >= 0.8, got
+    print("killed w0 after step %s trained;" % m.group(1),
+          job.wait_for(r"rolling back to commit \d+")[2].group(0), "|",
+          job.wait_for(r"final loss .*")[2].group(0))

@@ -33,6 +33,9 @@ from krug.jax.functions import (Compression, allgather_object, allreduce_gradien
                                 broadcast_object, broadcast_parameters)
 from krug.jax.optimizer import DistributedOptimizer
 
+# Last: it builds on the names above (hvd.elastic.run, hvd.elastic.JaxState).
+from krug.jax import elastic  # noqa: E402
+
 __all__ = [
     "HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved",
     "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline",
@@ -43,5 +46,5 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "join", "Compression", "allgather_object", "allreduce_gradients", "broadcast_object",
-    "broadcast_parameters", "DistributedOptimizer",
+    "broadcast_parameters", "DistributedOptimizer", "elastic",
 ]

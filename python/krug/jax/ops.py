@@ -119,6 +119,11 @@ def _compiled(results, attributes):
     return jax.jit(_custom_call(results, attributes))
 
 
+def forget_compiled():
+    """Drops the eager calls' compiled functions (after an elastic reset)."""
+    _compiled.cache_clear()
+
+
 def _collective(op_type, arrays, results, name, traced, reduce_op=0, prescale=1.0, postscale=1.0,
                 root=0, process_set=global_process_set, grouped=False):
     """The custom call's results; eagerly, waited for, with krug's errors raised."""
