@@ -144,8 +144,7 @@ def _collective(op_type, arrays, results, name, traced, reduce_op=0, prescale=1.
 def _primal_or_differentiable(fn, *args):
     """``fn`` (a jax.custom_vjp) itself when it may be differentiated or traced, else its
     primal function: eagerly the custom_vjp machinery costs more than the collective."""
-    if any(isinstance(a, jax.core.Tracer) for a in jax.tree_util.tree_leaves(args)) or \
-            _under_jit():
+    if _traced(*jax.tree_util.tree_leaves(args)):
         return fn(*args)
     return fn.fun(*args)
 

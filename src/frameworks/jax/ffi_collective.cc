@@ -67,8 +67,8 @@ std::optional<DataType> krug_dtype(ffi::DataType t) {
   }
 }
 
-// What the operation needs of one XLA buffer after the handler has returned: XLA keeps the memory
-// alive until the future completes, but not the call frame that describes it.
+// What the operation needs of one XLA buffer: its data, element type and shape (the views borrow
+// the shape).
 struct Buffer {
   void* data = nullptr;
   ffi::DataType dtype = ffi::DataType::INVALID;
@@ -115,9 +115,9 @@ fe::OutputAllocator traced_outputs(std::vector<Buffer>& outputs, char& empty) {
   };
 }
 
-// The views of the first `n` inputs (their shapes live in `inputs`).
-std::vector<fe::TensorView> views(const std::vector<Buffer>& inputs, size_t n) {
-  static constexpr char kEmpty = 0;  // the address of a tensor without elements
+// The views of the first `n` inputs (their shapes live in `inputs`; `empty`: the address of a
+// tensor without elements).
+std::vector<fe::TensorView> views(const std::vector<Buffer>& inputs, size_t n, const char& empty) {
   std::vector<fe::TensorView> v;
   v.reserve(n);
   for (size_t i = 0; i < n; ++i) {
@@ -131,13 +131,14 @@ std::vector<fe::TensorView> views(const std::vector<Buffer>& inputs, size_t n) {
     }
     v.push_back(fe::TensorView{.dtype = *dtype,
                                .shape = {b.shape.data(), b.shape.size()},
-                               .data = b.data != nullptr ? b.data : &kEmpty});
+                               .data = b.data != nullptr ? b.data : &empty});
   }
   return v;
 }
 
-// Enqueues the operation; `splits` receives alltoall's (the seam borrows them until it ends).
-// What the callbacks reference lives in the caller, which waits until the operation ends.
+// Enqueues the operation; `splits` receives alltoall's (the seam borrows them until it ends),
+// `empty` is the address of tensors without elements. What the callbacks and views reference
+// lives in the caller, which waits until the operation ends.
 fe::Handle start(const Attributes& a, const std::vector<Buffer>& inputs,
                  std::vector<Buffer>& outputs, std::vector<int64_t>& splits, char& empty) {
   fe::Callbacks callbacks;
@@ -152,7 +153,7 @@ fe::Handle start(const Attributes& a, const std::vector<Buffer>& inputs,
     how.splits = splits;
     tensors -= 1;
   }
-  std::vector<fe::TensorView> in = views(inputs, tensors);
+  std::vector<fe::TensorView> in = views(inputs, tensors, empty);
   std::vector<void*> out;
   if (!sized_by_negotiation(how.type)) {
     for (size_t i = 0; i < tensors; ++i) {
