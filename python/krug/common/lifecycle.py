@@ -118,3 +118,31 @@ def barrier(process_set=global_process_set):
     """Returns once every rank of the set called it."""
     check_initialized()
     _basics.barrier(_process_sets.set_id(process_set))
+
+
+# Elastic training (krug.common.elastic) over _basics: what krug.tensorflow.elastic and
+# krug.jax.elastic both pass to the recovery loop and the states.
+
+
+def elastic_state_bindings(bcast_object):
+    """The keyword arguments of krug.common.elastic's states, given the frontend's
+    ``bcast_object(obj)`` (rank 0's ``obj`` on every rank)."""
+    return dict(bcast_object=bcast_object, get_rank=rank,
+                host_update=_basics.elastic_host_update,
+                elastic_enabled=_basics.elastic_enabled)
+
+
+def elastic_run_fn(func, forget=None):
+    """krug.common.elastic.run_fn around ``func``, whose reset re-initializes krug and then
+    calls ``forget()`` (a frontend's caches of the old job, if it has any)."""
+    from krug.common import elastic  # the frontends' elastic modules import it anyway
+
+    def reset():
+        shutdown()
+        init()
+        if forget is not None:
+            forget()
+
+    return elastic.run_fn(func, reset, elastic_round=_basics.elastic_round,
+                          topology=lambda: (rank(), size()),
+                          elastic_enabled=_basics.elastic_enabled)

@@ -25,9 +25,7 @@ from krug.jax import ops
 from krug.jax.functions import broadcast_object, broadcast_parameters
 
 
-def _reset():
-    lifecycle.shutdown()
-    lifecycle.init()
+def _forget_old_job():
     # Programs traced for the old job baked in its rank and size (hvd.size() in a learning
     # rate, reducescatter's share, allgather's result): they are traced again.
     jax.clear_caches()
@@ -35,11 +33,8 @@ def _reset():
 
 
 def _bindings():
-    basics = lifecycle._basics
-    return dict(bcast_object=lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"),
-                get_rank=lifecycle.rank,
-                host_update=basics.elastic_host_update,
-                elastic_enabled=basics.elastic_enabled)
+    return lifecycle.elastic_state_bindings(
+        lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"))
 
 
 def run(func):
@@ -52,10 +47,7 @@ def run(func):
         except jax.errors.JaxRuntimeError as e:
             # A failed krug collective in a jitted program (a lost peer, a stopped engine).
             raise HorovodInternalError(str(e)) from e
-    basics = lifecycle._basics
-    return common.run_fn(converting, _reset, elastic_round=basics.elastic_round,
-                         topology=lambda: (lifecycle.rank(), lifecycle.size()),
-                         elastic_enabled=basics.elastic_enabled)
+    return lifecycle.elastic_run_fn(converting, forget=_forget_old_job)
 
 
 class ObjectState(common.ObjectState):

@@ -16,21 +16,14 @@ import functools
 import tensorflow as tf
 
 from krug.common import elastic as common
+from krug.common import lifecycle
 from krug.common.exceptions import HorovodInternalError, WorkerRemoved
-from krug.tensorflow import mpi_ops
 from krug.tensorflow.functions import broadcast_object, broadcast_variables
 
 
-def _reset():
-    mpi_ops.shutdown()
-    mpi_ops.init()
-
-
 def _bindings():
-    return dict(bcast_object=lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"),
-                get_rank=mpi_ops.rank,
-                host_update=lambda: mpi_ops._basics.elastic_host_update(),
-                elastic_enabled=lambda: mpi_ops._basics.elastic_enabled())
+    return lifecycle.elastic_state_bindings(
+        lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"))
 
 
 def run(func):
@@ -43,9 +36,7 @@ def run(func):
         except (tf.errors.UnknownError, tf.errors.AbortedError) as e:
             # A failed krug op (a lost peer, a stopped engine) surfaces as a TensorFlow error.
             raise HorovodInternalError(e.message) from e
-    return common.run_fn(converting, _reset, elastic_round=mpi_ops._basics.elastic_round,
-                         topology=lambda: (mpi_ops.rank(), mpi_ops.size()),
-                         elastic_enabled=mpi_ops._basics.elastic_enabled)
+    return lifecycle.elastic_run_fn(converting)
 
 
 class ObjectState(common.ObjectState):
