@@ -3,9 +3,12 @@
 ``hvd.rank()``, ... defined once. krug.torch has the same calls in its own compiled module."""
 
 import atexit
+import functools
 
+from krug.common import elastic
 from krug.common import process_sets as _process_sets
 from krug.common.binding import load_basics
+from krug.common.exceptions import HorovodInternalError
 from krug.common.timeline import make_timeline_api
 
 _basics = load_basics()
@@ -124,18 +127,27 @@ def barrier(process_set=global_process_set):
 # krug.jax.elastic both pass to the recovery loop and the states.
 
 
-def elastic_state_bindings(bcast_object):
+def elastic_state_bindings(broadcast_object):
     """The keyword arguments of krug.common.elastic's states, given the frontend's
-    ``bcast_object(obj)`` (rank 0's ``obj`` on every rank)."""
-    return dict(bcast_object=bcast_object, get_rank=rank,
+    ``broadcast_object(obj, root_rank, name=...)``."""
+    return dict(bcast_object=lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"),
+                get_rank=rank,
                 host_update=_basics.elastic_host_update,
                 elastic_enabled=_basics.elastic_enabled)
 
 
-def elastic_run_fn(func, forget=None):
-    """krug.common.elastic.run_fn around ``func``, whose reset re-initializes krug and then
-    calls ``forget()`` (a frontend's caches of the old job, if it has any)."""
-    from krug.common import elastic  # the frontends' elastic modules import it anyway
+def elastic_run_fn(func, errors, message=str, forget=None):
+    """krug.common.elastic.run_fn around ``func``, the decorator ``hvd.elastic.run`` of a
+    frontend: ``errors`` (a tuple of the framework's exception types), as which a failed krug
+    operation reaches the training function, become HorovodInternalError with ``message(e)``;
+    a reset re-initializes krug and then calls ``forget()`` (a frontend's caches of the old
+    job, if it has any)."""
+    @functools.wraps(func)
+    def converting(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except errors as e:
+            raise HorovodInternalError(message(e)) from e
 
     def reset():
         shutdown()
@@ -143,6 +155,6 @@ def elastic_run_fn(func, forget=None):
         if forget is not None:
             forget()
 
-    return elastic.run_fn(func, reset, elastic_round=_basics.elastic_round,
+    return elastic.run_fn(converting, reset, elastic_round=_basics.elastic_round,
                           topology=lambda: (rank(), size()),
                           elastic_enabled=_basics.elastic_enabled)

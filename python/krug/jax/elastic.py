@@ -13,14 +13,12 @@ back to the last commit, re-form the job, sync rank 0's state. A reset also drop
 compiled programs, which fixed the old job's rank, size and shapes when they were traced.
 """
 
-import functools
-
 import jax
 import numpy as np
 
 from krug.common import elastic as common
 from krug.common import lifecycle
-from krug.common.exceptions import HorovodInternalError, WorkerRemoved
+from krug.common.exceptions import WorkerRemoved
 from krug.jax import ops
 from krug.jax.functions import broadcast_object, broadcast_parameters
 
@@ -33,21 +31,15 @@ def _forget_old_job():
 
 
 def _bindings():
-    return lifecycle.elastic_state_bindings(
-        lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"))
+    return lifecycle.elastic_state_bindings(broadcast_object)
 
 
 def run(func):
     """Decorator: runs ``func(state, ...)`` in the elastic recovery loop (see
-    krug.common.elastic.run_fn)."""
-    @functools.wraps(func)
-    def converting(state, *args, **kwargs):
-        try:
-            return func(state, *args, **kwargs)
-        except jax.errors.JaxRuntimeError as e:
-            # A failed krug collective in a jitted program (a lost peer, a stopped engine).
-            raise HorovodInternalError(str(e)) from e
-    return lifecycle.elastic_run_fn(converting, forget=_forget_old_job)
+    krug.common.elastic.run_fn). A failed krug collective in a jitted program (a lost peer, a
+    stopped engine) surfaces as jax.errors.JaxRuntimeError."""
+    return lifecycle.elastic_run_fn(func, (jax.errors.JaxRuntimeError,),
+                                    forget=_forget_old_job)
 
 
 class ObjectState(common.ObjectState):

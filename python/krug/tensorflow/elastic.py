@@ -11,32 +11,24 @@ the errors of krug's ops into HorovodInternalError, which the recovery loop of
 krug.common.elastic handles (roll back to the last commit, re-form, sync from rank 0).
 """
 
-import functools
-
 import tensorflow as tf
 
 from krug.common import elastic as common
 from krug.common import lifecycle
-from krug.common.exceptions import HorovodInternalError, WorkerRemoved
+from krug.common.exceptions import WorkerRemoved
 from krug.tensorflow.functions import broadcast_object, broadcast_variables
 
 
 def _bindings():
-    return lifecycle.elastic_state_bindings(
-        lambda obj: broadcast_object(obj, 0, name="krug.elastic.state"))
+    return lifecycle.elastic_state_bindings(broadcast_object)
 
 
 def run(func):
     """Decorator: runs ``func(state, ...)`` in the elastic recovery loop (see
-    krug.common.elastic.run_fn)."""
-    @functools.wraps(func)
-    def converting(state, *args, **kwargs):
-        try:
-            return func(state, *args, **kwargs)
-        except (tf.errors.UnknownError, tf.errors.AbortedError) as e:
-            # A failed krug op (a lost peer, a stopped engine) surfaces as a TensorFlow error.
-            raise HorovodInternalError(e.message) from e
-    return lifecycle.elastic_run_fn(converting)
+    krug.common.elastic.run_fn). A failed krug op (a lost peer, a stopped engine) surfaces as
+    a TensorFlow error."""
+    return lifecycle.elastic_run_fn(func, (tf.errors.UnknownError, tf.errors.AbortedError),
+                                    message=lambda e: e.message)
 
 
 class ObjectState(common.ObjectState):
