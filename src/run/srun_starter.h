@@ -12,7 +12,10 @@ namespace krug::run {
 // any rank: its stdout/stderr pipes carry the rank's output, its exit status is the rank's
 // (srun reports a task killed by signal N as status 128 + N), and SIGTERM to its group makes
 // srun cancel the step, which kills the rank's processes on their node. If krugrun dies, srun
-// dies with it (PR_SET_PDEATHSIG) and srun's own watchdog process cancels the step.
+// gets SIGTERM (PR_SET_PDEATHSIG) and cancels its step the same way. Not SIGKILL: srun forks
+// the watchdog that cancels its step when srun vanishes only after it created the step, and an
+// srun SIGKILLed in between left a step without tasks that not even scancel removes (it holds
+// its CPUs until the job ends). srun blocks SIGTERM from its start and acts on it once ready.
 class SrunStarter : public RankStarter {
  public:
   explicit SrunStarter(std::string job_id) : job_id_(std::move(job_id)) {}
@@ -20,7 +23,6 @@ class SrunStarter : public RankStarter {
 
  private:
   std::string job_id_;
-  LocalStarter local_;
 };
 
 }  // namespace krug::run

@@ -26,11 +26,11 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
 // Runs in the forked child. krugrun has threads (the rendezvous server), so only
 // async-signal-safe calls are allowed between fork and exec: everything is prepared beforehand.
 [[noreturn]] void exec_child(pid_t parent, char* const* argv, char* const* envp, int in_fd,
-                             int out_fd, int err_fd, int status_fd) {
+                             int out_fd, int err_fd, int status_fd, int death_signal) {
   ::setpgid(0, 0);
   // Die with krugrun even if it is SIGKILLed; the check closes the race with a parent that
   // died before prctl ran.
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  ::prctl(PR_SET_PDEATHSIG, death_signal);
   if (::getppid() != parent) ::_exit(127);
   // krugrun blocks the signals it reads through signalfd and ignores SIGPIPE; ranks start clean.
   struct sigaction dfl {};
@@ -58,7 +58,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
 
 StartedRank spawn_process(const std::vector<std::string>& argv_strings,
                           const std::vector<std::string>& envp_strings, bool stdin_pipe,
-                          const std::string& what) {
+                          const std::string& what, int death_signal) {
   if (argv_strings.empty()) throw Error("krugrun: empty command");
   Pipe out = make_pipe(), err = make_pipe(), status = make_pipe();
   Pipe in;
@@ -71,7 +71,7 @@ StartedRank spawn_process(const std::vector<std::string>& argv_strings,
   if (pid < 0) throw Error(std::string("krugrun: fork failed: ") + std::strerror(errno));
   if (pid == 0)
     exec_child(parent, argv.data(), envp.data(), in.read.get(), out.write.get(), err.write.get(),
-               status.write.get());
+               status.write.get(), death_signal);
 
   RankProcess process(pid);
   // Also set here so the group exists before we might signal it (the child may not have run).
@@ -93,13 +93,15 @@ StartedRank spawn_process(const std::vector<std::string>& argv_strings,
                      std::move(in.write)};
 }
 
-StartedRank LocalStarter::start(const RankLaunch& launch) {
-  return spawn_process(launch.argv, launch.envp, false,
-                       "rank " + std::to_string(launch.slot.rank) + " on host " + launch.slot.host);
+std::string describe_rank(const RankSlot& slot) {
+  return "rank " + std::to_string(slot.rank) + " on host " + slot.host;
 }
 
-std::unique_ptr<RankStarter> make_starter(const std::string& host,
-                                          const std::string& this_hostname,
+StartedRank LocalStarter::start(const RankLaunch& launch) {
+  return spawn_process(launch.argv, launch.envp, false, describe_rank(launch.slot));
+}
+
+std::unique_ptr<RankStarter> make_starter(const std::string& host, const std::string& this_hostname,
                                           const std::vector<std::string>& local_addresses,
                                           const SshOptions& ssh) {
   if (is_local_host(host, this_hostname, local_addresses)) return std::make_unique<LocalStarter>();

@@ -2,6 +2,7 @@
 // make_starter() picks one per host.
 #pragma once
 
+#include <csignal>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,7 +16,7 @@ namespace krug::run {
 struct RankLaunch {
   RankSlot slot;
   std::vector<std::string> argv;
-  std::vector<std::string> envp;              // complete environment, NAME=value
+  std::vector<std::string> envp;               // complete environment, NAME=value
   std::vector<std::string> forward_env_names;  // -x VAR: what a remote starter must carry over
 };
 
@@ -28,12 +29,16 @@ struct StartedRank {
   Fd stdin_keepalive;
 };
 
-// fork/execvp `argv` with `envp` in its own process group, dying with krugrun. stdin is
-// /dev/null, or a pipe whose write end is returned when `stdin_pipe`. `what` names the rank and
-// host in the error thrown when the program cannot be started.
+// fork/execvp `argv` with `envp` in its own process group. stdin is /dev/null, or a pipe whose
+// write end is returned when `stdin_pipe`. `what` names the rank and host in the error thrown
+// when the program cannot be started. When krugrun dies, even by SIGKILL, the process gets
+// `death_signal`: SIGKILL for ranks, SIGTERM for programs that must clean up after themselves.
 StartedRank spawn_process(const std::vector<std::string>& argv,
                           const std::vector<std::string>& envp, bool stdin_pipe,
-                          const std::string& what);
+                          const std::string& what, int death_signal = SIGKILL);
+
+// "rank R on host H", as errors name a rank.
+std::string describe_rank(const RankSlot& slot);
 
 class RankStarter {
  public:
