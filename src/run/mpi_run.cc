@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -62,8 +63,10 @@ int launch_mpi(const LaunchOptions& options) {
   RankSlot slot;
   slot.size = options.np;
   slot.host = this_host;
+  // SIGTERM when krugrun dies: mpirun then stops the ranks (SIGKILL after its grace). A
+  // SIGKILLed mpirun left them running, as orphans of nobody's job.
   StartedRank started =
-      LocalStarter().start(RankLaunch{slot, cmd.argv, to_envp(cmd.env), options.forward_env});
+      spawn_process(cmd.argv, to_envp(cmd.env), false, "mpirun on host " + this_host, SIGTERM);
   // mpirun tags every line with its rank (--tag-output) unless --no-prefix; mpirun writes the
   // ranks' files itself for --output-filename.
   auto regroup = [&]() -> std::unique_ptr<LineRewriter> {

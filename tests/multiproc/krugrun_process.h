@@ -59,6 +59,25 @@ inline int count_processes_with(const std::string& marker) {
   return count;
 }
 
+// Waits until at least `n` processes carry the marker (ranks started); 60 s only guards against
+// a hang.
+inline bool wait_for_processes(const std::string& marker, int n) {
+  for (int i = 0; i < 6000; ++i) {
+    if (count_processes_with(marker) >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Waits until no process carries the marker; false after 60 s.
+inline bool wait_for_no_process(const std::string& marker) {
+  for (int i = 0; i < 6000; ++i) {
+    if (count_processes_with(marker) == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 // `krugrun args...` as a child process with stdout/stderr in files. Killed (with its ranks,
 // which die with krugrun) if still running when destroyed or when wait() times out.
 class KrugrunProcess {

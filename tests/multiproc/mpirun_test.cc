@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -117,6 +118,16 @@ TEST(KrugrunMpi, ExitsWithTheRanksStatus) {
   EXPECT_EQ(job.wait(kRunTimeout), 2) << job.output();
   EXPECT_TRUE(contains(job.err(), "[0]<stderr>:usage: krug_test_worker")) << job.output();
   EXPECT_EQ(lines_of(job.err()).back(), "krugrun: mpirun exited with status 2") << job.output();
+}
+
+TEST(KrugrunMpi, RanksDieWithAKilledLauncher) {
+  const std::string marker = unique_marker();
+  KrugrunProcess job(KRUGRUN_PATH, {"--mpi", "-np", "2", "-x", "MARK=" + marker, "sleep", "600"});
+  ASSERT_TRUE(wait_for_processes(marker, 3)) << job.output();  // mpirun and both ranks
+  ::kill(job.pid(), SIGKILL);
+  EXPECT_EQ(job.wait(kRunTimeout), 128 + SIGKILL);
+  // mpirun got SIGTERM from the kernel and stopped its ranks before exiting.
+  EXPECT_TRUE(wait_for_no_process(marker)) << count_processes_with(marker) << " left";
 }
 
 }  // namespace
