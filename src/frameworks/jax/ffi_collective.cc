@@ -2,9 +2,9 @@
 // and inside jax.jit. It describes XLA's buffers as views, enqueues them through the frontend
 // seam (krug/frontend.h), the only part of the core it uses, and waits on XLA's thread for the
 // result, running krug's loop there meanwhile as krug.torch's synchronize does. Synchronous on
-// purpose: XLA's CPU runtime runs a program's custom calls one after another in program order
-// anyway (an asynchronous handler gains no overlap), and the rest of the program must go on on
-// XLA's thread, not on krug's (a host callback after a collective may itself call krug).
+// purpose: krug.jax chains a program's collectives one after another (python/krug/jax/ops.py,
+// _ProgramOrder), so an asynchronous handler gains no overlap, and the rest of the program must
+// go on on XLA's thread, not on krug's (a host callback after a collective may call krug).
 //
 // XLA fixes every result's shape when the program is traced, so the results that negotiation
 // sizes (allgather, alltoall, reducescatter) are written straight into XLA's buffers, after a
@@ -208,33 +208,36 @@ ffi::Error run(const Attributes& a, std::vector<Buffer>& inputs, std::vector<Buf
 ffi::Error collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
                       int64_t op_type, int64_t reduce_op, double prescale, double postscale,
                       int64_t root, int64_t process_set, int64_t grouped) {
-  std::vector<Buffer> inputs;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto b = args.get<ffi::AnyBuffer>(i);
-    if (!b.has_value()) return b.error();
-    inputs.emplace_back(*b);
-  }
-  std::vector<Buffer> outputs;
-  for (size_t i = 0; i < rets.size(); ++i) {
-    auto b = rets.get<ffi::AnyBuffer>(i);
-    if (!b.has_value()) return b.error();
-    outputs.emplace_back(**b);
-  }
-  const Attributes a{
-      .name = name,
-      .op = fe::Op{.type = static_cast<fe::OpType>(op_type),
-                   .process_set = krug::ProcessSet{static_cast<int32_t>(process_set)},
-                   .reduce_op = static_cast<krug::ReduceOp>(reduce_op),
-                   .prescale = prescale,
-                   .postscale = postscale,
-                   .root = static_cast<int32_t>(root)},
-      .grouped = grouped != 0};
+  // Nothing may cross XLA's C interface as an exception: every error becomes XLA's.
   try {
+    std::vector<Buffer> inputs;
+    for (size_t i = 0; i < args.size(); ++i) {
+      auto b = args.get<ffi::AnyBuffer>(i);
+      if (!b.has_value()) return b.error();
+      inputs.emplace_back(*b);
+    }
+    std::vector<Buffer> outputs;
+    for (size_t i = 0; i < rets.size(); ++i) {
+      auto b = rets.get<ffi::AnyBuffer>(i);
+      if (!b.has_value()) return b.error();
+      outputs.emplace_back(**b);
+    }
+    const Attributes a{
+        .name = name,
+        .op = fe::Op{.type = static_cast<fe::OpType>(op_type),
+                     .process_set = krug::ProcessSet{static_cast<int32_t>(process_set)},
+                     .reduce_op = static_cast<krug::ReduceOp>(reduce_op),
+                     .prescale = prescale,
+                     .postscale = postscale,
+                     .root = static_cast<int32_t>(root)},
+        .grouped = grouped != 0};
     return run(a, inputs, outputs);
   } catch (const krug::InvalidArgument& e) {
     return ffi::Error::InvalidArgument(e.what());
   } catch (const std::exception& e) {
     return ffi::Error::Internal(e.what());
+  } catch (...) {
+    return ffi::Error::Internal("krug.jax: the collective failed with an unknown exception");
   }
 }
 
