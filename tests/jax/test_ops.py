@@ -5,6 +5,7 @@ Rank r contributes 2r+1, so over n ranks Sum = n^2, Average = n, Min = 1, Max = 
 Product = 1*3*5*..., exact in every dtype for n <= 3.
 """
 
+import json
 import math
 
 import jax
@@ -99,6 +100,46 @@ def test_one_jitted_step_reuses_its_names_every_call():
         out = step(mine(jnp.float32) + i)
         want = expected("sum") + n() * i + 2 * (expected("max") + i)
         np.testing.assert_array_equal(as_np(out), want)
+
+
+def first_negotiations(path):
+    """{tensor name: when its first negotiation began} from a timeline file."""
+    with open(path) as f:
+        events = json.load(f)
+    rows = {e["pid"]: e["args"]["name"] for e in events
+            if e["ph"] == "M" and e["name"] == "process_name"}
+    first = {}
+    for e in events:
+        if e["ph"] == "B" and e["name"].startswith("NEGOTIATE"):
+            name = rows[e["pid"]]
+            first[name] = min(first.get(name, e["ts"]), e["ts"])
+    return first
+
+
+def test_a_jitted_programs_collectives_run_in_the_order_of_its_calls(tmp_path):
+    # XLA's CPU runtime runs independent operations as their data allows, not in program order
+    # (12 independent host callbacks ran as 0-5, 11-6 here); krug.jax chains a program's
+    # collectives so that every rank runs them in the order the program called them.
+    count = 12
+    xs = [mine(jnp.float32, (4096 + 64 * i,)) for i in range(count)]
+
+    @jax.jit
+    def step(xs):
+        return [hvd.allreduce(x * 2, op=hvd.Sum, name="order.%d" % i) for i, x in enumerate(xs)]
+
+    jax.block_until_ready(step(xs))  # compiled before the timeline starts
+    path = str(tmp_path / "order.json")
+    hvd.start_timeline(path)
+    out = jax.block_until_ready(step(xs))
+    hvd.stop_timeline()
+    for o in out:
+        np.testing.assert_array_equal(as_np(o), 2 * expected("sum"))
+    # The order is a data dependency: each collective after the one before.
+    assert step.lower(xs).as_text().count("optimization_barrier") == count - 1
+    if r() == 0:  # only rank 0 writes a timeline
+        first = first_negotiations(path)
+        began = [first["order.%d" % i] for i in range(count)]
+        assert began == sorted(began), [f"order.{i}" for i in np.argsort(began)]
 
 
 def test_allgather_eager_takes_a_first_dimension_per_rank():

@@ -4,9 +4,10 @@ krug's frontend seam without copying them through Python.
 
 Names. Ranks match operations by name. An unnamed operation is named after the line of the
 user's code that called it (``jax.allreduce@train.py:42``), the same on every rank and every
-time a function is traced again. XLA runs a program's custom calls one after another, in
-program order, so operations of one line that share a name never overlap; every rank must run
-the same jitted programs in the same order (as SPMD training does).
+time a function is traced again. A jitted program's collectives run one after another in the
+order it called them (_ProgramOrder), so operations of one line that share a name never
+overlap; every rank must run the same jitted programs in the same order (as SPMD training
+does).
 
 Shapes. XLA fixes every result's shape when it traces a program. Eagerly krug.jax asks the
 other ranks first, so allgather and alltoall accept a first dimension (and alltoall splits)
@@ -23,6 +24,7 @@ import ctypes
 import functools
 import os
 import sys
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +50,11 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _JOIN = 0, 1, 2, 
 
 global_process_set = _process_sets.global_process_set
 
+
+try:  # the tracers of a program being staged out for jax.jit
+    from jax._src.interpreters.partial_eval import DynamicJaxprTracer as _DynamicJaxprTracer
+except ImportError:  # pragma: no cover
+    _DynamicJaxprTracer = jax.core.Tracer
 
 try:  # JAX's own test for a jit trace (not grad's); gone from a future JAX: the arrays say
     from jax._src.core import unsafe_am_i_under_a_jit as _under_jit
@@ -80,9 +87,10 @@ def _call_site():
 
 def _name(kind, name):
     """``name``, or one after the call site (``jax.allreduce@train.py:42``). A program runs its
-    collectives one after another, so the ops of one line may share its name; a name from the
-    code rather than from a counter stays the same when a function is traced again (another
-    shape, jax.eval_shape) on some ranks only, and stall reports point at the line."""
+    collectives one after another (_ProgramOrder), so the ops of one line may share its name; a
+    name from the code rather than from a counter stays the same when a function is traced
+    again (another shape, jax.eval_shape) on some ranks only, and stall reports point at the
+    line."""
     if name is not None:
         return str(name)
     return "jax.%s@%s" % (kind, _call_site())
@@ -119,6 +127,51 @@ def _compiled(results, attributes):
     return jax.jit(_custom_call(results, attributes))
 
 
+class _ProgramOrder:
+    """Runs the collectives of a traced program in the order the program called them, on every
+    rank. XLA's CPU runtime runs a program's operations as their data allows, on a pool of
+    threads, not in program order; two independent collectives could then start in one order
+    on one rank and in the other on another, each rank waiting in a different one. So each
+    collective's inputs pass through an optimization barrier with the previous collective's
+    results of the same trace: a data dependency, which XLA keeps and which costs nothing."""
+
+    def __init__(self):
+        # trace -> its last collective's results (weakly: both live as long as the trace does)
+        self._last = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _staged(values):
+        """The first leaf of ``values`` as the program being staged out (jit's trace) holds it:
+        under grad or vmap a leaf wraps it (``primal``, ``val``); None when nothing is staged
+        (eagerly, where every call waits for the one before)."""
+        for leaf in jax.tree_util.tree_leaves(values):
+            while isinstance(leaf, jax.core.Tracer):
+                if isinstance(leaf, _DynamicJaxprTracer):
+                    return leaf
+                leaf = getattr(leaf, "primal", getattr(leaf, "val", None))
+        return None
+
+    def after_previous(self, values):
+        """``values`` (a pytree), made to depend on the last collective of their program."""
+        staged = self._staged(values)
+        last = self._last.get(staged._trace) if staged is not None else None
+        previous = last() if last is not None else None
+        if previous is None:
+            return values
+        values, _ = jax.lax.optimization_barrier((values, previous))
+        return values
+
+    def record(self, results):
+        """``results`` (a pytree) are the last collective's of their program."""
+        staged = self._staged(results)
+        if staged is not None:
+            self._last[staged._trace] = weakref.ref(staged)
+        return results
+
+
+_program_order = _ProgramOrder()
+
+
 def forget_compiled():
     """Drops the eager calls' compiled functions (after an elastic reset)."""
     _compiled.cache_clear()
@@ -134,7 +187,8 @@ def _collective(op_type, arrays, results, name, traced, reduce_op=0, prescale=1.
                   ("root", int(root)), ("process_set", _process_sets.set_id(process_set)),
                   ("grouped", int(grouped)))
     if traced:
-        return _custom_call(results, attributes)(*arrays)
+        arrays = _program_order.after_previous(list(arrays))
+        return _program_order.record(_custom_call(results, attributes)(*arrays))
     try:
         return jax.block_until_ready(_compiled(results, attributes)(*arrays))
     except jax.errors.JaxRuntimeError as e:
@@ -145,7 +199,8 @@ def _primal_or_differentiable(fn, *args):
     """``fn`` (a jax.custom_vjp) itself when it may be differentiated or traced, else its
     primal function: eagerly the custom_vjp machinery costs more than the collective."""
     if _traced(*jax.tree_util.tree_leaves(args)):
-        return fn(*args)
+        # Also ordered here, in the caller's trace: JAX traces a custom_vjp's body apart.
+        return _program_order.record(fn(*_program_order.after_previous(args)))
     return fn.fun(*args)
 
 
