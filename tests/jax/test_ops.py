@@ -148,6 +148,16 @@ def test_allgather_eager_takes_a_first_dimension_per_rank():
     np.testing.assert_array_equal(np.asarray(out), want)
 
 
+def test_a_named_eager_allgather_may_come_from_different_lines():
+    # Ranks match the row-count exchange by the operation's name too, not by the calling line.
+    x = jnp.ones((r() + 1, 2))
+    if r() == 0:
+        out = hvd.allgather(x, name="test.branches")
+    else:
+        out = hvd.allgather(x, name="test.branches")
+    assert out.shape == (n() * (n() + 1) // 2, 2)
+
+
 def test_allgather_jitted_with_the_same_shape_everywhere():
     out = jax.jit(hvd.allgather)(mine(jnp.float32, (2, 3)))
     want = np.concatenate([np.full((2, 3), 2 * k + 1) for k in range(n())])
@@ -235,6 +245,18 @@ def test_gradients_follow_horovods_rules():
     # reducescatter (Sum): the allgather of the gradient times the set's size.
     g = jax.grad(lambda a: hvd.reducescatter(a, op=hvd.Sum).sum())(jnp.ones((n(), 2)))
     np.testing.assert_allclose(as_np(g), float(n()))
+
+
+def test_a_grouped_allreduce_of_floats_and_integers_is_differentiable():
+    # The integer output has no gradient (JAX passes float0): only the floats are reduced.
+    def loss(a):
+        total, count = hvd.grouped_allreduce([a.sum(), jnp.int32(3)], op=hvd.Sum)
+        return total / count, count
+
+    for f in (jax.grad(loss, has_aux=True), jax.jit(jax.grad(loss, has_aux=True))):
+        g, count = f(mine(jnp.float32, (3,)))
+        assert int(count) == 3 * n()
+        np.testing.assert_allclose(as_np(g), 1.0 / 3)
 
 
 def test_jitted_gradients_match_the_eager_ones():

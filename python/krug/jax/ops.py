@@ -245,11 +245,19 @@ def _allreduce_fn(name, op, prescale, postscale, process_set):
         return reduce(tensors), None
 
     def backward(_, grads):
-        # Horovod's rule: the same allreduce of the output's gradient.
+        # Horovod's rule: the same allreduce of the output's gradient. Integer and bool outputs
+        # have none (JAX passes float0 zeros), which go back as they came.
         if op not in (Sum, Average):
             raise NotImplementedError("the gradient of allreduce is only defined for Sum and "
                                       "Average, not {}".format(_REDUCE_OPS.name(op)))
-        return (_allreduce_fn(None, op, prescale, postscale, process_set)(list(grads)),)
+        grads = list(grads)
+        floating = [i for i, g in enumerate(grads) if jnp.issubdtype(g.dtype, jnp.inexact)]
+        if floating:
+            fn = _allreduce_fn(None, op, prescale, postscale, process_set)
+            reduced = _primal_or_differentiable(fn, [grads[i] for i in floating])
+            for i, g in zip(floating, reduced):
+                grads[i] = g
+        return (grads,)
 
     reduce.defvjp(forward, backward)
     return reduce
@@ -282,13 +290,14 @@ def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor
     return _primal_or_differentiable(fn, tensors)
 
 
-def _gathered_ints(values, kind, process_set):
+def _gathered_ints(values, name, process_set):
     """Every rank's ``values`` (the same count on every rank), as a list per rank in set order:
-    one small eager allgather, named after the user's call."""
+    one small eager allgather called ``name`` (after the operation it serves, so ranks that
+    name that one alike match here too)."""
     n = _set_size(process_set)
     out = _collective(_ALLGATHER, [jnp.asarray(values, dtype=jnp.int32)],
                       [jax.ShapeDtypeStruct((n * len(values),), jnp.int32)],
-                      _name(kind, None), False, process_set=process_set)[0]
+                      name, False, process_set=process_set)[0]
     flat = [int(v) for v in np.asarray(out)]
     return [flat[i * len(values):(i + 1) * len(values)] for i in range(n)]
 
@@ -313,7 +322,8 @@ def _allgather_fn(name, process_set, known_rows=None):
         elif traced:
             rows = [tensor.shape[0]] * _set_size(process_set)
         else:
-            rows = [r[0] for r in _gathered_ints([tensor.shape[0]], "allgather.rows",
+            rows = [r[0] for r in _gathered_ints([tensor.shape[0]],
+                                                  _name("allgather", name) + ".rows",
                                                   process_set)]
         rows_of["rows"] = rows
         result = jax.ShapeDtypeStruct((sum(rows),) + tensor.shape[1:], tensor.dtype)
@@ -385,7 +395,8 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     if traced:
         sent, rows = np.zeros([0], np.int32), tensor.shape[0]
     else:
-        sent, received = _agreed_splits(tensor.shape[0], splits, process_set)
+        sent, received = _agreed_splits(tensor.shape[0], splits, _name("alltoall", name),
+                                        process_set)
         rows = sum(received)
     results = [jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype),
                jax.ShapeDtypeStruct((n,), jnp.int32)]
@@ -394,7 +405,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return out, received
 
 
-def _agreed_splits(rows, splits, process_set):
+def _agreed_splits(rows, splits, name, process_set):
     """(this rank's splits, the rows each rank sends it), eagerly. Every rank learns every
     rank's splits (one small allgather) and checks them all with the core's rule, so a bad
     split raises the same ValueError on every rank instead of leaving the others waiting."""
@@ -402,7 +413,7 @@ def _agreed_splits(rows, splits, process_set):
     mine = [-1] * n if splits is None else [int(v) for v in np.asarray(splits).reshape(-1)]
     if len(mine) != n:
         mine = [-2] * n  # a wrong count: every rank reports it below
-    everyone = _gathered_ints([rows] + mine, "alltoall.splits", process_set)
+    everyone = _gathered_ints([rows] + mine, name + ".splits", process_set)
     set_id = _process_sets.set_id(process_set)
     ranks = _basics.process_set_ranks(set_id)
     agreed = []
@@ -452,7 +463,8 @@ def _reducescatter_fn(name, op, prescale, postscale, process_set):
             raise NotImplementedError("the gradient of reducescatter is only defined for Sum "
                                       "and Average, not {}".format(_REDUCE_OPS.name(op)))
         scale = prescale * postscale * (n if op == Sum else 1)
-        grad = _allgather_fn(None, process_set, _set_rows(rows_of["rows"], process_set))(grad)
+        gather = _allgather_fn(None, process_set, _set_rows(rows_of["rows"], process_set))
+        grad = _primal_or_differentiable(gather, grad)
         return (grad * jnp.asarray(scale, grad.dtype) if scale != 1.0 else grad,)
 
     scatter.defvjp(forward, backward)
