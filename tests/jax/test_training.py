@@ -1,10 +1,14 @@
 """krug.jax's training helpers inside every rank of `krugrun -np N python -m pytest`: parameter
 trees, gradients, optax's optimizer and Python objects."""
 
+import importlib.util
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import krug.jax as hvd
 
@@ -72,6 +76,20 @@ def test_python_objects():
     got = hvd.broadcast_object({"epoch": 3, "rank": hvd.rank()}, root_rank=0)
     assert got == {"epoch": 3, "rank": 0}
     assert hvd.allgather_object(("r", hvd.rank())) == [("r", k) for k in range(hvd.size())]
+
+
+def test_an_object_that_cannot_be_sent_raises_on_every_rank():
+    # A lock pickles with neither pickle nor cloudpickle: the others must not wait for it.
+    lock = threading.Lock()
+    with pytest.raises(ValueError, match=r"rank\(s\) 0 could not send the object"):
+        hvd.broadcast_object(lock if hvd.rank() == 0 else None, root_rank=0)
+    last = hvd.size() - 1
+    with pytest.raises(ValueError, match=r"rank\(s\) {} could not send".format(last)):
+        hvd.allgather_object(lock if hvd.rank() == last else hvd.rank())
+    # The job goes on, and where cloudpickle is installed a lambda travels (as in Horovod).
+    travels = (lambda v: v + 1) if importlib.util.find_spec("cloudpickle") else (1).__add__
+    add_one = hvd.broadcast_object(travels if hvd.rank() == 0 else None, root_rank=0)
+    assert add_one(1) == 2
 
 
 def test_a_joined_rank_contributes_zeros_and_join_names_the_last():

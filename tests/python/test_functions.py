@@ -2,6 +2,9 @@
 Run inside ranks: build/krugrun -np N /usr/bin/python3 -m pytest -q tests/python/test_functions.py
 """
 
+import importlib.util
+import threading
+
 import pytest
 import torch
 
@@ -154,3 +157,17 @@ def test_allgather_object():
     for r, o in enumerate(got):
         assert o == {'rank': r, 'payload': [r] * (r * 100)}
     assert hvd.allgather_object(RANK, name='ints') == list(range(SIZE))
+
+
+def test_an_object_that_cannot_be_sent_raises_on_every_rank():
+    # A lock pickles with neither pickle nor cloudpickle: the others must not wait for it.
+    lock = threading.Lock()
+    with pytest.raises(ValueError, match=r"rank\(s\) 0 could not send the object"):
+        hvd.broadcast_object(lock if RANK == 0 else None, root_rank=0)
+    last = SIZE - 1
+    with pytest.raises(ValueError, match=r"rank\(s\) {} could not send".format(last)):
+        hvd.allgather_object(lock if RANK == last else RANK)
+    # The job goes on, and where cloudpickle is installed a lambda travels (as in Horovod).
+    travels = (lambda v: v + 1) if importlib.util.find_spec("cloudpickle") else (1).__add__
+    add_one = hvd.broadcast_object(travels if RANK == 0 else None, root_rank=0)
+    assert add_one(1) == 2

@@ -5,9 +5,11 @@ Rank r contributes 2r+1, so over n ranks Sum = n^2, Average = n, Min = 1, Max = 
 Product = 1*3*5*..., exact in every dtype for n <= 3.
 """
 
+import importlib.util
 import math
 import os
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -318,6 +320,20 @@ def test_broadcast_variables_and_objects():
     obj = hvd.broadcast_object({"rank": r(), "list": [1, 2]} if r() == 0 else None)
     assert obj == {"rank": 0, "list": [1, 2]}
     assert hvd.allgather_object(("r", r())) == [("r", k) for k in range(n())]
+
+
+def test_an_object_that_cannot_be_sent_raises_on_every_rank():
+    # A lock pickles with neither pickle nor cloudpickle: the others must not wait for it.
+    lock = threading.Lock()
+    with pytest.raises(ValueError, match=r"rank\(s\) 0 could not send the object"):
+        hvd.broadcast_object(lock if r() == 0 else None, root_rank=0)
+    last = n() - 1
+    with pytest.raises(ValueError, match=r"rank\(s\) {} could not send".format(last)):
+        hvd.allgather_object(lock if r() == last else r())
+    # The job goes on, and where cloudpickle is installed a lambda travels (as in Horovod).
+    travels = (lambda v: v + 1) if importlib.util.find_spec("cloudpickle") else (1).__add__
+    add_one = hvd.broadcast_object(travels if r() == 0 else None, root_rank=0)
+    assert add_one(1) == 2
 
 
 def test_start_and_stop_timeline_eager_and_in_a_function():

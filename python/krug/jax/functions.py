@@ -2,13 +2,11 @@
 (Horovod's ``broadcast_parameters``, ``broadcast_object`` and ``allgather_object``), and the fp16
 wire compression."""
 
-import io
-import pickle
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from krug.common import objects as _objects
 from krug.common.lifecycle import rank
 from krug.jax.ops import Average, allgather, broadcast, global_process_set, grouped_allreduce
 
@@ -76,36 +74,37 @@ def allreduce_gradients(grads, op=Average, compression=Compression.none, name=No
         tree, [compression.decompress(x, dtype) for x, (_, dtype) in zip(reduced, packed)])
 
 
-def _dumps(obj):
-    buf = io.BytesIO()
-    pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
-    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
+# JAX makes 32-bit integers unless jax_enable_x64 is set: lengths are int32.
+_MAX_OBJECT_BYTES = int(np.iinfo(np.int32).max)
+
+
+def _int32(array):
+    return array.astype(np.int32) if array.dtype == np.int64 else array
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank. Not inside jit."""
+    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank. Not inside jit.
+    An object the root cannot pickle raises ValueError on every rank."""
     name = name or _OBJECT_NAME
-    data = _dumps(obj) if rank() == root_rank else None
-    length = np.asarray([0 if data is None else len(data)], np.int32)
-    length = int(broadcast(length, root_rank, name=name + ".len", process_set=process_set)[0])
-    payload = data if data is not None else np.zeros([length], np.uint8)
-    payload = broadcast(payload, root_rank, name=name + ".data", process_set=process_set)
-    if rank() == root_rank:
-        return obj
-    return pickle.loads(np.asarray(payload).tobytes())
+
+    def broadcast_array(array, suffix):
+        return broadcast(_int32(array), root_rank, name=name + suffix, process_set=process_set)
+
+    return _objects.broadcast_object(obj, root_rank, rank() == root_rank,
+                                     lambda a: broadcast_array(a, ".len"),
+                                     lambda a: broadcast_array(a, ".data"),
+                                     max_bytes=_MAX_OBJECT_BYTES)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's ``obj`` (any picklable object), in rank order. Not
-    inside jit."""
+    inside jit. An object some rank cannot pickle raises ValueError on every rank."""
     name = name or _OBJECT_NAME + ".gather"
-    data = _dumps(obj)
-    lengths = np.asarray(allgather(np.asarray([len(data)], np.int32), name=name + ".len",
-                                   process_set=process_set))
-    gathered = np.asarray(allgather(data, name=name + ".data",
-                                    process_set=process_set)).tobytes()
-    out, offset = [], 0
-    for n in lengths:
-        out.append(pickle.loads(gathered[offset:offset + int(n)]))
-        offset += int(n)
-    return out
+
+    def allgather_array(array, suffix):
+        return allgather(_int32(array), name=name + suffix, process_set=process_set)
+
+    return _objects.allgather_object(obj, process_set.ranks,
+                                     lambda a: allgather_array(a, ".len"),
+                                     lambda a: allgather_array(a, ".data"),
+                                     max_bytes=_MAX_OBJECT_BYTES)

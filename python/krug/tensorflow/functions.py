@@ -1,11 +1,8 @@
 """Broadcasting variables and Python objects (Horovod's ``horovod.tensorflow.functions``)."""
 
-import io
-import pickle
-
-import numpy as np
 import tensorflow as tf
 
+from krug.common import objects as _objects
 from krug.tensorflow.mpi_ops import (_executing_eagerly, allgather, broadcast,
                                      global_process_set, rank)
 
@@ -40,28 +37,18 @@ def _broadcast_group(variables, root_rank, process_set):
         v.assign(x)
 
 
-def _dumps(obj):
-    buf = io.BytesIO()
-    pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
-    return np.frombuffer(buf.getvalue(), dtype=np.uint8)
-
-
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank. Eager mode only."""
+    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank. Eager mode only.
+    An object the root cannot pickle raises ValueError on every rank."""
     name = name or _OBJECT_NAME
-    if rank() == root_rank:
-        data = _dumps(obj)
-        length = tf.constant([len(data)], dtype=tf.int64)
-    else:
-        data = None
-        length = tf.constant([0], dtype=tf.int64)
-    length = int(broadcast(length, root_rank, name=name + ".len",
-                           process_set=process_set).numpy()[0])
-    payload = tf.constant(data) if data is not None else tf.zeros([length], tf.uint8)
-    payload = broadcast(payload, root_rank, name=name + ".data", process_set=process_set)
-    if rank() == root_rank:
-        return obj
-    return pickle.loads(payload.numpy().tobytes())
+
+    def broadcast_array(array, suffix):
+        return broadcast(tf.constant(array), root_rank, name=name + suffix,
+                         process_set=process_set).numpy()
+
+    return _objects.broadcast_object(obj, root_rank, rank() == root_rank,
+                                     lambda a: broadcast_array(a, ".len"),
+                                     lambda a: broadcast_array(a, ".data"))
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
@@ -70,18 +57,17 @@ def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Returns the list of every rank's ``obj`` (any picklable object), in rank order."""
+    """Returns the list of every rank's ``obj`` (any picklable object), in rank order. An object
+    some rank cannot pickle raises ValueError on every rank."""
     name = name or _OBJECT_NAME + ".gather"
-    data = _dumps(obj)
-    lengths = allgather(tf.constant([len(data)], dtype=tf.int64), name=name + ".len",
-                        process_set=process_set).numpy()
-    gathered = allgather(tf.constant(data), name=name + ".data",
-                         process_set=process_set).numpy().tobytes()
-    out, offset = [], 0
-    for n in lengths:
-        out.append(pickle.loads(gathered[offset:offset + int(n)]))
-        offset += int(n)
-    return out
+
+    def allgather_array(array, suffix):
+        return allgather(tf.constant(array), name=name + suffix,
+                         process_set=process_set).numpy()
+
+    return _objects.allgather_object(obj, process_set.ranks,
+                                     lambda a: allgather_array(a, ".len"),
+                                     lambda a: allgather_array(a, ".data"))
 
 
 __all__ = ["broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object"]

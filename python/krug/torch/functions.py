@@ -1,25 +1,12 @@
 """Helpers that make ranks agree on state: parameters, optimizer state, arbitrary objects
 (the horovod.torch.functions API)."""
 
-import io
-import pickle
-
 import torch
+
+from krug.common import objects as _objects
 
 from krug.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
                                 global_process_set, rank, synchronize)
-
-
-def _dumps(obj):
-    # Plain pickle (no cloudpickle on these machines): lambdas and locally defined classes
-    # cannot be sent; everything picklable can.
-    buf = io.BytesIO()
-    pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def _loads(t):
-    return pickle.loads(t.numpy().tobytes())
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
@@ -52,44 +39,45 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         synchronize(handle)
 
 
+def _to_torch(array):
+    # The pickled bytes are a read-only buffer; torch wants a writable one.
+    return torch.from_numpy(array.copy())
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns ``obj`` as passed on ``root_rank``, on every rank of ``process_set``.
 
     The object is pickled on the root into a uint8 tensor; its length is broadcast first so
     the other ranks can allocate the buffer. Non-root ranks may pass anything (e.g. None).
+    An object the root cannot pickle raises ValueError on every rank.
     """
     if name is None:
         # A fixed default (Horovod derives it from type(obj), which makes non-root ranks
         # that pass None hang); the call is synchronous so reusing the name is safe.
         name = 'broadcast_object'
-    if rank() == root_rank:
-        payload = _dumps(obj)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        payload = None
-        length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=name + '.sz', process_set=process_set)
-    if payload is None:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=name + '.t', process_set=process_set)
-    if rank() == root_rank:
-        return obj
-    return _loads(payload)
+
+    def broadcast_tensor(array, suffix):
+        t = _to_torch(array)
+        broadcast_(t, root_rank, name=name + suffix, process_set=process_set)
+        return t.numpy()
+
+    return _objects.broadcast_object(obj, root_rank, rank() == root_rank,
+                                     lambda a: broadcast_tensor(a, '.sz'),
+                                     lambda a: broadcast_tensor(a, '.t'))
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of the objects passed by every rank of ``process_set``, in rank order."""
+    """Returns the list of the objects passed by every rank of ``process_set``, in rank order.
+    An object some rank cannot pickle raises ValueError on every rank."""
     if name is None:
         name = 'allgather_object'
-    payload = _dumps(obj)
-    lengths = allgather(torch.tensor([payload.numel()], dtype=torch.int64),
-                        name=name + '.sz', process_set=process_set)
-    gathered = allgather(payload, name=name + '.t', process_set=process_set)
-    result, start = [], 0
-    for n in lengths.tolist():
-        result.append(_loads(gathered[start:start + n]))
-        start += n
-    return result
+
+    def allgather_tensor(array, suffix):
+        return allgather(_to_torch(array), name=name + suffix, process_set=process_set).numpy()
+
+    return _objects.allgather_object(obj, process_set.ranks,
+                                     lambda a: allgather_tensor(a, '.sz'),
+                                     lambda a: allgather_tensor(a, '.t'))
 
 
 def _initialize_optimizer_state(optimizer):
