@@ -23,6 +23,26 @@ def test_broadcast_parameters_gives_every_rank_the_roots_tree():
     assert int(out["steps"][0]) == hvd.size() + 6
 
 
+def test_broadcast_parameters_keeps_each_leafs_kind_and_bits():
+    # PRNG keys, unsigned integers krug has no type for, and numpy arrays that JAX would narrow
+    # (64-bit values without jax_enable_x64) arrive as the root sent them.
+    def values(k):
+        return {"key": jax.random.key(k), "u32": jnp.array([2**31 + k, 7], jnp.uint32),
+                "np64": np.array([2**40 + k, -3], np.int64), "npf64": np.array([0.1 + k]),
+                "np32": np.full((2,), k, np.float32)}
+
+    root = hvd.size() - 1
+    out = hvd.broadcast_parameters(values(hvd.rank()), root_rank=root)
+    want = values(root)
+    np.testing.assert_array_equal(jax.random.key_data(out["key"]),
+                                  jax.random.key_data(want["key"]))
+    assert out["u32"].dtype == jnp.uint32
+    np.testing.assert_array_equal(np.asarray(out["u32"]), np.asarray(want["u32"]))
+    for name in ("np64", "npf64", "np32"):
+        assert isinstance(out[name], np.ndarray) and out[name].dtype == want[name].dtype, name
+        np.testing.assert_array_equal(out[name], want[name])
+
+
 def test_allreduce_gradients_with_fp16_compression():
     # 1 + 2**-12 is not a float16: compressed, every rank sends 1.0.
     grads = {"a": jnp.full((4,), 1.0 + 2.0**-12), "n": jnp.full((2,), hvd.rank() + 1)}

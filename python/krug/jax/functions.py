@@ -2,6 +2,8 @@
 (Horovod's ``broadcast_parameters``, ``broadcast_object`` and ``allgather_object``), and the fp16
 wire compression."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,22 +42,62 @@ class Compression:
             return x if dtype is None else x.astype(dtype)
 
 
+# Unsigned integers krug has no type for travel bit for bit as the signed ones of their width.
+_SIGNED = {np.dtype(np.uint16): jnp.int16, np.dtype(np.uint32): jnp.int32,
+           np.dtype(np.uint64): jnp.int64}
+
+
+def _identity(x):
+    return x
+
+
+def _on_the_wire(value):
+    """(a JAX array krug broadcasts bit for bit, the function that turns the broadcast one back
+    into ``value``'s kind), or None for a numpy array JAX cannot hold as it is (64-bit values
+    without jax_enable_x64), which travels pickled."""
+    if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(value)
+        wire, back = _on_the_wire(jax.random.key_data(value))
+        return wire, lambda x: jax.random.wrap_key_data(back(x), impl=impl)
+    array = jnp.asarray(value)
+    from_numpy = not isinstance(value, jax.Array)
+    if from_numpy and array.dtype != np.asarray(value).dtype:
+        return None
+    back = _identity
+    if array.dtype in _SIGNED:
+        dtype = array.dtype
+        array = jax.lax.bitcast_convert_type(array, _SIGNED[dtype])
+        back = functools.partial(jax.lax.bitcast_convert_type, new_dtype=dtype)
+    if from_numpy:
+        return array, lambda x: np.asarray(back(x))
+    return array, back
+
+
 def broadcast_parameters(params, root_rank=0, process_set=global_process_set):
     """``root_rank``'s values of every array of the pytree ``params`` (model parameters, an
-    optimizer's state), as a pytree of the same structure on every rank. Call it once after
+    optimizer's state, PRNG keys), as a pytree of the same structure on every rank, each leaf
+    of its kind (numpy arrays stay numpy arrays of their dtype). Call it once after
     initialization so that every rank starts from the same model. The broadcasts run in one
     compiled program, named after their paths in the tree."""
     leaves, tree = jax.tree_util.tree_flatten_with_path(params)
     if not leaves:
         return params
+    wired = [_on_the_wire(v) for _, v in leaves]
+    arrays = [(path, w) for (path, _), w in zip(leaves, wired) if w is not None]
 
     @jax.jit
     def run(values):
         return [broadcast(v, root_rank, name="broadcast_parameters" +
                           jax.tree_util.keystr(path), process_set=process_set)
-                for (path, _), v in zip(leaves, values)]
+                for (path, _), v in zip(arrays, values)]
 
-    return jax.tree_util.tree_unflatten(tree, run([jnp.asarray(v) for _, v in leaves]))
+    sent = iter(back(x) for (_, (_, back)), x in zip(arrays, run([w for _, (w, _) in arrays])))
+    pickled = iter(broadcast_object([v for (_, v), w in zip(leaves, wired) if w is None],
+                                    root_rank, name="broadcast_parameters.numpy",
+                                    process_set=process_set)
+                   if any(w is None for w in wired) else [])
+    return jax.tree_util.tree_unflatten(
+        tree, [next(pickled) if w is None else next(sent) for w in wired])
 
 
 def allreduce_gradients(grads, op=Average, compression=Compression.none, name=None,
