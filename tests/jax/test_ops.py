@@ -202,6 +202,10 @@ def test_bad_alltoall_splits_raise_the_same_error_on_every_rank():
         uneven = jnp.ones((n() + (1 if r() == 0 else 0), 1))
         with pytest.raises(ValueError, match="rank 0 has {} rows".format(n() + 1)):
             hvd.alltoall(uneven)
+    # A negative split is refused as such, not taken for "no splits".
+    negative = [-1] + [2 * n() + 1] + [0] * (n() - 2) if n() > 1 else [-1]
+    with pytest.raises(ValueError, match="rank 0's splits"):
+        hvd.alltoall(rows, splits=negative if r() == 0 else [2] * n())
     out, _ = hvd.alltoall(rows)
     assert out.shape == (2 * n(), 1)
 

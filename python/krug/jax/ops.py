@@ -405,23 +405,28 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return out, received
 
 
+# What a rank's splits are, in the exchange: none (an even split), given, or of a wrong count.
+_EVEN, _GIVEN, _WRONG_COUNT = 0, 1, 2
+
+
 def _agreed_splits(rows, splits, name, process_set):
     """(this rank's splits, the rows each rank sends it), eagerly. Every rank learns every
     rank's splits (one small allgather) and checks them all with the core's rule, so a bad
     split raises the same ValueError on every rank instead of leaving the others waiting."""
     n = _set_size(process_set)
-    mine = [-1] * n if splits is None else [int(v) for v in np.asarray(splits).reshape(-1)]
-    if len(mine) != n:
-        mine = [-2] * n  # a wrong count: every rank reports it below
-    everyone = _gathered_ints([rows] + mine, name + ".splits", process_set)
+    mine = [0] * n if splits is None else [int(v) for v in np.asarray(splits).reshape(-1)]
+    kind = _EVEN if splits is None else _GIVEN if len(mine) == n else _WRONG_COUNT
+    if kind == _WRONG_COUNT:
+        mine = [0] * n  # every rank reports it below
+    everyone = _gathered_ints([rows, kind] + mine, name + ".splits", process_set)
     set_id = _process_sets.set_id(process_set)
     ranks = _basics.process_set_ranks(set_id)
     agreed = []
-    for rank, (their_rows, *theirs) in zip(ranks, everyone):
-        if theirs[0] == -2:
+    for rank, (their_rows, their_kind, *theirs) in zip(ranks, everyone):
+        if their_kind == _WRONG_COUNT:
             raise ValueError("alltoall: rank {} passed splits with a wrong number of entries "
                              "(one per rank of the set: {})".format(rank, n))
-        if theirs[0] == -1:
+        if their_kind == _EVEN:
             if their_rows % n:
                 raise ValueError("alltoall: rank {} has {} rows, which do not split evenly over "
                                  "{} ranks; pass splits".format(rank, their_rows, n))
