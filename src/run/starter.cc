@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -23,15 +24,10 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   return out;
 }
 
-// Runs in the forked child. krugrun has threads (the rendezvous server), so only
-// async-signal-safe calls are allowed between fork and exec: everything is prepared beforehand.
-[[noreturn]] void exec_child(pid_t parent, char* const* argv, char* const* envp, int in_fd,
-                             int out_fd, int err_fd, int status_fd, int death_signal) {
-  ::setpgid(0, 0);
-  // Die with krugrun even if it is SIGKILLed; the check closes the race with a parent that
-  // died before prctl ran.
-  ::prctl(PR_SET_PDEATHSIG, death_signal);
-  if (::getppid() != parent) ::_exit(127);
+// The program's side of a forked child, up to exec: signals reset, stdio wired, krugrun's
+// descriptors closed on exec. exec's errno goes to `status_fd`.
+[[noreturn]] void exec_program(char* const* argv, char* const* envp, int in_fd, int out_fd,
+                               int err_fd, int status_fd) {
   // krugrun blocks the signals it reads through signalfd and ignores SIGPIPE; ranks start clean.
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
@@ -52,6 +48,62 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   ssize_t ignored = ::write(status_fd, &e, sizeof(e));
   (void)ignored;
   ::_exit(127);
+}
+
+// The keeper's side: waits for the program and ends as it ended (the supervisor reads the
+// keeper's status as the program's). It holds none of krugrun's descriptors, and with every
+// signal blocked only SIGKILL ends it early: krugrun's death, or the supervisor's last resort,
+// which reaches the program too (one process group).
+[[noreturn]] void keep(pid_t program) {
+  ::close_range(0, UINT_MAX, 0);
+  int status = 0;
+  while (::waitpid(program, &status, 0) < 0 && errno == EINTR) continue;
+  if (WIFSIGNALED(status)) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(WTERMSIG(status), &dfl, nullptr);
+    sigset_t none;
+    ::sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::kill(::getpid(), WTERMSIG(status));
+  }
+  ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 127);
+}
+
+// Runs in the forked child. krugrun has threads (the rendezvous server), so only
+// async-signal-safe calls are allowed between fork and exec: everything is prepared beforehand.
+[[noreturn]] void exec_child(pid_t parent, char* const* argv, char* const* envp, int in_fd,
+                             int out_fd, int err_fd, int status_fd, int death_signal) {
+  ::setpgid(0, 0);
+  // Die with krugrun even if it is SIGKILLed; the check closes the race with a parent that
+  // died before prctl ran.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);
+  if (death_signal == SIGKILL) exec_program(argv, envp, in_fd, out_fd, err_fd, status_fd);
+
+  // A signal the program acts on must come once. The kernel sends the parent-death signal each
+  // time the child passes to another parent, and as a SIGKILLed krugrun's threads exit one by
+  // one a child may pass from thread to thread: mpirun got SIGTERM twice in 2 of 8 kills, took
+  // the second for "abort now" and left its ranks running. So a single-threaded keeper stands
+  // between them: it dies with krugrun (repeats of SIGKILL do no harm), and its death sends the
+  // program `death_signal` once.
+  sigset_t all;
+  ::sigfillset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, nullptr);
+  const pid_t keeper = ::getpid();
+  const pid_t program = ::fork();
+  if (program < 0) {
+    int e = errno;
+    ssize_t ignored = ::write(status_fd, &e, sizeof(e));
+    (void)ignored;
+    ::_exit(127);
+  }
+  if (program == 0) {
+    ::prctl(PR_SET_PDEATHSIG, death_signal);
+    if (::getppid() != keeper) ::_exit(127);
+    exec_program(argv, envp, in_fd, out_fd, err_fd, status_fd);
+  }
+  keep(program);
 }
 
 }  // namespace

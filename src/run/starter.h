@@ -32,7 +32,9 @@ struct StartedRank {
 // fork/execvp `argv` with `envp` in its own process group. stdin is /dev/null, or a pipe whose
 // write end is returned when `stdin_pipe`. `what` names the rank and host in the error thrown
 // when the program cannot be started. When krugrun dies, even by SIGKILL, the process gets
-// `death_signal`: SIGKILL for ranks, SIGTERM for programs that must clean up after themselves.
+// `death_signal`: SIGKILL for ranks; SIGTERM, exactly once, for programs that must clean up
+// after themselves (they run under a keeper process: the returned process is the keeper, which
+// ends as the program ends).
 StartedRank spawn_process(const std::vector<std::string>& argv,
                           const std::vector<std::string>& envp, bool stdin_pipe,
                           const std::string& what, int death_signal = SIGKILL);
