@@ -322,6 +322,21 @@ def test_arguments_that_can_never_work_are_refused_here():
         hvd.allgather(jnp.float32(1.0))
 
 
+def test_elastic_run_raises_a_refused_argument_rather_than_recovering():
+    # Inside jit krug's refusal reaches elastic.run as XLA's error; recovering would only fail
+    # again after every reset, so it is raised as ValueError, as it is eagerly.
+    calls = []
+
+    @hvd.elastic.run
+    def train(state):
+        calls.append(1)
+        return jax.jit(lambda x: hvd.allreduce(x))(jnp.ones(2, jnp.complex64))
+
+    with pytest.raises(ValueError, match="not supported"):
+        train(hvd.elastic.ObjectState(epoch=0))
+    assert len(calls) == 1
+
+
 def test_process_sets():
     if n() < 2:
         pytest.skip("needs two ranks")

@@ -136,18 +136,23 @@ def elastic_state_bindings(broadcast_object):
                 elastic_enabled=_basics.elastic_enabled)
 
 
-def elastic_run_fn(func, errors, message=str, forget=None):
+def _internal_error(e):
+    return HorovodInternalError(str(e))
+
+
+def elastic_run_fn(func, errors, convert=_internal_error, forget=None):
     """krug.common.elastic.run_fn around ``func``, the decorator ``hvd.elastic.run`` of a
     frontend: ``errors`` (a tuple of the framework's exception types), as which a failed krug
-    operation reaches the training function, become HorovodInternalError with ``message(e)``;
-    a reset re-initializes krug and then calls ``forget()`` (a frontend's caches of the old
-    job, if it has any)."""
+    operation reaches the training function, are raised as ``convert(e)``: a
+    HorovodInternalError (the default, with ``e``'s message) recovers, any other exception
+    (a refused argument, which would fail again) ends the run. A reset re-initializes krug and
+    then calls ``forget()`` (a frontend's caches of the old job, if it has any)."""
     @functools.wraps(func)
     def converting(state, *args, **kwargs):
         try:
             return func(state, *args, **kwargs)
         except errors as e:
-            raise HorovodInternalError(message(e)) from e
+            raise convert(e) from e
 
     def reset():
         shutdown()

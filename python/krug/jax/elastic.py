@@ -8,7 +8,7 @@
                             # state.commit() at consistent points
 
 A failed collective inside a jitted step raises ``jax.errors.JaxRuntimeError``; ``run`` turns
-it into HorovodInternalError, which the recovery loop of krug.common.elastic handles: roll
+it into HorovodInternalError (an argument krug refused into ValueError, which is not retried), which the recovery loop of krug.common.elastic handles: roll
 back to the last commit, re-form the job, sync rank 0's state. A reset also drops JAX's
 compiled programs, which fixed the old job's rank, size and shapes when they were traced.
 """
@@ -37,8 +37,10 @@ def _bindings():
 def run(func):
     """Decorator: runs ``func(state, ...)`` in the elastic recovery loop (see
     krug.common.elastic.run_fn). A failed krug collective in a jitted program (a lost peer, a
-    stopped engine) surfaces as jax.errors.JaxRuntimeError."""
-    return lifecycle.elastic_run_fn(func, (jax.errors.JaxRuntimeError,),
+    stopped engine) surfaces as jax.errors.JaxRuntimeError and recovers; one krug refused (an
+    argument that can never work) is raised as ValueError, as it is eagerly, and ends the run
+    rather than failing again after every reset."""
+    return lifecycle.elastic_run_fn(func, (jax.errors.JaxRuntimeError,), convert=ops.raised,
                                     forget=_forget_old_job)
 
 

@@ -100,7 +100,7 @@ def _check_op(op):
     _REDUCE_OPS.check(op)
 
 
-def _raised(error):
+def raised(error):
     """The exception krug.jax raises for XLA's error from the custom call."""
     message = str(error)
     for prefix in ("INVALID_ARGUMENT: ", "INTERNAL: "):
@@ -192,7 +192,7 @@ def _collective(op_type, arrays, results, name, traced, reduce_op=0, prescale=1.
     try:
         return jax.block_until_ready(_compiled(results, attributes)(*arrays))
     except jax.errors.JaxRuntimeError as e:
-        raise _raised(e) from None
+        raise raised(e) from None
 
 
 def _primal_or_differentiable(fn, *args):

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from krug.common import elastic as common
 from krug.common import lifecycle
-from krug.common.exceptions import WorkerRemoved
+from krug.common.exceptions import HorovodInternalError, WorkerRemoved
 from krug.tensorflow.functions import broadcast_object, broadcast_variables
 
 
@@ -28,7 +28,7 @@ def run(func):
     krug.common.elastic.run_fn). A failed krug op (a lost peer, a stopped engine) surfaces as
     a TensorFlow error."""
     return lifecycle.elastic_run_fn(func, (tf.errors.UnknownError, tf.errors.AbortedError),
-                                    message=lambda e: e.message)
+                                    convert=lambda e: HorovodInternalError(e.message))
 
 
 class ObjectState(common.ObjectState):
