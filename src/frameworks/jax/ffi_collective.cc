@@ -67,6 +67,24 @@ std::optional<DataType> krug_dtype(ffi::DataType t) {
   }
 }
 
+// The name numpy gives the XLA element types users meet that krug has no type for.
+std::string element_type_name(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::U16:
+      return "uint16";
+    case ffi::DataType::U32:
+      return "uint32";
+    case ffi::DataType::U64:
+      return "uint64";
+    case ffi::DataType::C64:
+      return "complex64";
+    case ffi::DataType::C128:
+      return "complex128";
+    default:
+      return fmt::format("XLA element type {}", static_cast<int>(t));
+  }
+}
+
 // What the operation needs of one XLA buffer: its data, element type and shape (the views borrow
 // the shape).
 struct Buffer {
@@ -125,9 +143,8 @@ std::vector<fe::TensorView> views(const std::vector<Buffer>& inputs, size_t n, c
     const auto dtype = krug_dtype(b.dtype);
     if (!dtype) {
       throw krug::InvalidArgument(fmt::format(
-          "krug.jax: XLA element type {} is not supported; use (b)float16/32/64, int8-64, "
-          "uint8 or bool",
-          static_cast<int>(b.dtype)));
+          "krug.jax: {} is not supported; use (b)float16/32/64, int8-64, uint8 or bool",
+          element_type_name(b.dtype)));
     }
     v.push_back(fe::TensorView{.dtype = *dtype,
                                .shape = {b.shape.data(), b.shape.size()},
