@@ -219,6 +219,20 @@ def test_alltoall_with_splits_under_jit_is_refused_before_anything_runs():
         jax.jit(lambda: hvd.alltoall(closed, splits=[1] * n()))()
 
 
+def test_alltoall_gradient_goes_back_the_way_the_rows_came():
+    # Each rank weighs what it receives by its rank + 1, so the rows a rank sent to rank k get
+    # the gradient k + 1: eagerly with uneven splits, and jitted with an even split.
+    splits = [k + 1 for k in range(n())]
+    x = jnp.ones((sum(splits), 2))
+    g = jax.grad(lambda a: (hvd.alltoall(a, splits=splits)[0] * (r() + 1)).sum())(x)
+    want = np.concatenate([np.full((s, 2), k + 1.0) for k, s in enumerate(splits)])
+    np.testing.assert_array_equal(as_np(g), want)
+    even = jnp.ones((2 * n(), 2))
+    g = jax.jit(jax.grad(lambda a: (hvd.alltoall(a)[0] * (r() + 1)).sum()))(even)
+    want = np.concatenate([np.full((2, 2), k + 1.0) for k in range(n())])
+    np.testing.assert_array_equal(as_np(g), want)
+
+
 def test_reducescatter_gives_each_rank_its_rows():
     rows = 2 * n() + 1  # uneven: the first ranks get one more
     x = jnp.tile(jnp.arange(rows, dtype=jnp.float32)[:, None], (1, 2)) * (r() + 1)

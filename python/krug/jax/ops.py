@@ -379,30 +379,53 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
                                      jnp.asarray(tensor))
 
 
+def _alltoall_fn(splits, name, process_set):
+    agreed = {}  # the rows received from each rank, found by the forward pass, for the backward
+
+    @jax.custom_vjp
+    def exchange(tensor):
+        if _traced(tensor):
+            if splits is not None:
+                raise ValueError("alltoall with splits works outside jax.jit only: the rows each "
+                                 "rank receives decide the result's shape, which jit fixes when "
+                                 "it traces")
+            sent, received, rows = np.zeros([0], np.int32), None, tensor.shape[0]
+        else:
+            sent, received = _agreed_splits(tensor.shape[0], splits, name, process_set)
+            rows = sum(received)
+        agreed["received"] = received
+        results = [jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype),
+                   jax.ShapeDtypeStruct((_set_size(process_set),), jnp.int32)]
+        return tuple(_collective(_ALLTOALL, [tensor, jnp.asarray(sent, jnp.int32)], results,
+                                 name, _traced(tensor), process_set=process_set))
+
+    def forward(tensor):
+        return exchange(tensor), None
+
+    def backward(_, cotangents):
+        # Horovod's rule: the gradient goes back the way the rows came, each rank returning to
+        # every other the rows it received from it. The received counts have none (float0).
+        grad, _ = cotangents
+        return (alltoall(grad, splits=agreed["received"], process_set=process_set)[0],)
+
+    exchange.defvjp(forward, backward)
+    return exchange
+
+
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Sends ``splits[r]`` rows of ``tensor`` to rank r of the set (None: an even split) and
     returns (the rows received, in rank order; how many came from each rank). Splits need the
     other ranks' answers first, so they work eagerly only; inside jax.jit the split is even and
-    every rank passes the same shape."""
+    every rank passes the same shape. Differentiable: the gradient goes back the way the rows
+    came."""
     tensor = jnp.asarray(tensor)
     if tensor.ndim == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension")
-    n = _set_size(process_set)
-    traced = _traced(tensor)
-    if splits is not None and (traced or _traced(splits)):
+    if splits is not None and (_under_jit() or _traced(splits)):
         raise ValueError("alltoall with splits works outside jax.jit only: the rows each rank "
                          "receives decide the result's shape, which jit fixes when it traces")
-    if traced:
-        sent, rows = np.zeros([0], np.int32), tensor.shape[0]
-    else:
-        sent, received = _agreed_splits(tensor.shape[0], splits, _name("alltoall", name),
-                                        process_set)
-        rows = sum(received)
-    results = [jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype),
-               jax.ShapeDtypeStruct((n,), jnp.int32)]
-    out, received = _collective(_ALLTOALL, [tensor, jnp.asarray(sent, jnp.int32)], results,
-                                _name("alltoall", name), traced, process_set=process_set)
-    return out, received
+    fn = _alltoall_fn(splits, _name("alltoall", name), process_set)
+    return _primal_or_differentiable(fn, tensor)
 
 
 # What a rank's splits are, in the exchange: none (an even split), given, or of a wrong count.
