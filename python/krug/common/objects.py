@@ -38,26 +38,43 @@ def _unpicklable(what, ranks, error):
                       .format(what, ", ".join(str(r) for r in ranks), reason))
 
 
-def broadcast_object(obj, root_rank, is_root, broadcast_length, broadcast_bytes, max_bytes=None):
+def _exact(n):
+    return n
+
+
+def _padded(data, size):
+    """``data`` (a uint8 array) followed by zeros up to ``size`` bytes."""
+    if len(data) == size:
+        return data
+    out = np.zeros([size], np.uint8)
+    out[:len(data)] = data
+    return out
+
+
+def broadcast_object(obj, root_rank, is_root, broadcast_length, broadcast_bytes, max_bytes=None,
+                     room=_exact):
     """``obj`` as passed on the root, on every rank. The frontend's side:
     ``broadcast_length(int64 array of 1) -> array`` and ``broadcast_bytes(uint8 array) -> array``,
     each a broadcast from the root; non-root ranks pass arrays of the right size. ``max_bytes``:
-    the most the frontend can send in one array."""
+    the most the frontend can send in one array; ``room(n)``: the bytes sent for n bytes of
+    payload (a frontend that compiles a program per shape rounds up, zeros filling the rest)."""
     data, error = _dumps(obj, max_bytes) if is_root else (None, None)
     mine = (_UNPICKLABLE if data is None else len(data)) if is_root else 0
     length = int(np.asarray(broadcast_length(np.asarray([mine], np.int64))).reshape(-1)[0])
     if length == _UNPICKLABLE:
         raise _unpicklable("broadcast_object", [root_rank], error) from error
-    payload = broadcast_bytes(data if is_root else np.zeros([length], np.uint8))
+    payload = broadcast_bytes(_padded(data if is_root else np.zeros([0], np.uint8), room(length)))
     if is_root:
         return obj
-    return pickle.loads(np.asarray(payload).tobytes())
+    return pickle.loads(np.asarray(payload).tobytes()[:length])
 
 
-def allgather_object(obj, ranks, allgather_lengths, allgather_bytes, max_bytes=None):
+def allgather_object(obj, ranks, allgather_lengths, allgather_bytes, max_bytes=None,
+                     room=_exact):
     """Every rank's ``obj``, in the order of ``ranks`` (the set's global ranks). The frontend's
     side: ``allgather_lengths(int64 array of 1) -> array`` and
-    ``allgather_bytes(uint8 array) -> array``, each an allgather over the set."""
+    ``allgather_bytes(uint8 array) -> array``, each an allgather over the set. ``max_bytes``
+    and ``room``: as for broadcast_object."""
     data, error = _dumps(obj, max_bytes)
     mine = _UNPICKLABLE if data is None else len(data)
     lengths = [int(n) for n in np.asarray(
@@ -65,11 +82,11 @@ def allgather_object(obj, ranks, allgather_lengths, allgather_bytes, max_bytes=N
     failed = [rank for rank, n in zip(ranks, lengths) if n == _UNPICKLABLE]
     if failed:
         raise _unpicklable("allgather_object", failed, error) from error
-    gathered = np.asarray(allgather_bytes(data)).tobytes()
+    gathered = np.asarray(allgather_bytes(_padded(data, room(len(data))))).tobytes()
     out, offset = [], 0
     for n in lengths:
         out.append(pickle.loads(gathered[offset:offset + n]))
-        offset += n
+        offset += room(n)
     return out
 
 

@@ -124,6 +124,12 @@ def _int32(array):
     return array.astype(np.int32) if array.dtype == np.int64 else array
 
 
+def _room(n):
+    # Eager calls compile a program per shape (about 0.4 s each, here): payloads rounded up to a
+    # power of two reuse a few.
+    return max(64, 1 << (n - 1).bit_length()) if n > 0 else 0
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank. Not inside jit.
     An object the root cannot pickle raises ValueError on every rank."""
@@ -135,7 +141,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     return _objects.broadcast_object(obj, root_rank, rank() == root_rank,
                                      lambda a: broadcast_array(a, ".len"),
                                      lambda a: broadcast_array(a, ".data"),
-                                     max_bytes=_MAX_OBJECT_BYTES)
+                                     max_bytes=_MAX_OBJECT_BYTES, room=_room)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
@@ -149,4 +155,4 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     return _objects.allgather_object(obj, process_set.ranks,
                                      lambda a: allgather_array(a, ".len"),
                                      lambda a: allgather_array(a, ".data"),
-                                     max_bytes=_MAX_OBJECT_BYTES)
+                                     max_bytes=_MAX_OBJECT_BYTES, room=_room)
