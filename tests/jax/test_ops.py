@@ -5,8 +5,9 @@ Rank r contributes 2r+1, so over n ranks Sum = n^2, Average = n, Min = 1, Max = 
 Product = 1*3*5*..., exact in every dtype for n <= 3.
 """
 
-import json
 import math
+import os
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ import pytest
 from jax.experimental import io_callback
 
 import krug.jax as hvd
+from krug.common.timeline import timeline_events
 
 NUMERIC = [jnp.uint8, jnp.int8, jnp.int16, jnp.int32, jnp.float16, jnp.bfloat16, jnp.float32]
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
@@ -104,19 +106,14 @@ def test_one_jitted_step_reuses_its_names_every_call():
 
 def first_negotiations(path):
     """{tensor name: when its first negotiation began} from a timeline file."""
-    with open(path) as f:
-        events = json.load(f)
-    rows = {e["pid"]: e["args"]["name"] for e in events
-            if e["ph"] == "M" and e["name"] == "process_name"}
     first = {}
-    for e in events:
+    for row, e in timeline_events(path):
         if e["ph"] == "B" and e["name"].startswith("NEGOTIATE"):
-            name = rows[e["pid"]]
-            first[name] = min(first.get(name, e["ts"]), e["ts"])
+            first[row] = min(first.get(row, e["ts"]), e["ts"])
     return first
 
 
-def test_a_jitted_programs_collectives_run_in_the_order_of_its_calls(tmp_path):
+def test_a_jitted_programs_collectives_run_in_the_order_of_its_calls():
     # XLA's CPU runtime runs independent operations as their data allows, not in program order
     # (12 independent host callbacks ran as 0-5, 11-6 here); krug.jax chains a program's
     # collectives so that every rank runs them in the order the program called them.
@@ -128,16 +125,17 @@ def test_a_jitted_programs_collectives_run_in_the_order_of_its_calls(tmp_path):
         return [hvd.allreduce(x * 2, op=hvd.Sum, name="order.%d" % i) for i, x in enumerate(xs)]
 
     jax.block_until_ready(step(xs))  # compiled before the timeline starts
-    path = str(tmp_path / "order.json")
-    hvd.start_timeline(path)
-    out = jax.block_until_ready(step(xs))
-    hvd.stop_timeline()
+    with tempfile.TemporaryDirectory() as tmp:  # not pytest's tmp_path, which ranks share
+        path = os.path.join(tmp, "order.json")
+        hvd.start_timeline(path)
+        out = jax.block_until_ready(step(xs))
+        hvd.stop_timeline()
+        first = first_negotiations(path) if r() == 0 else {}  # only rank 0 writes one
     for o in out:
         np.testing.assert_array_equal(as_np(o), 2 * expected("sum"))
     # The order is a data dependency: each collective after the one before.
     assert step.lower(xs).as_text().count("optimization_barrier") == count - 1
-    if r() == 0:  # only rank 0 writes a timeline
-        first = first_negotiations(path)
+    if r() == 0:
         began = [first["order.%d" % i] for i in range(count)]
         assert began == sorted(began), [f"order.{i}" for i in np.argsort(began)]
 

@@ -35,20 +35,28 @@ def make_timeline_api(core):
     return start_timeline, stop_timeline
 
 
+def timeline_events(path):
+    """The phases a timeline file recorded, in file order, as ``(row, event)`` pairs: a row is
+    a tensor's name or ``cycles``, an event Chrome's dict (``name``, ``ph``: ``B`` for a
+    phase's begin, ``i`` for a marker; ``ts`` in microseconds). Raises
+    ``json.JSONDecodeError`` unless the file is a complete trace, as it is once the timeline has
+    stopped."""
+    with open(path) as f:
+        events = json.load(f)
+    rows = {e["pid"]: e["args"]["name"] for e in events
+            if e["ph"] == "M" and e["name"] == "process_name"}
+    return [(rows[e["pid"]], e) for e in events if e["ph"] in ("B", "i")]
+
+
 def read_timeline(path):
     """What a timeline file recorded, for checks in scripts and tests: ``{row: names}``, where a
     row is a tensor (its phases: ``NEGOTIATE_ALLREDUCE``, ``QUEUE``, ``ALLREDUCE``, ...) or
     ``cycles`` (``CYCLE_START``). Raises ``json.JSONDecodeError`` unless the file is a complete
     trace, as it is once the timeline has stopped."""
-    with open(path) as f:
-        events = json.load(f)
-    rows = {e["pid"]: e["args"]["name"] for e in events
-            if e["ph"] == "M" and e["name"] == "process_name"}
     names = {}
-    for e in events:
-        if e["ph"] in ("B", "i"):
-            names.setdefault(rows[e["pid"]], set()).add(e["name"])
+    for row, e in timeline_events(path):
+        names.setdefault(row, set()).add(e["name"])
     return names
 
 
-__all__ = ["make_timeline_api", "read_timeline"]
+__all__ = ["make_timeline_api", "read_timeline", "timeline_events"]
