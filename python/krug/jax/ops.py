@@ -20,11 +20,11 @@ disagree) HorovodInternalError; inside ``jax.jit`` XLA raises them as
 ``jax.errors.JaxRuntimeError`` when the program runs.
 """
 
+import collections
 import ctypes
 import functools
 import os
 import sys
-import weakref
 
 import jax
 import jax.numpy as jnp
@@ -51,10 +51,12 @@ _ALLREDUCE, _ALLGATHER, _BROADCAST, _ALLTOALL, _REDUCESCATTER, _JOIN = 0, 1, 2, 
 global_process_set = _process_sets.global_process_set
 
 
-try:  # the tracers of a program being staged out for jax.jit
+try:  # a program being staged out for jax.jit, its tracers, and JAX's tracing context
+    from jax._src.core import trace_ctx as _trace_ctx
+    from jax._src.interpreters.partial_eval import DynamicJaxprTrace as _DynamicJaxprTrace
     from jax._src.interpreters.partial_eval import DynamicJaxprTracer as _DynamicJaxprTracer
 except ImportError:  # pragma: no cover
-    _DynamicJaxprTracer = jax.core.Tracer
+    _trace_ctx, _DynamicJaxprTrace, _DynamicJaxprTracer = None, (), jax.core.Tracer
 
 try:  # JAX's own test for a jit trace (not grad's); gone from a future JAX: the arrays say
     from jax._src.core import unsafe_am_i_under_a_jit as _under_jit
@@ -115,7 +117,8 @@ def _custom_call(results, attributes):
     call = jax.ffi.ffi_call(_TARGET, [jax.ShapeDtypeStruct(shape, dtype)
                                       for shape, dtype in results], has_side_effect=True)
     kinds = dict(name=str, op=np.int64, reduce_op=np.int64, prescale=np.float64,
-                 postscale=np.float64, root=np.int64, process_set=np.int64, grouped=np.int64)
+                 postscale=np.float64, root=np.int64, process_set=np.int64, grouped=np.int64,
+                 after=np.int64)
     typed = {key: kinds[key](value) for key, value in attributes}
     return lambda *arrays: call(*arrays, **typed)
 
@@ -132,18 +135,34 @@ class _ProgramOrder:
     rank. XLA's CPU runtime runs a program's operations as their data allows, on a pool of
     threads, not in program order; two independent collectives could then start in one order
     on one rank and in the other on another, each rank waiting in a different one. So each
-    collective's inputs pass through an optimization barrier with the previous collective's
-    results of the same trace: a data dependency, which XLA keeps and which costs nothing."""
+    collective takes the previous collective's result of the same program as one more operand,
+    which the handler ignores: a data dependency XLA keeps (an optimization barrier does not
+    survive compilation). JAX traces a custom_vjp's body as a program of its own, so the
+    collectives' custom_vjp functions take that operand as an argument (``after``)."""
+
+    # Programs remembered at once: the one traced and those it is nested in (custom_vjp bodies).
+    _PROGRAMS = 16
 
     def __init__(self):
-        # trace -> its last collective's results (weakly: both live as long as the trace does)
-        self._last = weakref.WeakKeyDictionary()
+        # id(program) -> (program, its last collective's result). Held strongly: a result the
+        # program discards (a gradient kept on the root only) dies with its last user, yet the
+        # next collective must come after it. So the most recent programs only: a finished
+        # program stays alive until 16 others have been traced.
+        self._last = collections.OrderedDict()
+
+    @staticmethod
+    def _program():
+        """The program being staged out for jax.jit where the call is traced (the innermost
+        jit trace of JAX's tracing context, under grad's or vmap's); None eagerly."""
+        trace = getattr(_trace_ctx, "trace", None)
+        while trace is not None and not isinstance(trace, _DynamicJaxprTrace):
+            trace = getattr(trace, "parent_trace", None)
+        return trace
 
     @staticmethod
     def _staged(values):
-        """The first leaf of ``values`` as the program being staged out (jit's trace) holds it:
-        under grad or vmap a leaf wraps it (``primal``, ``val``); None when nothing is staged
-        (eagerly, where every call waits for the one before)."""
+        """The first leaf of ``values`` as the program holds it (under grad or vmap a leaf wraps
+        it: ``primal``, ``val``), or None."""
         for leaf in jax.tree_util.tree_leaves(values):
             while isinstance(leaf, jax.core.Tracer):
                 if isinstance(leaf, _DynamicJaxprTracer):
@@ -151,21 +170,21 @@ class _ProgramOrder:
                 leaf = getattr(leaf, "primal", getattr(leaf, "val", None))
         return None
 
-    def after_previous(self, values):
-        """``values`` (a pytree), made to depend on the last collective of their program."""
-        staged = self._staged(values)
-        last = self._last.get(staged._trace) if staged is not None else None
-        previous = last() if last is not None else None
-        if previous is None:
-            return values
-        values, _ = jax.lax.optimization_barrier((values, previous))
-        return values
+    def previous(self):
+        """The last collective's result in the program being traced, or None."""
+        program = self._program()
+        entry = self._last.get(id(program)) if program is not None else None
+        return entry[1] if entry is not None and entry[0] is program else None
 
     def record(self, results):
-        """``results`` (a pytree) are the last collective's of their program."""
+        """``results`` (a pytree) are the last collective's of the program being traced."""
+        program = self._program()
         staged = self._staged(results)
-        if staged is not None:
-            self._last[staged._trace] = weakref.ref(staged)
+        if program is not None and staged is not None and staged._trace is program:
+            self._last[id(program)] = (program, staged)
+            self._last.move_to_end(id(program))
+            while len(self._last) > self._PROGRAMS:
+                self._last.popitem(last=False)
         return results
 
 
@@ -178,8 +197,10 @@ def forget_compiled():
 
 
 def _collective(op_type, arrays, results, name, traced, reduce_op=0, prescale=1.0, postscale=1.0,
-                root=0, process_set=global_process_set, grouped=False):
-    """The custom call's results; eagerly, waited for, with krug's errors raised."""
+                root=0, process_set=global_process_set, grouped=False, after=None):
+    """The custom call's results; eagerly, waited for, with krug's errors raised. Traced, it
+    comes after ``after`` (the previous collective's result), or after the previous collective
+    of the program being traced (_ProgramOrder)."""
     check_initialized()
     results = tuple((tuple(r.shape), jnp.dtype(r.dtype).name) for r in results)
     attributes = (("name", name), ("op", op_type), ("reduce_op", int(reduce_op)),
@@ -187,10 +208,12 @@ def _collective(op_type, arrays, results, name, traced, reduce_op=0, prescale=1.
                   ("root", int(root)), ("process_set", _process_sets.set_id(process_set)),
                   ("grouped", int(grouped)))
     if traced:
-        arrays = _program_order.after_previous(list(arrays))
-        return _program_order.record(_custom_call(results, attributes)(*arrays))
+        previous = after if after is not None else _program_order.previous()
+        inputs = list(arrays) + ([previous] if previous is not None else [])
+        call = _custom_call(results, attributes + (("after", int(previous is not None)),))
+        return _program_order.record(call(*inputs))
     try:
-        return jax.block_until_ready(_compiled(results, attributes)(*arrays))
+        return jax.block_until_ready(_compiled(results, attributes + (("after", 0),))(*arrays))
     except jax.errors.JaxRuntimeError as e:
         raise raised(e) from None
 
@@ -199,9 +222,10 @@ def _primal_or_differentiable(fn, *args):
     """``fn`` (a jax.custom_vjp) itself when it may be differentiated or traced, else its
     primal function: eagerly the custom_vjp machinery costs more than the collective."""
     if _traced(*jax.tree_util.tree_leaves(args)):
-        # Also ordered here, in the caller's trace: JAX traces a custom_vjp's body apart.
-        return _program_order.record(fn(*_program_order.after_previous(args)))
-    return fn.fun(*args)
+        # The caller's program's previous collective goes in as ``after``: JAX traces a
+        # custom_vjp's body as a program of its own.
+        return _program_order.record(fn(*args, _program_order.previous()))
+    return fn.fun(*args, None)
 
 
 def _like(x):
@@ -224,25 +248,26 @@ def _set_rank(process_set):
 
 # ---------------------------------------------------------------------------------------------
 # The collectives. Each differentiable one is a jax.custom_vjp made per call: its arguments that
-# are not arrays (name, op, process set) stay Python values, closed over.
+# are not arrays (name, op, process set) stay Python values, closed over; ``after`` is the
+# previous collective's result in the caller's program, or None (_ProgramOrder).
 
 
-def _reduce(tensors, name, op, prescale, postscale, process_set):
+def _reduce(tensors, name, op, prescale, postscale, process_set, after):
     traced = _traced(*tensors)
     grouped = len(tensors) > 1
     name = _name("grouped_allreduce" if grouped else "allreduce", name)
     return list(_collective(_ALLREDUCE, tensors, [_like(t) for t in tensors], name, traced,
                             reduce_op=op, prescale=prescale, postscale=postscale,
-                            process_set=process_set, grouped=grouped))
+                            process_set=process_set, grouped=grouped, after=after))
 
 
 def _allreduce_fn(name, op, prescale, postscale, process_set):
     @jax.custom_vjp
-    def reduce(tensors):
-        return _reduce(tensors, name, op, prescale, postscale, process_set)
+    def reduce(tensors, after):
+        return _reduce(tensors, name, op, prescale, postscale, process_set, after)
 
-    def forward(tensors):
-        return reduce(tensors), None
+    def forward(tensors, after):
+        return reduce(tensors, after), None
 
     def backward(_, grads):
         # Horovod's rule: the same allreduce of the output's gradient. Integer and bool outputs
@@ -257,7 +282,7 @@ def _allreduce_fn(name, op, prescale, postscale, process_set):
             reduced = _primal_or_differentiable(fn, [grads[i] for i in floating])
             for i, g in zip(floating, reduced):
                 grads[i] = g
-        return (grads,)
+        return grads, None
 
     reduce.defvjp(forward, backward)
     return reduce
@@ -313,7 +338,7 @@ def _allgather_fn(name, process_set, known_rows=None):
     rows_of = {}  # every rank's first dimension, found by the forward pass, for the backward
 
     @jax.custom_vjp
-    def gather(tensor):
+    def gather(tensor, after):
         if tensor.ndim == 0:
             raise ValueError("allgather needs a tensor of at least one dimension")
         traced = _traced(tensor)
@@ -328,10 +353,10 @@ def _allgather_fn(name, process_set, known_rows=None):
         rows_of["rows"] = rows
         result = jax.ShapeDtypeStruct((sum(rows),) + tensor.shape[1:], tensor.dtype)
         return _collective(_ALLGATHER, [tensor], [result], _name("allgather", name), traced,
-                           process_set=process_set)[0]
+                           process_set=process_set, after=after)[0]
 
-    def forward(tensor):
-        return gather(tensor), None
+    def forward(tensor, after):
+        return gather(tensor, after), None
 
     def backward(_, grad):
         # Horovod's rule: the gradient averaged over the ranks, this rank's rows.
@@ -339,7 +364,7 @@ def _allgather_fn(name, process_set, known_rows=None):
         grad = allreduce(grad, op=Average, process_set=process_set)
         me = _set_rank(process_set)
         start = sum(rows[:me])
-        return (jax.lax.slice_in_dim(grad, start, start + rows[me], axis=0),)
+        return jax.lax.slice_in_dim(grad, start, start + rows[me], axis=0), None
 
     gather.defvjp(forward, backward)
     return gather
@@ -355,18 +380,18 @@ def _broadcast_fn(root, name, process_set):
     index = _process_sets.root_index(root, process_set)
 
     @jax.custom_vjp
-    def bcast(tensor):
+    def bcast(tensor, after):
         traced = _traced(tensor)
         return _collective(_BROADCAST, [tensor], [_like(tensor)], _name("broadcast", name),
-                           traced, root=index, process_set=process_set)[0]
+                           traced, root=index, process_set=process_set, after=after)[0]
 
-    def forward(tensor):
-        return bcast(tensor), None
+    def forward(tensor, after):
+        return bcast(tensor, after), None
 
     def backward(_, grad):
         # Horovod's rule: the gradient averaged over the ranks, kept on the root.
         reduced = allreduce(grad, op=Average, process_set=process_set)
-        return (reduced if _set_rank(process_set) == index else jnp.zeros_like(reduced),)
+        return (reduced if _set_rank(process_set) == index else jnp.zeros_like(reduced)), None
 
     bcast.defvjp(forward, backward)
     return bcast
@@ -383,7 +408,7 @@ def _alltoall_fn(splits, name, process_set):
     agreed = {}  # the rows received from each rank, found by the forward pass, for the backward
 
     @jax.custom_vjp
-    def exchange(tensor):
+    def exchange(tensor, after):
         if _traced(tensor):
             if splits is not None:
                 raise ValueError("alltoall with splits works outside jax.jit only: the rows each "
@@ -397,16 +422,16 @@ def _alltoall_fn(splits, name, process_set):
         results = [jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype),
                    jax.ShapeDtypeStruct((_set_size(process_set),), jnp.int32)]
         return tuple(_collective(_ALLTOALL, [tensor, jnp.asarray(sent, jnp.int32)], results,
-                                 name, _traced(tensor), process_set=process_set))
+                                 name, _traced(tensor), process_set=process_set, after=after))
 
-    def forward(tensor):
-        return exchange(tensor), None
+    def forward(tensor, after):
+        return exchange(tensor, after), None
 
     def backward(_, cotangents):
         # Horovod's rule: the gradient goes back the way the rows came, each rank returning to
         # every other the rows it received from it. The received counts have none (float0).
         grad, _ = cotangents
-        return (alltoall(grad, splits=agreed["received"], process_set=process_set)[0],)
+        return alltoall(grad, splits=agreed["received"], process_set=process_set)[0], None
 
     exchange.defvjp(forward, backward)
     return exchange
@@ -469,7 +494,7 @@ def _reducescatter_fn(name, op, prescale, postscale, process_set):
     rows_of = {}  # the input's first dimension, for the backward pass
 
     @jax.custom_vjp
-    def scatter(tensor):
+    def scatter(tensor, after):
         if tensor.ndim == 0:
             raise ValueError("reducescatter needs a tensor of at least one dimension")
         rows_of["rows"] = tensor.shape[0]
@@ -478,10 +503,10 @@ def _reducescatter_fn(name, op, prescale, postscale, process_set):
         result = jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype)
         return _collective(_REDUCESCATTER, [tensor], [result], _name("reducescatter", name),
                            traced, reduce_op=op, prescale=prescale, postscale=postscale,
-                           process_set=process_set)[0]
+                           process_set=process_set, after=after)[0]
 
-    def forward(tensor):
-        return scatter(tensor), None
+    def forward(tensor, after):
+        return scatter(tensor, after), None
 
     def backward(_, grad):
         # Horovod's rule (as krug.torch's): the allgather of the output's gradient times the
@@ -493,7 +518,7 @@ def _reducescatter_fn(name, op, prescale, postscale, process_set):
         scale = prescale * postscale * (n if op == Sum else 1)
         gather = _allgather_fn(None, process_set, _set_rows(rows_of["rows"], process_set))
         grad = _primal_or_differentiable(gather, grad)
-        return (grad * jnp.asarray(scale, grad.dtype) if scale != 1.0 else grad,)
+        return (grad * jnp.asarray(scale, grad.dtype) if scale != 1.0 else grad), None
 
     scatter.defvjp(forward, backward)
     return scatter

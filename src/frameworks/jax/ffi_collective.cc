@@ -11,7 +11,8 @@
 // check that the negotiated shape is the traced one; krug.jax works the shapes out (eagerly it
 // asks the other ranks first). A mismatch fails the operation on every rank with a message.
 //
-// Arguments: the tensors (alltoall: then its splits, int32, empty for an even split); results:
+// Arguments: the tensors (alltoall: then its splits, int32, empty for an even split), then with
+// attribute `after` the previous collective's result, which only orders the program; results:
 // one per tensor (alltoall: then the rows received from each rank, int32; join: the last rank to
 // join, int32). int32, not int64: JAX makes 32-bit integers unless jax_enable_x64 is set.
 // Errors: what the engine refuses at submission or an argument that can never work is
@@ -224,7 +225,7 @@ ffi::Error run(const Attributes& a, std::vector<Buffer>& inputs, std::vector<Buf
 
 ffi::Error collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view name,
                       int64_t op_type, int64_t reduce_op, double prescale, double postscale,
-                      int64_t root, int64_t process_set, int64_t grouped) {
+                      int64_t root, int64_t process_set, int64_t grouped, int64_t after) {
   // Nothing may cross XLA's C interface as an exception: every error becomes XLA's.
   try {
     std::vector<Buffer> inputs;
@@ -233,6 +234,9 @@ ffi::Error collective(ffi::RemainingArgs args, ffi::RemainingRets rets, std::str
       if (!b.has_value()) return b.error();
       inputs.emplace_back(*b);
     }
+    // The previous collective's result, an operand only to order the program (krug.jax's
+    // _ProgramOrder): not part of the operation.
+    if (after != 0 && !inputs.empty()) inputs.pop_back();
     std::vector<Buffer> outputs;
     for (size_t i = 0; i < rets.size(); ++i) {
       auto b = rets.get<ffi::AnyBuffer>(i);
@@ -271,4 +275,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KrugJaxCollective, collective,
                                   .Attr<double>("postscale")
                                   .Attr<int64_t>("root")
                                   .Attr<int64_t>("process_set")
-                                  .Attr<int64_t>("grouped"));
+                                  .Attr<int64_t>("grouped")
+                                  .Attr<int64_t>("after"));
