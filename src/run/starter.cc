@@ -24,17 +24,30 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   return out;
 }
 
+// Puts `sig` back to its default action and unblocks every signal.
+void restore_default_signals(int sig) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+}
+
+// Tells the parent, through the status pipe, why the child could not run the program.
+[[noreturn]] void fail_to_parent(int status_fd) {
+  int e = errno;
+  ssize_t ignored = ::write(status_fd, &e, sizeof(e));
+  (void)ignored;
+  ::_exit(127);
+}
+
 // The program's side of a forked child, up to exec: signals reset, stdio wired, krugrun's
 // descriptors closed on exec. exec's errno goes to `status_fd`.
 [[noreturn]] void exec_program(char* const* argv, char* const* envp, int in_fd, int out_fd,
                                int err_fd, int status_fd) {
   // krugrun blocks the signals it reads through signalfd and ignores SIGPIPE; ranks start clean.
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  ::sigaction(SIGPIPE, &dfl, nullptr);
-  sigset_t none;
-  ::sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  restore_default_signals(SIGPIPE);
 
   int null_fd = in_fd >= 0 ? in_fd : ::open("/dev/null", O_RDONLY);
   if (null_fd >= 0) ::dup2(null_fd, 0);
@@ -44,10 +57,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   // not leak into ranks; the status pipe is close-on-exec already, so this keeps it usable.
   ::close_range(3, UINT_MAX, CLOSE_RANGE_CLOEXEC);
   ::execvpe(argv[0], argv, envp);
-  int e = errno;
-  ssize_t ignored = ::write(status_fd, &e, sizeof(e));
-  (void)ignored;
-  ::_exit(127);
+  fail_to_parent(status_fd);
 }
 
 // The keeper's side: waits for the program and ends as it ended (the supervisor reads the
@@ -59,12 +69,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   int status = 0;
   while (::waitpid(program, &status, 0) < 0 && errno == EINTR) continue;
   if (WIFSIGNALED(status)) {
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    ::sigaction(WTERMSIG(status), &dfl, nullptr);
-    sigset_t none;
-    ::sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    restore_default_signals(WTERMSIG(status));
     ::kill(::getpid(), WTERMSIG(status));
   }
   ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 127);
@@ -92,12 +97,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   ::sigprocmask(SIG_SETMASK, &all, nullptr);
   const pid_t keeper = ::getpid();
   const pid_t program = ::fork();
-  if (program < 0) {
-    int e = errno;
-    ssize_t ignored = ::write(status_fd, &e, sizeof(e));
-    (void)ignored;
-    ::_exit(127);
-  }
+  if (program < 0) fail_to_parent(status_fd);
   if (program == 0) {
     ::prctl(PR_SET_PDEATHSIG, death_signal);
     if (::getppid() != keeper) ::_exit(127);
