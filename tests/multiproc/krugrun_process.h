@@ -10,6 +10,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -59,23 +60,23 @@ inline int count_processes_with(const std::string& marker) {
   return count;
 }
 
-// Waits until at least `n` processes carry the marker (ranks started); 60 s only guards against
-// a hang.
-inline bool wait_for_processes(const std::string& marker, int n) {
+// Polls `done` every 10 ms until it holds; false after 60 s, which only guards against a hang.
+inline bool wait_until(const std::function<bool()>& done) {
   for (int i = 0; i < 6000; ++i) {
-    if (count_processes_with(marker) >= n) return true;
+    if (done()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return false;
+  return done();
 }
 
-// Waits until no process carries the marker; false after 60 s.
+// Waits until at least `n` processes carry the marker (ranks started).
+inline bool wait_for_processes(const std::string& marker, int n) {
+  return wait_until([&] { return count_processes_with(marker) >= n; });
+}
+
+// Waits until no process carries the marker.
 inline bool wait_for_no_process(const std::string& marker) {
-  for (int i = 0; i < 6000; ++i) {
-    if (count_processes_with(marker) == 0) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
+  return wait_until([&] { return count_processes_with(marker) == 0; });
 }
 
 // `krugrun args...` as a child process with stdout/stderr in files. Killed (with its ranks,

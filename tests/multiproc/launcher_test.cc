@@ -317,8 +317,7 @@ TEST(Launcher, RemoteExecWrapperStopsTheRankWhenTheSessionEnds) {
   Krugrun run({"__remote-exec", "MARKER=" + marker, "--", "sh", "-c",
                "sleep 600 & echo started; sleep 600"},
               /*stdin_pipe=*/true);
-  for (int i = 0; i < 6000 && !contains(run.out(), "started"); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  wait_until([&] { return contains(run.out(), "started"); });
   EXPECT_GE(count_processes_with(marker), 2);  // sh and the background sleep at least
   run.close_stdin();
   EXPECT_EQ(run.wait(), 128 + SIGTERM) << run.err();
@@ -326,12 +325,7 @@ TEST(Launcher, RemoteExecWrapperStopsTheRankWhenTheSessionEnds) {
   // The background sleep went with its group: SIGKILLed as the wrapper returned, it leaves the
   // process table once the kernel has torn it down and init has reaped it, a moment later
   // (60 s only guards against a hang).
-  int left = count_processes_with(marker);
-  for (int i = 0; i < 6000 && left > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    left = count_processes_with(marker);
-  }
-  EXPECT_EQ(left, 0);
+  EXPECT_TRUE(wait_for_no_process(marker)) << count_processes_with(marker) << " left";
 }
 
 TEST(Launcher, MissingCommandIsNamed) {

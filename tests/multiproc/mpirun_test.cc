@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "krugrun_process.h"
@@ -121,20 +120,13 @@ TEST(KrugrunMpi, ExitsWithTheRanksStatus) {
   EXPECT_EQ(lines_of(job.err()).back(), "krugrun: mpirun exited with status 2") << job.output();
 }
 
-// Whether both ranks printed "up": mpirun has started them and relays their output.
-bool both_ranks_up(const KrugrunProcess& job) {
-  for (int i = 0; i < 6000; ++i) {  // 60 s: a hang guard
-    if (job.rank_printed(0, "up") && job.rank_printed(1, "up")) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return false;
-}
-
 TEST(KrugrunMpi, RanksDieWithAKilledLauncher) {
   const std::string marker = unique_marker();
   KrugrunProcess job(KRUGRUN_PATH, {"--mpi", "-np", "2", "-x", "MARK=" + marker, "sh", "-c",
                                     "echo up; exec sleep 600"});
-  ASSERT_TRUE(both_ranks_up(job)) << job.output();
+  // Both ranks printed "up": mpirun has started them and relays their output.
+  ASSERT_TRUE(wait_until([&] { return job.rank_printed(0, "up") && job.rank_printed(1, "up"); }))
+      << job.output();
   ::kill(job.pid(), SIGKILL);
   EXPECT_EQ(job.wait(kRunTimeout), 128 + SIGKILL);
   // mpirun got SIGTERM from the kernel, once (a second one makes it exit at once, leaving the
