@@ -4,8 +4,8 @@ that receivers can make room.
 
 Objects are pickled with cloudpickle where it is installed (as Horovod does: lambdas and
 classes defined in a function travel too), else with pickle. A rank that cannot pickle its
-object (or whose object is too large for the frontend) sends a length of -1 instead, so every rank raises the same ValueError rather than the
-others waiting for data that never comes."""
+object (or whose object is too large for the frontend) sends a length of -1 instead, so every
+rank raises the same ValueError rather than the others waiting for data that never comes."""
 
 import pickle
 

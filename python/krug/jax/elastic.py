@@ -8,9 +8,10 @@
                             # state.commit() at consistent points
 
 A failed collective inside a jitted step raises ``jax.errors.JaxRuntimeError``; ``run`` turns
-it into HorovodInternalError (an argument krug refused into ValueError, which is not retried), which the recovery loop of krug.common.elastic handles: roll
-back to the last commit, re-form the job, sync rank 0's state. A reset also drops JAX's
-compiled programs, which fixed the old job's rank, size and shapes when they were traced.
+it into HorovodInternalError (an argument krug refused into ValueError, which is not retried),
+which the recovery loop of krug.common.elastic handles: roll back to the last commit, re-form
+the job, sync rank 0's state. A reset also drops JAX's compiled programs, which fixed the old
+job's rank, size and shapes when they were traced.
 """
 
 import jax

@@ -409,7 +409,8 @@ def _alltoall_fn(splits, name, process_set):
 
     @jax.custom_vjp
     def exchange(tensor, after):
-        if _traced(tensor):
+        traced = _traced(tensor)
+        if traced:
             if splits is not None:
                 raise ValueError("alltoall with splits works outside jax.jit only: the rows each "
                                  "rank receives decide the result's shape, which jit fixes when "
@@ -422,7 +423,7 @@ def _alltoall_fn(splits, name, process_set):
         results = [jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype),
                    jax.ShapeDtypeStruct((_set_size(process_set),), jnp.int32)]
         return tuple(_collective(_ALLTOALL, [tensor, jnp.asarray(sent, jnp.int32)], results,
-                                 name, _traced(tensor), process_set=process_set, after=after))
+                                 name, traced, process_set=process_set, after=after))
 
     def forward(tensor, after):
         return exchange(tensor, after), None

@@ -4,7 +4,6 @@
 import torch
 
 from krug.common import objects as _objects
-
 from krug.torch.mpi_ops import (allgather, broadcast_, broadcast_async_,
                                 global_process_set, rank, synchronize)
 
