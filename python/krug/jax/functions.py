@@ -125,8 +125,8 @@ def _int32(array):
 
 
 def _room(n):
-    # Eager calls compile a program per shape (about 0.4 s each, here): payloads rounded up to a
-    # power of two reuse a few.
+    # Eager calls compile a program per shape: payloads rounded up to a power of two reuse a few
+    # (bench/jax_objects.py: new sizes at 0.25-0.28 of the time of exact ones).
     return max(64, 1 << (n - 1).bit_length()) if n > 0 else 0
 
 
