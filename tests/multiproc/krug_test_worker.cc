@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -332,9 +333,7 @@ void ops_allreduce(int n) {
       {ReduceOp::kAverage, 1, 2, "average_postscaled"}};
   auto all = range_ranks(n);
   // Everything at once (fusion and ordering get exercised), then checked.
-  std::vector<Tensor> inputs, outputs;
-  inputs.reserve(500);
-  outputs.reserve(500);
+  std::deque<Tensor> inputs, outputs;  // stable addresses: checks hold pointers into them
   std::vector<PendingCheck> pending;
   for (const auto& c : cases)
     for (DataType t : kAllTypes)
@@ -394,8 +393,7 @@ void ops_allgather(int n) {
   std::vector<std::function<int64_t(int)>> rows_of = {
       [](int r) { return r + 1; }, [](int r) { return (r % 2) * 5; }, [](int) { return 0; }};
   std::vector<Shape> rest = {{3}, {}, {2}};
-  std::vector<Tensor> inputs;
-  inputs.reserve(64);
+  std::deque<Tensor> inputs;  // stable addresses: checks hold pointers into it
   std::vector<PendingCheck> pending;
   for (size_t v = 0; v < rows_of.size(); ++v)
     for (DataType t : kAllTypes) {
@@ -431,8 +429,7 @@ void ops_allgather(int n) {
 }
 
 void ops_broadcast(int n) {
-  std::vector<Tensor> data;
-  data.reserve(256);
+  std::deque<Tensor> data;  // stable addresses: checks hold pointers into it
   std::vector<PendingCheck> pending;
   const std::vector<Shape> shapes = {{0}, {7}, {7, 11, 13}};
   for (int root = 0; root < n; ++root)
@@ -454,8 +451,7 @@ void ops_broadcast(int n) {
 }
 
 void ops_alltoall(int n) {
-  std::vector<Tensor> inputs;
-  inputs.reserve(64);
+  std::deque<Tensor> inputs;  // stable addresses: checks hold pointers into it
   std::vector<PendingCheck> pending;
   // Uneven: rank r sends (r + p) % 3 rows of 2 to rank p (zero rows to some ranks); row k of
   // what r sends to p holds cell(r * 8 + p, k, col).
@@ -526,8 +522,7 @@ void ops_alltoall(int n) {
 
 void ops_reducescatter(int n) {
   auto all = range_ranks(n);
-  std::vector<Tensor> inputs;
-  inputs.reserve(128);
+  std::deque<Tensor> inputs;  // stable addresses: checks hold pointers into it
   std::vector<PendingCheck> pending;
   // Row counts: uneven (2n + 1), fewer rows than ranks (1), and none.
   const std::vector<int64_t> row_counts = {2 * n + 1, 1, 0};
