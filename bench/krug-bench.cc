@@ -282,6 +282,12 @@ auto with_codec(krug::DataType dtype, F&& f) {
       return f(PlainCodec<int32_t>{});
     case DataType::kInt64:
       return f(PlainCodec<int64_t>{});
+    case DataType::kUInt16:
+      return f(PlainCodec<uint16_t>{});
+    case DataType::kUInt32:
+      return f(PlainCodec<uint32_t>{});
+    case DataType::kUInt64:
+      return f(PlainCodec<uint64_t>{});
     case DataType::kFloat16:
       return f(HalfCodec{});
     case DataType::kBFloat16:

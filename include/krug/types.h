@@ -21,8 +21,11 @@ enum class DataType : uint8_t {
   kFloat32 = 7,
   kFloat64 = 8,
   kBool = 9,
+  kUInt16 = 10,
+  kUInt32 = 11,
+  kUInt64 = 12,
 };
-inline constexpr int kNumDataTypes = 10;
+inline constexpr int kNumDataTypes = 13;
 
 // Size of one element in bytes.
 size_t dtype_size(DataType dtype);

@@ -13,7 +13,8 @@
 namespace krug::device {
 namespace {
 
-// The bounds are powers of two (or 2^63), so comparing in double is exact.
+// Double holds every bound exactly but the 64-bit maxima, which round up past any value of the
+// type (to 2^63 and 2^64), so comparing in double is exact.
 template <typename T>
 __device__ T scale_int(T v, double factor, T lo, T hi) {
   const double x = trunc(static_cast<double>(v) * factor);
@@ -89,6 +90,15 @@ void scale_async(DataType dtype, void* data, size_t count, double factor, const 
       break;
     case DataType::kInt64:
       launch_int<int64_t>(data, count, factor, s);
+      break;
+    case DataType::kUInt16:
+      launch_int<uint16_t>(data, count, factor, s);
+      break;
+    case DataType::kUInt32:
+      launch_int<uint32_t>(data, count, factor, s);
+      break;
+    case DataType::kUInt64:
+      launch_int<uint64_t>(data, count, factor, s);
       break;
     case DataType::kFloat16:
       scale_half_kernel<<<blocks_for(count), 256, 0, s>>>(static_cast<__half*>(data), count,

@@ -100,6 +100,12 @@ void run_numeric(DataType dtype, ReduceOp op, void* dst, const void* a, const vo
       return run<int32_t, Op>(dst, a, b, n);
     case DataType::kInt64:
       return run<int64_t, Op>(dst, a, b, n);
+    case DataType::kUInt16:
+      return run<uint16_t, Op>(dst, a, b, n);
+    case DataType::kUInt32:
+      return run<uint32_t, Op>(dst, a, b, n);
+    case DataType::kUInt64:
+      return run<uint64_t, Op>(dst, a, b, n);
     case DataType::kFloat16:
       return run16<HalfFormat, Op>(dst, a, b, n);
     case DataType::kBFloat16:

@@ -34,8 +34,9 @@ void scale16(uint16_t* p, size_t n, double factor) {
 
 // Horovod's rule, which scripts ported from it rely on (an integer Average is the sum times
 // 1/n): the product in double, converted back toward zero. Out-of-range results saturate (where
-// Horovod's cast is undefined) and NaN becomes 0. The bounds are powers of two (or 2^63 for
-// int64, which double cannot hold one below), so the comparisons are exact.
+// Horovod's cast is undefined) and NaN becomes 0. Double holds every bound exactly but the
+// 64-bit maxima, which round up to 2^63 and 2^64, past any value the type holds, so the
+// comparisons are exact.
 template <typename T>
 T scale_one(T v, double factor) {
   constexpr double kLo = static_cast<double>(std::numeric_limits<T>::min());
@@ -68,6 +69,12 @@ void scale(DataType dtype, void* data, size_t count, double factor) {
       return scale_int<int32_t>(data, count, factor);
     case DataType::kInt64:
       return scale_int<int64_t>(data, count, factor);
+    case DataType::kUInt16:
+      return scale_int<uint16_t>(data, count, factor);
+    case DataType::kUInt32:
+      return scale_int<uint32_t>(data, count, factor);
+    case DataType::kUInt64:
+      return scale_int<uint64_t>(data, count, factor);
     case DataType::kFloat16:
       return scale16<half_to_float_n, float_to_half_n>(static_cast<uint16_t*>(data), count, factor);
     case DataType::kBFloat16:

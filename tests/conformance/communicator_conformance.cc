@@ -13,10 +13,11 @@
 namespace krug::collectives::conformance {
 namespace {
 
-constexpr DataType kAllTypes[] = {DataType::kUInt8,    DataType::kInt8,    DataType::kInt16,
-                                  DataType::kInt32,    DataType::kInt64,   DataType::kFloat16,
-                                  DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
-                                  DataType::kBool};
+constexpr DataType kAllTypes[] = {
+    DataType::kUInt8,  DataType::kInt8,     DataType::kInt16,   DataType::kInt32,
+    DataType::kInt64,  DataType::kUInt16,   DataType::kUInt32,  DataType::kUInt64,
+    DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
+    DataType::kBool};
 
 std::string where(const Communicator& comm, const std::string& what) {
   return what + " on member " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
@@ -264,7 +265,9 @@ std::vector<uint8_t> input(int member, DataType dtype, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const uint32_t h =
         static_cast<uint32_t>(i) * 2654435761u ^ static_cast<uint32_t>(member + 1) * 40503u;
-    const int small = static_cast<int>(h % 7) - 3 + (dtype == DataType::kUInt8 ? 3 : 0);
+    const bool is_unsigned = dtype == DataType::kUInt8 || dtype == DataType::kUInt16 ||
+                             dtype == DataType::kUInt32 || dtype == DataType::kUInt64;
+    const int small = static_cast<int>(h % 7) - 3 + (is_unsigned ? 3 : 0);
     const double wide = std::ldexp(1.0 + (h % 1000003u) / 1000003.0, static_cast<int>(h % 9) - 4);
     void* p = out.data() + i * dtype_size(dtype);
     auto put = [&](auto v) { std::memcpy(p, &v, sizeof(v)); };
@@ -283,6 +286,15 @@ std::vector<uint8_t> input(int member, DataType dtype, size_t count) {
         break;
       case DataType::kInt64:
         put(static_cast<int64_t>(small));
+        break;
+      case DataType::kUInt16:
+        put(static_cast<uint16_t>(small));
+        break;
+      case DataType::kUInt32:
+        put(static_cast<uint32_t>(small));
+        break;
+      case DataType::kUInt64:
+        put(static_cast<uint64_t>(small));
         break;
       case DataType::kFloat16:
         put(reduce::float_to_half(static_cast<float>(small) / 4));

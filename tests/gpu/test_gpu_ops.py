@@ -15,7 +15,8 @@ import torch
 import krug.torch as hvd
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
+INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
+        torch.uint32, torch.uint64]
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
        "product": hvd.Product}
 
@@ -26,7 +27,7 @@ def cuda():
 
 def data(rank, shape, dtype, seed, low=-4, high=5):
     g = torch.Generator().manual_seed(seed * 7919 + rank)
-    if dtype == torch.uint8:
+    if not dtype.is_signed:
         low, high = 0, 4
     return torch.randint(low, high, shape, generator=g).to(dtype)
 

@@ -19,7 +19,8 @@ from jax.experimental import io_callback
 import krug.jax as hvd
 from krug.common.timeline import timeline_events
 
-NUMERIC = [jnp.uint8, jnp.int8, jnp.int16, jnp.int32, jnp.float16, jnp.bfloat16, jnp.float32]
+NUMERIC = [jnp.uint8, jnp.int8, jnp.int16, jnp.int32, jnp.uint16, jnp.uint32, jnp.float16,
+           jnp.bfloat16, jnp.float32]
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
        "product": hvd.Product}
 
@@ -68,7 +69,7 @@ def test_bool_and_64_bit_dtypes():
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda f: hvd.allreduce(f, op=hvd.Min))(
         flags)), [n() == 1, True, False])
     with jax.enable_x64(True):
-        for dtype in (jnp.int64, jnp.float64):
+        for dtype in (jnp.int64, jnp.uint64, jnp.float64):
             big = jnp.full((2,), 2**40 + r(), dtype)
             for out in (hvd.allreduce(big, op=hvd.Sum),
                         jax.jit(lambda x: hvd.allreduce(x, op=hvd.Sum))(big)):

@@ -35,9 +35,10 @@ using krug::Shape;
 using Clock = std::chrono::steady_clock;
 
 constexpr DataType kAllTypes[] = {
-    DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,   DataType::kInt32,
-    DataType::kInt64,   DataType::kFloat16,  DataType::kBFloat16, DataType::kFloat32,
-    DataType::kFloat64, DataType::kBool};
+    DataType::kUInt8,   DataType::kInt8,    DataType::kInt16,   DataType::kInt32,
+    DataType::kInt64,   DataType::kUInt16,  DataType::kUInt32,  DataType::kUInt64,
+    DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
+    DataType::kBool};
 
 int g_rank = -1;
 int g_failures = 0;
@@ -88,7 +89,10 @@ int64_t elements(const Shape& s) {
   return n;
 }
 
-bool is_signed(DataType t) { return t != DataType::kUInt8 && t != DataType::kBool; }
+bool is_signed(DataType t) {
+  return t != DataType::kUInt8 && t != DataType::kUInt16 && t != DataType::kUInt32 &&
+         t != DataType::kUInt64 && t != DataType::kBool;
+}
 
 // ---- float16 / bfloat16 bit patterns, computed here so the test does not trust the library's
 // own conversions. Only exactly representable values are accepted.
@@ -155,6 +159,9 @@ class Tensor {
       case DataType::kInt16: store<int16_t>(p, v); break;
       case DataType::kInt32: store<int32_t>(p, v); break;
       case DataType::kInt64: store<int64_t>(p, v); break;
+      case DataType::kUInt16: store<uint16_t>(p, v); break;
+      case DataType::kUInt32: store<uint32_t>(p, v); break;
+      case DataType::kUInt64: store<uint64_t>(p, v); break;
       case DataType::kFloat16: store<uint16_t>(p, half_bits(v)); break;
       case DataType::kBFloat16: store<uint16_t>(p, bf16_bits(v)); break;
       case DataType::kFloat32: store<float>(p, v); break;
@@ -170,6 +177,9 @@ class Tensor {
       case DataType::kInt16: return load<int16_t>(p);
       case DataType::kInt32: return load<int32_t>(p);
       case DataType::kInt64: return static_cast<double>(load<int64_t>(p));
+      case DataType::kUInt16: return load<uint16_t>(p);
+      case DataType::kUInt32: return load<uint32_t>(p);
+      case DataType::kUInt64: return static_cast<double>(load<uint64_t>(p));
       case DataType::kFloat16: return half_value(load<uint16_t>(p));
       case DataType::kBFloat16: return bf16_value(load<uint16_t>(p));
       case DataType::kFloat32: return load<float>(p);

@@ -48,7 +48,10 @@ void expect_equal(const torch::Tensor& got, const torch::Tensor& want, const std
 }
 
 const std::vector<torch::ScalarType> kAllTypes = {
-    torch::kUInt8,    torch::kInt8,    torch::kInt16,  torch::kInt32,  torch::kInt64,
+    torch::kUInt8,    torch::kInt8,     torch::kInt16,   torch::kInt32,   torch::kInt64,
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    torch::kUInt16,   torch::kUInt32,   torch::kUInt64,
+#endif
     torch::kFloat16,  torch::kBFloat16, torch::kFloat32, torch::kFloat64, torch::kBool};
 
 // Rank r's value at element i: small integers, exact in every dtype (bool: parity).

@@ -14,8 +14,11 @@ import torch
 
 import krug.torch as hvd
 
-NUMERIC = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-           torch.bfloat16, torch.float32, torch.float64]
+# torch 2.3 added the wide unsigned dtypes; the torch 1.13 pass runs without them.
+WIDE_UNSIGNED = [getattr(torch, name) for name in ("uint16", "uint32", "uint64")
+                 if hasattr(torch, name)]
+NUMERIC = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, *WIDE_UNSIGNED,
+           torch.float16, torch.bfloat16, torch.float32, torch.float64]
 ALL = NUMERIC + [torch.bool]
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
        "product": hvd.Product}

@@ -18,8 +18,8 @@ import tensorflow as tf
 import krug.tensorflow as hvd
 from krug.common.timeline import read_timeline
 
-NUMERIC = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
-           tf.float32, tf.float64]
+NUMERIC = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint16, tf.uint32, tf.uint64,
+           tf.float16, tf.bfloat16, tf.float32, tf.float64]
 OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
        "product": hvd.Product}
 

@@ -109,12 +109,16 @@ TEST(EngineHierarchical, EveryRankFollowsTheCoordinatorsSetting) {
 
 // ---- Every element-wise op and dtype, with values exact in every dtype.
 
-const DataType kTypes[] = {DataType::kUInt8,   DataType::kInt8,    DataType::kInt16,
-                           DataType::kInt32,   DataType::kInt64,   DataType::kFloat16,
+const DataType kTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,
+                           DataType::kInt32,   DataType::kInt64,    DataType::kUInt16,
+                           DataType::kUInt32,  DataType::kUInt64,   DataType::kFloat16,
                            DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
                            DataType::kBool};
 
-bool is_signed(DataType t) { return t != DataType::kUInt8 && t != DataType::kBool; }
+bool is_signed(DataType t) {
+  return t != DataType::kUInt8 && t != DataType::kUInt16 && t != DataType::kUInt32 &&
+         t != DataType::kUInt64 && t != DataType::kBool;
+}
 
 double input(ReduceOp op, DataType t, int64_t i, int r) {
   if (t == DataType::kBool) return (i + r) % 3 == 0 ? 1 : 0;
@@ -163,6 +167,9 @@ void put(DataType t, uint8_t* p, double v) {
     case DataType::kInt16: store(int16_t(v)); return;
     case DataType::kInt32: store(int32_t(v)); return;
     case DataType::kInt64: store(int64_t(v)); return;
+    case DataType::kUInt16: store(uint16_t(v)); return;
+    case DataType::kUInt32: store(uint32_t(v)); return;
+    case DataType::kUInt64: store(uint64_t(v)); return;
     case DataType::kFloat16: store(reduce::float_to_half(float(v))); return;
     case DataType::kBFloat16: store(reduce::float_to_bfloat16(float(v))); return;
     case DataType::kFloat32: store(float(v)); return;
@@ -182,6 +189,9 @@ double get(DataType t, const uint8_t* p) {
     case DataType::kInt16: return load(int16_t{});
     case DataType::kInt32: return load(int32_t{});
     case DataType::kInt64: return double(load(int64_t{}));
+    case DataType::kUInt16: return load(uint16_t{});
+    case DataType::kUInt32: return load(uint32_t{});
+    case DataType::kUInt64: return double(load(uint64_t{}));
     case DataType::kFloat16: return reduce::half_to_float(load(uint16_t{}));
     case DataType::kBFloat16: return reduce::bfloat16_to_float(load(uint16_t{}));
     case DataType::kFloat32: return load(float{});

@@ -57,6 +57,11 @@ TEST(ReduceScaleTest, SaturatesIntegers) {
   EXPECT_EQ(
       scaled<int64_t>(DataType::kInt64, {int64_t{1} << 62, -(int64_t{1} << 62), INT64_MAX}, 2.0),
       (std::vector<int64_t>{INT64_MAX, INT64_MIN, INT64_MAX}));
+  // 2^63 * 2 == 2^64 is one past UINT64_MAX; an Average of unsigned values never goes below 0.
+  EXPECT_EQ(scaled<uint64_t>(DataType::kUInt64, {uint64_t{1} << 63, UINT64_MAX, 5}, 2.0),
+            (std::vector<uint64_t>{UINT64_MAX, UINT64_MAX, 10}));
+  EXPECT_EQ(scaled<uint32_t>(DataType::kUInt32, {UINT32_MAX, 7}, -0.5),
+            (std::vector<uint32_t>{0, 0}));
   EXPECT_EQ(scaled<int32_t>(DataType::kInt32, {5, -5, 0}, INFINITY),
             (std::vector<int32_t>{INT32_MAX, INT32_MIN, 0}));  // 0 * inf is NaN -> 0
   EXPECT_EQ(scaled<int32_t>(DataType::kInt32, {5, -5}, NAN), (std::vector<int32_t>{0, 0}));
@@ -108,6 +113,9 @@ TEST(ReduceScaleTest, IntegersMatchReference) {
     check_ints<int16_t>(DataType::kInt16, f, rng);
     check_ints<int32_t>(DataType::kInt32, f, rng);
     check_ints<int64_t>(DataType::kInt64, f, rng);
+    check_ints<uint16_t>(DataType::kUInt16, f, rng);
+    check_ints<uint32_t>(DataType::kUInt32, f, rng);
+    check_ints<uint64_t>(DataType::kUInt64, f, rng);
   }
 }
 

@@ -103,6 +103,12 @@ void ref_element(DataType dt, ReduceOp op, const uint8_t* a, const uint8_t* b, u
       return store(out, ref_int(op, load<int32_t>(a), load<int32_t>(b)));
     case DataType::kInt64:
       return store(out, ref_int(op, load<int64_t>(a), load<int64_t>(b)));
+    case DataType::kUInt16:
+      return store(out, ref_int(op, load<uint16_t>(a), load<uint16_t>(b)));
+    case DataType::kUInt32:
+      return store(out, ref_int(op, load<uint32_t>(a), load<uint32_t>(b)));
+    case DataType::kUInt64:
+      return store(out, ref_int(op, load<uint64_t>(a), load<uint64_t>(b)));
     case DataType::kFloat16:
       return store(out, ref_16(op, load<uint16_t>(a), load<uint16_t>(b), kHalf));
     case DataType::kBFloat16:
@@ -293,7 +299,8 @@ std::string case_name(const ::testing::TestParamInfo<ReduceKernelTest::ParamType
 INSTANTIATE_TEST_SUITE_P(
     AllTypes, ReduceKernelTest,
     ::testing::Combine(::testing::Values(DataType::kUInt8, DataType::kInt8, DataType::kInt16,
-                                         DataType::kInt32, DataType::kInt64, DataType::kFloat16,
+                                         DataType::kInt32, DataType::kInt64, DataType::kUInt16,
+                                         DataType::kUInt32, DataType::kUInt64, DataType::kFloat16,
                                          DataType::kBFloat16, DataType::kFloat32,
                                          DataType::kFloat64, DataType::kBool),
                        ::testing::Values(ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
@@ -419,6 +426,10 @@ TEST(ReduceTest, IntegerArithmeticWraps) {
   EXPECT_EQ(run<int32_t>(DataType::kInt32, ReduceOp::kProduct, {65536}, {65536})[0], 0);
   EXPECT_EQ(run<int64_t>(DataType::kInt64, ReduceOp::kSum, {INT64_MAX}, {1})[0], INT64_MIN);
   EXPECT_EQ(run<int64_t>(DataType::kInt64, ReduceOp::kProduct, {INT64_MIN}, {-1})[0], INT64_MIN);
+  // 65535 * 65535 overflows the int that uint16 would promote to; it wraps to 1 instead.
+  EXPECT_EQ(run<uint16_t>(DataType::kUInt16, ReduceOp::kProduct, {65535}, {65535})[0], 1);
+  EXPECT_EQ(run<uint32_t>(DataType::kUInt32, ReduceOp::kSum, {UINT32_MAX}, {2})[0], 1u);
+  EXPECT_EQ(run<uint64_t>(DataType::kUInt64, ReduceOp::kSum, {UINT64_MAX}, {1})[0], 0u);
   EXPECT_EQ(run<int8_t>(DataType::kInt8, ReduceOp::kMin, {-128}, {127})[0], -128);
   EXPECT_EQ(run<uint8_t>(DataType::kUInt8, ReduceOp::kMax, {200}, {100})[0], 200);
 }

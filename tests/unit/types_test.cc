@@ -12,6 +12,9 @@ TEST(TypesTest, SizesMatchTheWireFormat) {
   EXPECT_EQ(dtype_size(DataType::kBFloat16), 2u);
   EXPECT_EQ(dtype_size(DataType::kInt32), 4u);
   EXPECT_EQ(dtype_size(DataType::kFloat64), 8u);
+  EXPECT_EQ(dtype_size(DataType::kUInt16), 2u);
+  EXPECT_EQ(dtype_size(DataType::kUInt32), 4u);
+  EXPECT_EQ(dtype_size(DataType::kUInt64), 8u);
   EXPECT_THROW(dtype_size(static_cast<DataType>(200)), Error);
 }
 

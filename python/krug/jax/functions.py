@@ -2,8 +2,6 @@
 (Horovod's ``broadcast_parameters``, ``broadcast_object`` and ``allgather_object``), and the fp16
 wire compression."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,15 +40,6 @@ class Compression:
             return x if dtype is None else x.astype(dtype)
 
 
-# Unsigned integers krug has no type for travel bit for bit as the signed ones of their width.
-_SIGNED = {np.dtype(np.uint16): jnp.int16, np.dtype(np.uint32): jnp.int32,
-           np.dtype(np.uint64): jnp.int64}
-
-
-def _identity(x):
-    return x
-
-
 def _on_the_wire(value):
     """(a JAX array krug broadcasts bit for bit, the function that turns the broadcast one back
     into ``value``'s kind), or None for a numpy array JAX cannot hold as it is (64-bit values
@@ -63,14 +52,9 @@ def _on_the_wire(value):
     from_numpy = not isinstance(value, jax.Array)
     if from_numpy and array.dtype != np.asarray(value).dtype:
         return None
-    back = _identity
-    if array.dtype in _SIGNED:
-        dtype = array.dtype
-        array = jax.lax.bitcast_convert_type(array, _SIGNED[dtype])
-        back = functools.partial(jax.lax.bitcast_convert_type, new_dtype=dtype)
     if from_numpy:
-        return array, lambda x: np.asarray(back(x))
-    return array, back
+        return array, np.asarray
+    return array, lambda x: x
 
 
 def broadcast_parameters(params, root_rank=0, process_set=global_process_set):

@@ -33,6 +33,10 @@ std::optional<ncclDataType_t> nccl_dtype(DataType dtype) {
       return ncclInt32;
     case DataType::kInt64:
       return ncclInt64;
+    case DataType::kUInt32:
+      return ncclUint32;
+    case DataType::kUInt64:
+      return ncclUint64;
     case DataType::kFloat16:
       return ncclFloat16;
     case DataType::kBFloat16:
@@ -42,6 +46,7 @@ std::optional<ncclDataType_t> nccl_dtype(DataType dtype) {
     case DataType::kFloat64:
       return ncclFloat64;
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kBool:
       return std::nullopt;
   }

@@ -63,6 +63,12 @@ std::optional<DataType> krug_dtype(ffi::DataType t) {
       return DataType::kFloat64;
     case ffi::DataType::PRED:
       return DataType::kBool;
+    case ffi::DataType::U16:
+      return DataType::kUInt16;
+    case ffi::DataType::U32:
+      return DataType::kUInt32;
+    case ffi::DataType::U64:
+      return DataType::kUInt64;
     default:
       return std::nullopt;
   }
@@ -71,12 +77,6 @@ std::optional<DataType> krug_dtype(ffi::DataType t) {
 // The name numpy gives the XLA element types users meet that krug has no type for.
 std::string element_type_name(ffi::DataType t) {
   switch (t) {
-    case ffi::DataType::U16:
-      return "uint16";
-    case ffi::DataType::U32:
-      return "uint32";
-    case ffi::DataType::U64:
-      return "uint64";
     case ffi::DataType::C64:
       return "complex64";
     case ffi::DataType::C128:

@@ -56,6 +56,12 @@ std::optional<DataType> krug_dtype(tf::DataType t) {
       return DataType::kFloat64;
     case tf::DT_BOOL:
       return DataType::kBool;
+    case tf::DT_UINT16:
+      return DataType::kUInt16;
+    case tf::DT_UINT32:
+      return DataType::kUInt32;
+    case tf::DT_UINT64:
+      return DataType::kUInt64;
     default:
       return std::nullopt;
   }

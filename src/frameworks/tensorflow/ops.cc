@@ -15,7 +15,9 @@ using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
 // The dtypes krug reduces and moves (krug::DataType).
-#define KRUG_TF_TYPES "{uint8, int8, int16, int32, int64, half, bfloat16, float, double, bool}"
+#define KRUG_TF_TYPES                                                                          \
+  "{uint8, int8, int16, int32, int64, uint16, uint32, uint64, half, bfloat16, float, double, " \
+  "bool}"
 
 // Every output i has the shape of input i.
 absl::Status same_shapes(InferenceContext* c) {

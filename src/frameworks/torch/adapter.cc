@@ -5,10 +5,15 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (fmt 11 moved it here)
+#include <torch/version.h>
 
 #include <thread>
 #include <type_traits>
 #include <utility>
+
+// torch 2.3 added the unsigned 16/32/64-bit dtypes; torch 1.13 (Debian's) builds without them.
+#define KRUG_TORCH_HAS_UNSIGNED \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
 
 namespace krug::torch_adapter {
 
@@ -121,6 +126,14 @@ std::optional<DataType> krug_dtype(at::ScalarType type) {
       return DataType::kFloat64;
     case at::kBool:
       return DataType::kBool;
+#if KRUG_TORCH_HAS_UNSIGNED
+    case at::kUInt16:
+      return DataType::kUInt16;
+    case at::kUInt32:
+      return DataType::kUInt32;
+    case at::kUInt64:
+      return DataType::kUInt64;
+#endif
     default:
       return std::nullopt;
   }
@@ -237,11 +250,14 @@ frontend::Op on_set(OpType type, ProcessSet process_set) {
 
 DataType to_krug_dtype(at::ScalarType type) {
   if (auto dtype = krug_dtype(type)) return *dtype;
-  throw UnsupportedTensor(fmt::format(
-      "krug does not support tensors of dtype {}; supported: torch.uint8, torch.int8, "
-      "torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, "
-      "torch.float64, torch.bool",
-      torch_dtype_name(type)));
+  throw UnsupportedTensor(
+      fmt::format("krug does not support tensors of dtype {}; supported: torch.uint8, torch.int8, "
+                  "torch.int16, torch.int32, torch.int64, "
+#if KRUG_TORCH_HAS_UNSIGNED
+                  "torch.uint16, torch.uint32, torch.uint64, "
+#endif
+                  "torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool",
+                  torch_dtype_name(type)));
 }
 
 at::ScalarType to_torch_dtype(DataType type) {
@@ -266,6 +282,19 @@ at::ScalarType to_torch_dtype(DataType type) {
       return at::kDouble;
     case DataType::kBool:
       return at::kBool;
+#if KRUG_TORCH_HAS_UNSIGNED
+    case DataType::kUInt16:
+      return at::kUInt16;
+    case DataType::kUInt32:
+      return at::kUInt32;
+    case DataType::kUInt64:
+      return at::kUInt64;
+#else
+    case DataType::kUInt16:
+    case DataType::kUInt32:
+    case DataType::kUInt64:
+      break;
+#endif
   }
   throw Error(fmt::format("unknown krug data type {}", static_cast<int>(type)));
 }
@@ -292,6 +321,14 @@ std::string torch_dtype_name(at::ScalarType type) {
       return "torch.float64";
     case at::kBool:
       return "torch.bool";
+#if KRUG_TORCH_HAS_UNSIGNED
+    case at::kUInt16:
+      return "torch.uint16";
+    case at::kUInt32:
+      return "torch.uint32";
+    case at::kUInt64:
+      return "torch.uint64";
+#endif
     case at::kComplexHalf:
       return "torch.complex32";
     case at::kComplexFloat:
