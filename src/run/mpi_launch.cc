@@ -4,6 +4,8 @@
 #include <cctype>
 #include <set>
 
+#include "run/env_block.h"
+
 namespace krug::run {
 namespace {
 
@@ -81,10 +83,13 @@ MpirunCommand mpirun_command(const LaunchOptions& options, const EnvMap& base, c
   if (!options.output_dir.empty())
     argv.insert(argv.end(), {"--output-filename", options.output_dir});
   // mpirun hands its own environment to ranks on this host only; -x carries a variable to
-  // every host.
+  // every host: what krugrun's ssh start carries, less mpirun's own (OMPI_*, PMIX_*, PMI_*),
+  // which mpirun reads itself and sets per rank.
   std::set<std::string> passed;
   for (const auto& [k, v] : env)
-    if (starts_with(k, "KRUG_") || starts_with(k, "HOROVOD_")) passed.insert(k);
+    if (carried_to_other_hosts(k) && !starts_with(k, "OMPI_") && !starts_with(k, "PMIX_") &&
+        !starts_with(k, "PMI_"))
+      passed.insert(k);
   for (const auto& name : options.forward_env)
     if (env.count(name)) passed.insert(name);
   for (const auto& [k, v] : options.set_env) passed.insert(k);

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "krug/types.h"
+#include "run/env_block.h"
 #include "run/fd.h"
 #include "run/hosts.h"
 
@@ -23,6 +25,8 @@ namespace krug::run {
 namespace {
 
 constexpr auto kGrace = std::chrono::seconds(5);
+// krugrun writes the environment before ssh even connects: it is there once the session starts.
+constexpr auto kEnvironmentWait = std::chrono::seconds(60);
 
 // Why the wrapper could not start the rank, and its exit code (126: set-up, 127: the command).
 struct StartFailure {
@@ -34,8 +38,45 @@ int exit_code_of(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-// `__remote-exec [--cwd DIR] VAR=value... -- command...`: sets the variables, enters DIR and
-// returns the command.
+// Reads exactly `n` bytes of stdin by `deadline`.
+std::string read_stdin(size_t n, std::chrono::steady_clock::time_point deadline) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd in{0, POLLIN, 0};
+    const int ready = ::poll(&in, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) throw StartFailure{"krugrun sent no environment within 60 s", 126};
+    const ssize_t r = ::read(0, out.data() + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      throw StartFailure{"krugrun closed the session before sending the environment", 126};
+    got += static_cast<size_t>(r);
+  }
+  return out;
+}
+
+// The environment block krugrun sent on stdin (run/env_block.h), applied with setenv.
+void apply_environment_from_stdin() {
+  const auto deadline = std::chrono::steady_clock::now() + kEnvironmentWait;
+  std::string header;
+  for (std::string c = read_stdin(1, deadline); c != "\n"; c = read_stdin(1, deadline)) {
+    if (header.size() > 20) throw StartFailure{"bad environment header from krugrun", 126};
+    header += c;
+  }
+  try {
+    const size_t bytes = parse_env_block_header(header);
+    for (const auto& [name, value] : decode_env_block_body(read_stdin(bytes, deadline)))
+      ::setenv(name.c_str(), value.c_str(), 1);
+  } catch (const Error& e) {
+    throw StartFailure{e.what(), 126};
+  }
+}
+
+// `__remote-exec [--cwd DIR] -- command...`: sets the environment krugrun sends on stdin, enters
+// DIR and returns the command.
 char** parse_and_apply(int argc, char** argv) {
   int i = 2;  // argv[1] is "__remote-exec"
   std::string cwd;
@@ -43,13 +84,12 @@ char** parse_and_apply(int argc, char** argv) {
     cwd = argv[i + 1];
     i += 2;
   }
-  for (; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
-    const char* eq = std::strchr(argv[i], '=');
-    if (eq == nullptr)
-      throw StartFailure{std::string("bad environment entry '") + argv[i] + "'", 126};
-    ::setenv(std::string(static_cast<const char*>(argv[i]), eq).c_str(), eq + 1, 1);
-  }
+  if (i >= argc || std::strcmp(argv[i], "--") != 0)
+    throw StartFailure{std::string("unexpected argument '") + (i < argc ? argv[i] : "") +
+                           "' (krugrun and the krugrun on this host differ in version?)",
+                       126};
   if (i + 1 >= argc) throw StartFailure{"no command to run", 126};
+  apply_environment_from_stdin();
   if (!cwd.empty() && ::chdir(cwd.c_str()) != 0)
     throw StartFailure{"cannot enter the working directory " + cwd + ": " + std::strerror(errno) +
                            " (krugrun runs remote ranks in its own working directory: it must "

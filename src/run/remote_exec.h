@@ -1,5 +1,5 @@
-// The remote half of an ssh-started rank: `krugrun __remote-exec [--cwd DIR] VAR=value... --
-// command...`, run by ssh on the rank's host.
+// The remote half of an ssh-started rank: `krugrun __remote-exec [--cwd DIR] -- command...`, run
+// by ssh on the rank's host. It first reads the rank's environment from stdin (run/env_block.h).
 //
 // Without it a remote rank would outlive its ssh session: sshd does not signal a command that
 // has no terminal. The wrapper starts the command in its own process group and stops that group

@@ -1,8 +1,6 @@
 #include "run/ssh.h"
-#include "run/options.h"
 
-#include <filesystem>
-
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/wait.h>
@@ -10,8 +8,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "krug/types.h"
+#include "run/env_block.h"
+#include "run/options.h"
 #include "run/rank_env.h"
 
 namespace krug::run {
@@ -19,10 +20,6 @@ namespace {
 
 bool is_shell_safe(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("@%+=:,./-_").find(c) != std::string_view::npos;
-}
-
-bool forwarded_by_default(std::string_view name) {
-  return name.rfind("KRUG_", 0) == 0 || name.rfind("HOROVOD_", 0) == 0 || name == "PYTHONPATH";
 }
 
 // What a remote host printed when the wrapper is missing there: the shell's 127.
@@ -60,12 +57,9 @@ std::vector<std::string> ssh_argv(const SshOptions& o, const std::string& host,
   return argv;
 }
 
-std::string remote_rank_command(const SshOptions& o,
-                                const std::vector<std::pair<std::string, std::string>>& env,
-                                const std::vector<std::string>& argv) {
+std::string remote_rank_command(const SshOptions& o, const std::vector<std::string>& argv) {
   std::string cmd = "exec " + shell_quote(o.krugrun_path) + " __remote-exec";
   if (!o.working_dir.empty()) cmd += " --cwd " + shell_quote(o.working_dir);
-  for (const auto& [k, v] : env) cmd += " " + shell_quote(k + "=" + v);
   cmd += " --";
   for (const auto& a : argv) cmd += " " + shell_quote(a);
   return cmd;
@@ -78,18 +72,34 @@ std::vector<std::pair<std::string, std::string>> remote_environment(
     size_t eq = kv.find('=');
     if (eq == std::string::npos) continue;
     std::string name = kv.substr(0, eq);
-    bool wanted = forwarded_by_default(name) ||
-                  std::find(forward_names.begin(), forward_names.end(), name) != forward_names.end();
+    bool wanted =
+        carried_to_other_hosts(name) ||
+        std::find(forward_names.begin(), forward_names.end(), name) != forward_names.end();
     if (wanted) out.emplace_back(std::move(name), kv.substr(eq + 1));
   }
   return out;
 }
 
 StartedRank SshStarter::start(const RankLaunch& launch) {
-  auto env = remote_environment(launch.envp, launch.forward_env_names);
-  auto argv = ssh_argv(options_, launch.slot.host, remote_rank_command(options_, env, launch.argv));
-  return spawn_process(argv, launch.envp, /*stdin_pipe=*/true,
-                       fmt::format("rank {} on host {} (ssh)", launch.slot.rank, launch.slot.host));
+  const std::string what =
+      fmt::format("rank {} on host {} (ssh)", launch.slot.rank, launch.slot.host);
+  const std::string block =
+      encode_env_block(remote_environment(launch.envp, launch.forward_env_names));
+  if (block.size() > kMaxEnvBlockBytes)
+    throw Error(
+        fmt::format("krugrun: cannot start {}: the environment to carry over is {} bytes, "
+                    "more than the {} a remote rank accepts; unset large variables",
+                    what, block.size(), kMaxEnvBlockBytes));
+  auto argv = ssh_argv(options_, launch.slot.host, remote_rank_command(options_, launch.argv));
+  StartedRank started = spawn_process(argv, launch.envp, /*stdin_pipe=*/true, what);
+  // A pipe that holds the whole block lets the write return at once, whatever ssh is doing;
+  // the remote wrapper reads it as soon as its session starts.
+  const int fd = started.stdin_keepalive.get();
+  if (::fcntl(fd, F_GETPIPE_SZ) < static_cast<int>(block.size()))
+    ::fcntl(fd, F_SETPIPE_SZ, static_cast<int>(block.size()));
+  // A failed write means ssh already exited: the supervisor reports why from its output.
+  write_all(fd, block);
+  return started;
 }
 
 std::vector<HostCheck> check_hosts(const std::vector<std::string>& hosts, const SshOptions& o) {

@@ -35,13 +35,12 @@ std::string shell_quote(std::string_view s);
 std::vector<std::string> ssh_argv(const SshOptions& options, const std::string& host,
                                   const std::string& remote_command);
 
-// The remote shell command line that starts `argv` under the wrapper with `env` set.
-std::string remote_rank_command(const SshOptions& options,
-                                const std::vector<std::pair<std::string, std::string>>& env,
-                                const std::vector<std::string>& argv);
+// The remote shell command line that starts `argv` under the wrapper, which reads its
+// environment from stdin (run/env_block.h).
+std::string remote_rank_command(const SshOptions& options, const std::vector<std::string>& argv);
 
-// The variables a remote rank gets from `envp` (the rank's full local environment): krug's and
-// Horovod's (KRUG_*, HOROVOD_*), PYTHONPATH, and the names forwarded with -x.
+// The variables a remote rank gets from `envp` (the rank's full local environment): those
+// carried_to_other_hosts() accepts, and the names forwarded with -x.
 std::vector<std::pair<std::string, std::string>> remote_environment(
     const std::vector<std::string>& envp, const std::vector<std::string>& forward_names);
 

@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "krug/types.h"
+#include "run/env_block.h"
 #include "run/hosts.h"
 #include "run/options.h"
 #include "run/output.h"
@@ -141,11 +142,10 @@ TEST(Ssh, CommandLineCarriesOptionsAndTheWrappedRank) {
   o.connect_timeout_s = 7.5;
   o.krugrun_path = "/opt/krug/bin/krugrun";
   o.working_dir = "/home/me/my project";
-  std::string remote = remote_rank_command(o, {{"KRUG_RANK", "3"}, {"MSG", "a b"}},
-                                           {"python3", "train.py", "--name", "x y"});
+  std::string remote = remote_rank_command(o, {"python3", "train.py", "--name", "x y"});
   EXPECT_EQ(remote,
-            "exec /opt/krug/bin/krugrun __remote-exec --cwd '/home/me/my project' KRUG_RANK=3 "
-            "'MSG=a b' -- python3 train.py --name 'x y'");
+            "exec /opt/krug/bin/krugrun __remote-exec --cwd '/home/me/my project' -- python3 "
+            "train.py --name 'x y'");
   auto argv = ssh_argv(o, "node7", remote);
   auto has_pair = [&](const std::string& a, const std::string& b) {
     for (size_t i = 0; i + 1 < argv.size(); ++i)
@@ -166,13 +166,32 @@ TEST(Ssh, CommandLineCarriesOptionsAndTheWrappedRank) {
   EXPECT_EQ(std::count(plain.begin(), plain.end(), "-F"), 0);
 }
 
-TEST(Ssh, ForwardsKrugHorovodPythonPathAndDashXVariables) {
-  auto env = remote_environment({"PATH=/bin", "KRUG_RANK=1", "HOROVOD_RANK=1", "PYTHONPATH=/p",
-                                 "HOME=/root", "MYVAR=1=2", "OTHER=x"},
-                                {"MYVAR"});
-  std::vector<std::pair<std::string, std::string>> expected{
-      {"KRUG_RANK", "1"}, {"HOROVOD_RANK", "1"}, {"PYTHONPATH", "/p"}, {"MYVAR", "1=2"}};
+TEST(Ssh, CarriesTheEnvironmentButThisLoginsAndDevices) {
+  auto env = remote_environment(
+      {"PATH=/bin", "KRUG_RANK=1", "HOROVOD_RANK=1", "PYTHONPATH=/p", "HOME=/root", "MYVAR=1=2",
+       "SSH_CONNECTION=a b", "CUDA_VISIBLE_DEVICES=0", "XDG_RUNTIME_DIR=/run", "PWD=/x",
+       "BASH_FUNC_f%%=() { :; }", "USER=me", "NCCL_DEBUG=INFO"},
+      {"USER"});
+  EnvEntries expected{{"PATH", "/bin"},      {"KRUG_RANK", "1"}, {"HOROVOD_RANK", "1"},
+                      {"PYTHONPATH", "/p"},  {"MYVAR", "1=2"},   {"USER", "me"},
+                      {"NCCL_DEBUG", "INFO"}};
   EXPECT_EQ(env, expected);
+}
+
+TEST(Ssh, EnvironmentBlockRoundTrips) {
+  EnvEntries env{{"A", "1"}, {"KRUG_SECRET", "s e=c\nret"}, {"EMPTY", ""}};
+  const std::string block = encode_env_block(env);
+  const size_t newline = block.find('\n');
+  ASSERT_NE(newline, std::string::npos);
+  const size_t bytes = parse_env_block_header(block.substr(0, newline));
+  EXPECT_EQ(bytes, block.size() - newline - 1);
+  EXPECT_EQ(decode_env_block_body(std::string_view(block).substr(newline + 1)), env);
+  EXPECT_TRUE(decode_env_block_body("").empty());
+  EXPECT_THROW(parse_env_block_header("12x"), Error);
+  EXPECT_THROW(parse_env_block_header(""), Error);
+  EXPECT_THROW(parse_env_block_header(std::to_string(kMaxEnvBlockBytes + 1)), Error);
+  EXPECT_THROW(decode_env_block_body(std::string("A=1", 3)), Error);  // no terminator
+  EXPECT_THROW(decode_env_block_body(std::string("=1\0", 3)), Error);
 }
 
 LaunchOptions parse(std::vector<const char*> args) {
