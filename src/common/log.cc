@@ -27,6 +27,10 @@ Level parse_level(std::string_view s) {
               "': use one of trace, debug, info, warning, error, fatal");
 }
 
+std::string_view level_name(Level lvl) {
+  return kNames[static_cast<int>(lvl)];
+}
+
 Level level() { return current().load(std::memory_order_relaxed); }
 void set_level(Level lvl) { current().store(lvl, std::memory_order_relaxed); }
 

@@ -12,6 +12,8 @@ enum class Level { kTrace = 0, kDebug, kInfo, kWarning, kError, kFatal };
 
 // Parses "trace".."fatal" (case-insensitive); throws krug::Error otherwise.
 Level parse_level(std::string_view s);
+// "trace", "debug", "info", "warning", "error" or "fatal".
+std::string_view level_name(Level level);
 Level level();
 void set_level(Level level);
 void write(Level level, int rank, std::string_view message);

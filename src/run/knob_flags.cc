@@ -21,21 +21,21 @@ constexpr std::array kFlags{
     KnobFlag{"cycle_time_ms", "KRUG_CYCLE_TIME", Kind::kNumber, 0, false, "KRUG_CYCLE_TIME"},
     KnobFlag{"timeline_filename", "KRUG_TIMELINE", Kind::kText, 0, true, "KRUG_TIMELINE"},
     KnobFlag{"timeout_seconds", "KRUG_TIMEOUT_SECONDS", Kind::kNumber, 0, false,
-             "KRUG_TIMEOUT_SECONDS"},
+             "KRUG_TIMEOUT_SECONDS", "--gloo-timeout-seconds"},
     KnobFlag{"log_level", "KRUG_LOG_LEVEL", Kind::kLogLevel, 0, true,
              "KRUG_LOG_LEVEL: trace|debug|info|warning|error|fatal"},
     KnobFlag{"stall_check_seconds", "KRUG_STALL_CHECK_TIME_SECONDS", Kind::kNumber, 0, true,
-             "KRUG_STALL_CHECK_TIME_SECONDS"},
+             "KRUG_STALL_CHECK_TIME_SECONDS", "--stall-check-warning-time-seconds"},
     KnobFlag{"stall_shutdown_seconds", "KRUG_STALL_SHUTDOWN_TIME_SECONDS", Kind::kNumber, 0, true,
-             "KRUG_STALL_SHUTDOWN_TIME_SECONDS"},
+             "KRUG_STALL_SHUTDOWN_TIME_SECONDS", "--stall-check-shutdown-time-seconds"},
     KnobFlag{"cache_capacity", "KRUG_CACHE_CAPACITY", Kind::kInteger, 0, true,
              "KRUG_CACHE_CAPACITY (0 disables)"},
     KnobFlag{"autotune_log_file", "KRUG_AUTOTUNE_LOG", Kind::kText, 0, true,
              "KRUG_AUTOTUNE_LOG: CSV of every autotuning sample (rank 0 writes it)"},
     KnobFlag{"autotune_warmup_samples", "KRUG_AUTOTUNE_WARMUP_SAMPLES", Kind::kInteger, 0, true,
              "KRUG_AUTOTUNE_WARMUP_SAMPLES"},
-    KnobFlag{"autotune_steps_per_sample", "KRUG_AUTOTUNE_STEPS_PER_SAMPLE", Kind::kInteger, 1,
-             true, "KRUG_AUTOTUNE_STEPS_PER_SAMPLE"},
+    KnobFlag{"autotune_steps_per_sample", "KRUG_AUTOTUNE_STEPS_PER_SAMPLE", Kind::kInteger, 1, true,
+             "KRUG_AUTOTUNE_STEPS_PER_SAMPLE"},
     KnobFlag{"autotune_bayes_opt_max_samples", "KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
              Kind::kInteger, 1, true, "KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"},
     KnobFlag{"autotune_gaussian_process_noise", "KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
@@ -89,9 +89,8 @@ std::string knob_value(const KnobFlag& flag, std::string_view text) {
       return std::to_string(parse_integer(flag, text));
     case Kind::kNumber:
       return fmt::format("{}", parse_number(flag, text));
-    case Kind::kLogLevel:
-      log::parse_level(text);  // throws with the accepted names
-      return std::string(text);
+    case Kind::kLogLevel:  // the engine's spelling: "WARN" -> "warning"
+      return std::string(log::level_name(log::parse_level(text)));
     case Kind::kText:
       return std::string(text);
   }

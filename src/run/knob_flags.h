@@ -23,6 +23,7 @@ struct KnobFlag {
   double min = 0;           // numbers: the smallest value allowed ...
   bool min_allowed = true;  // ... and whether `min` itself is allowed
   std::string_view help;
+  std::string_view horovodrun_flag = {};  // horovodrun's name, where it differs
 };
 
 // Every knob flag, in the order --help lists them.

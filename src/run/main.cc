@@ -120,7 +120,10 @@ SupervisedRank start_rank(const StepContext& step, const RankSlot& slot, RankSta
   RankLaunch launch{slot, options.command,
                     to_envp(rank_environment(step.base_env, options, slot, rank_job)),
                     step.forward_names};
-  auto [out_file, err_file] = output_files(options.output_dir, fmt::format("rank.{}", slot.rank));
+  // Zero-padded to the widest rank, as horovodrun does, so the directories sort by rank.
+  const int width = static_cast<int>(std::to_string(std::max(0, slot.size - 1)).size());
+  auto [out_file, err_file] =
+      output_files(options.output_dir, fmt::format("rank.{:0{}}", slot.rank, width));
   StartedRank started = starter.start(launch);
   // srun ranks are local children whatever their host; their status is the rank's.
   const bool is_remote =

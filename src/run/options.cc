@@ -73,28 +73,59 @@ std::string knob_type_name(KnobFlag::Kind kind) {
   return "TEXT";
 }
 
-void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::string>& xs,
-               std::string& hosts, std::vector<double>& cooldown) {
+// Values collected from the command line before they are checked and turned into LaunchOptions.
+struct RawFlags {
+  KnobText knobs;
+  std::vector<std::string> xs;  // -x
+  std::string hosts;            // -H
+  std::vector<double> cooldown;
+  std::vector<std::string> nics;  // --network-interface, repeated or comma-separated
+};
+
+// horovodrun's flags that change nothing in krugrun, accepted so its command lines run as they
+// are: ranks over TCP are Gloo's already, krugrun caches no host checks, and krug's log lines
+// carry no timestamp.
+void add_horovodrun_no_ops(CLI::App& app, LaunchOptions& o) {
+  app.add_flag("--gloo")
+      ->description("horovodrun's: krugrun's ranks use Gloo across hosts unless --mpi")
+      ->excludes(app.get_option("--mpi"));
+  app.add_flag("--disable-cache")->description("horovodrun's: krugrun caches no host checks");
+  app.add_flag("--log-without-timestamp,--log-hide-timestamp")
+      ->description("horovodrun's: krug's log lines have no timestamp");
+  app.add_flag_callback(
+      "--no-stall-check", [&o] { o.knob_env["KRUG_STALL_CHECK_DISABLE"] = "1"; },
+      "KRUG_STALL_CHECK_DISABLE=1: turn the stall inspector off");
+  app.add_flag_callback(
+      "--timeline-mark-cycles", [&o] { o.knob_env["KRUG_TIMELINE_MARK_CYCLES"] = "1"; },
+      "KRUG_TIMELINE_MARK_CYCLES=1 (the default)");
+}
+
+void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& raw) {
+  KnobText& k = raw.knobs;
   app.add_option("--config", o.config_file,
                  "Job spec file (YAML): settings and the steps to run; flags override it");
   // Hosts and ssh
   app.add_option("--hostfile", o.hostfile, "File of 'host slots=N' lines (instead of -H)")
       ->check(CLI::ExistingFile);
-  app.add_option("--ssh-port", o.ssh_port, "Port of sshd on remote hosts")
+  app.add_option("-p,--ssh-port", o.ssh_port, "Port of sshd on remote hosts")
       ->check(CLI::Range(1, 65535));
-  app.add_option("--ssh-identity-file", o.ssh_identity_file, "Private key for ssh (ssh -i)")
+  app.add_option("-i,--ssh-identity-file", o.ssh_identity_file, "Private key for ssh (ssh -i)")
       ->check(CLI::ExistingFile);
   app.add_option("--ssh-config-file", o.ssh_config_file,
                  "ssh configuration file (ssh -F; default ~/.ssh/config)")
       ->check(CLI::ExistingFile);
-  app.add_option("--network-interface", o.network_interface,
-                 "Network interface for the control and data planes, e.g. eth0 (KRUG_GLOO_IFACE)");
+  app.add_option("--network-interface,--network-interfaces", raw.nics,
+                 "Network interface for the control and data planes, e.g. eth0 "
+                 "(KRUG_GLOO_IFACE); of several (repeated or eth0,eth1) the first, and all "
+                 "for NCCL (NCCL_SOCKET_IFNAME)")
+      ->delimiter(',')
+      ->allow_extra_args(false);
   app.add_flag("--check-hosts", o.check_hosts_only,
                "Check that every host is reachable over ssh and has krugrun, then exit");
   // CLI11 2.1 rejects multi-letter single-dash names, so "-np" is rewritten to "--np" first.
   app.add_option("--np,--num-proc", o.np, "Number of ranks (write -np as with horovodrun)");
-  app.add_option("-H,--hosts", hosts, "host:slots,... (default localhost:np)");
-  app.add_option("-x", xs, "Forward VAR or set VAR=value in every rank's environment")
+  app.add_option("-H,--hosts", raw.hosts, "host:slots,... (default localhost:np)");
+  app.add_option("-x", raw.xs, "Forward VAR or set VAR=value in every rank's environment")
       ->allow_extra_args(false);
   app.add_option("--output-filename", o.output_dir,
                  "Also write DIR/rank.N/stdout and DIR/rank.N/stderr");
@@ -108,7 +139,10 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
                  "Seconds to reach each remote host over ssh (default 30)")
       ->check(number_at_least(0, false));
   for (const KnobFlag& flag : knob_flags())
-    app.add_option(flag_name(flag.key), k[flag.key], std::string(flag.help))
+    app.add_option(flag.horovodrun_flag.empty()
+                       ? flag_name(flag.key)
+                       : flag_name(flag.key) + "," + std::string(flag.horovodrun_flag),
+                   k[flag.key], std::string(flag.help))
         ->check(knob_check(flag))
         ->type_name(knob_type_name(flag.kind));
   // Not a value knob: two switches for one KRUG_HIERARCHICAL_ALLREDUCE (neither = auto).
@@ -136,7 +170,7 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
   app.add_option("--reset-limit", e.reset_limit,
                  "Elastic: stop the job after this many resets (default: no limit)")
       ->check(CLI::Range(0, 1 << 30));
-  app.add_option("--blacklist-cooldown-range", cooldown,
+  app.add_option("--blacklist-cooldown-range", raw.cooldown,
                  "Elastic: a failed host may return after a cooldown drawn from [A, B] seconds "
                  "(doubled per repeated failure); default: never")
       ->expected(2)
@@ -156,26 +190,39 @@ void add_flags(CLI::App& app, LaunchOptions& o, KnobText& k, std::vector<std::st
   app.add_option("--discovery-interval", e.discovery_interval_s,
                  "Elastic: seconds between runs of the discovery script (default 1)")
       ->check(number_at_least(0, false));
+  add_horovodrun_no_ops(app, o);
   // Stop at the first positional: the rest, options included, belongs to the rank command.
   app.prefix_command();
 }
 
-// Rewrites "-np" (horovodrun's spelling) to "--np" among krugrun's own arguments only, so a
-// command such as `mpirun -np 2` after the first positional is left untouched.
+// horovodrun's multi-letter single-dash spellings, which CLI11 would read as short options
+// ("-hostfile" as -h).
+constexpr std::pair<std::string_view, std::string_view> kSingleDashNames[] = {
+    {"-np", "--np"}, {"-hostfile", "--hostfile"}, {"-cb", "--check-build"}};
+
+// Rewrites horovodrun's single-dash names among krugrun's own arguments only, so a command such
+// as `mpirun -np 2` after the first positional is left untouched.
 std::vector<std::string> normalize_args(const CLI::App& app, int argc, const char* const* argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   for (size_t i = 0; i < args.size(); ++i) {
     std::string& a = args[i];
     if (a == "--" || a.empty() || a[0] != '-') break;
-    if (a == "-np") a = "--np";
-    if (a.rfind("-np=", 0) == 0) a = "-" + a;
+    for (const auto& [single, full] : kSingleDashNames) {
+      if (a == single) a = full;
+      if (a.starts_with(std::string(single) + "=")) a = "-" + a;
+    }
     if (a.find('=') != std::string::npos) continue;
     const CLI::Option* opt = app.get_option_no_throw(a);
-    if (opt == nullptr) break;                   // unknown: CLI11 / the check below reports it
-    if (opt->get_items_expected_min() > 0) ++i;  // skip the option's value (flags have none)
+    if (opt == nullptr) break;  // unknown: CLI11 / the check below reports it
+    i += static_cast<size_t>(std::max(0, opt->get_items_expected_min()));  // skip its values
   }
   return args;
 }
+
+// The elastic flags that mean nothing without --host-discovery-script.
+constexpr const char* kElasticOnlyFlags[] = {
+    "--slots-per-host",   "--reset-limit",      "--blacklist-cooldown-range", "--elastic-timeout",
+    "--straggler-factor", "--straggler-window", "--discovery-interval"};
 
 void split_env(const std::vector<std::string>& xs, LaunchOptions& o) {
   for (const auto& x : xs) {
@@ -188,6 +235,18 @@ void split_env(const std::vector<std::string>& xs, LaunchOptions& o) {
     else
       o.set_env.emplace_back(name, x.substr(eq + 1));
   }
+}
+
+// The first of the interfaces for krug's planes (Horovod's choice for Gloo), all of them for NCCL
+// unless NCCL_SOCKET_IFNAME is set already.
+void set_network_interfaces(const std::vector<std::string>& nics, LaunchOptions& o) {
+  for (const std::string& nic : nics)
+    if (nic.empty()) throw Error("krugrun: --network-interface: an empty interface name");
+  o.network_interface = nics.front();
+  std::string all = nics.front();
+  for (size_t i = 1; i < nics.size(); ++i) all += "," + nics[i];
+  if (current_environment().count("NCCL_SOCKET_IFNAME") == 0)
+    o.knob_env["NCCL_SOCKET_IFNAME"] = all;
 }
 
 void set_knobs(const CLI::App& app, const KnobText& k, LaunchOptions& o) {
@@ -239,9 +298,12 @@ void check_elastic(const CLI::App& app, LaunchOptions& o) {
         "krugrun: --min-np / --max-np start an elastic job, which needs "
         "--host-discovery-script (a command printing host:slots lines)");
   if (!o.hosts.empty())
-    throw Error(
-        "krugrun: an elastic job takes its hosts from --host-discovery-script; drop -H / "
-        "--hostfile");
+    throw Error(o.config_file.empty() || app.count("-H") > 0 || app.count("--hostfile") > 0
+                    ? "krugrun: an elastic job takes its hosts from --host-discovery-script; "
+                      "drop -H / --hostfile"
+                    : "krugrun: an elastic job takes its hosts from --host-discovery-script; "
+                      "drop workers: from " +
+                          o.config_file);
   if (o.mpi) throw Error("krugrun: --mpi cannot start an elastic job (mpirun's ranks are fixed)");
   if (!o.steps.empty() && o.steps.size() > 1)
     throw Error("krugrun: an elastic job runs one command, not several run: steps");
@@ -311,16 +373,13 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
       "Inside a Slurm allocation without -H, ranks start with srun on the allocation's\n"
       "hosts and -np defaults to its task count.\n");
   LaunchOptions o;
-  KnobText k;
-  std::vector<std::string> xs;
-  std::string hosts;
-  std::vector<double> cooldown;
-  add_flags(app, o, k, xs, hosts, cooldown);
+  RawFlags raw;
+  add_flags(app, o, raw);
   bool check_build = false;
   app.add_flag("--check-build", check_build,
                "Show what this krug was built with (frameworks, controllers, tensor "
-               "operations), then exit");
-  app.set_version_flag("--version", version_line(this_build()));
+               "operations), then exit (horovodrun's -cb too)");
+  app.set_version_flag("-v,--version", version_line(this_build()));
   std::vector<std::string> args = normalize_args(app, argc, argv);
   try {
     std::reverse(args.begin(), args.end());  // CLI11 takes a vector in reverse order
@@ -329,9 +388,9 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
       fmt::print("{}", build_report(this_build()));
       return 0;
     }
-    split_env(xs, o);
-    set_knobs(app, k, o);
-    read_hosts(app, hosts, o);
+    split_env(raw.xs, o);
+    set_knobs(app, raw.knobs, o);
+    read_hosts(app, raw.hosts, o);
     if (o.check_hosts_only && o.config_file.empty()) {
       if (o.hosts.empty()) throw Error("krugrun: --check-hosts needs -H or --hostfile");
       return o;
@@ -341,17 +400,25 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
       JobSpec spec = load_job_spec(o.config_file);
       o = apply_job_spec(spec, std::move(o), flags_given(app));
     }
+    if (raw.nics.empty() && !o.network_interface.empty())  // the job spec's
+      raw.nics = CLI::detail::split(o.network_interface, ',');
+    if (!raw.nics.empty()) set_network_interfaces(raw.nics, o);
     if (!o.network_interface.empty()) o.knob_env["KRUG_GLOO_IFACE"] = o.network_interface;
     if (o.check_hosts_only) {
       if (o.hosts.empty())
         throw Error("krugrun: --check-hosts needs -H, --hostfile or workers in --config");
       return o;
     }
-    if (cooldown.size() == 2) o.elastic.cooldown_range = std::make_pair(cooldown[0], cooldown[1]);
+    if (raw.cooldown.size() == 2)
+      o.elastic.cooldown_range = std::make_pair(raw.cooldown[0], raw.cooldown[1]);
     if (o.elastic.enabled() || app.count("--min-np") || app.count("--max-np")) {
       check_elastic(app, o);
       return o;
     }
+    for (const char* flag : kElasticOnlyFlags)
+      if (app.count(flag) > 0)
+        throw Error(std::string("krugrun: ") + flag +
+                    " is for elastic jobs, which need --host-discovery-script");
     settle_ranks_and_hosts(app, o);
   } catch (const CLI::ParseError& e) {
     // CLI11 prints the message (or the help) and has a code of its own per kind of error;

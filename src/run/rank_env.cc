@@ -46,6 +46,9 @@ EnvMap rank_environment(const EnvMap& base, const LaunchOptions& options, const 
   env["HOROVOD_CONTROLLER"] = "gloo";
   // No HOROVOD_CPU_OPERATIONS: it is an alias of KRUG_CPU_OPERATIONS, and setting it would stop
   // the engine choosing shared memory inside a host.
+  // Rank output goes to a pipe, where Python would buffer it in blocks: lines would show up late
+  // and out of order with the other ranks' (horovodrun sets it too).
+  env.try_emplace("PYTHONUNBUFFERED", "1");
   if (!job.python_dir.empty()) {
     auto it = env.find("PYTHONPATH");
     env["PYTHONPATH"] = (it == env.end() || it->second.empty())

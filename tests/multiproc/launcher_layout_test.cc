@@ -273,6 +273,59 @@ TEST(Options, HostfileSshAndInterfaceFlags) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Options, HorovodrunSpellingsAndAliases) {
+  auto dir = std::filesystem::temp_directory_path() / ("krug-hvd-" + make_job_id());
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "hosts") << "n1 slots=2\nn2 slots=2\n";
+    std::ofstream(dir / "id") << "key";
+  }
+  auto hf = (dir / "hosts").string(), id = (dir / "id").string();
+  // "-hostfile" was read as -h (help) plus "ostfile".
+  auto o = parse({"-np", "4", "-hostfile", hf.c_str(), "-p", "2200", "-i", id.c_str(), "true"});
+  EXPECT_EQ(o.hosts.size(), 2u);
+  EXPECT_EQ(o.ssh_port, 2200);
+  EXPECT_EQ(o.ssh_identity_file, id);
+  std::filesystem::remove_all(dir);
+
+  o = parse({"-np", "1", "--stall-check-warning-time-seconds", "5",
+             "--stall-check-shutdown-time-seconds", "9", "--gloo-timeout-seconds", "7",
+             "--no-stall-check", "--timeline-mark-cycles", "--gloo", "--disable-cache",
+             "--log-hide-timestamp", "--log-level", "WARN", "true"});
+  EXPECT_EQ(o.knob_env.at("KRUG_STALL_CHECK_TIME_SECONDS"), "5");
+  EXPECT_EQ(o.knob_env.at("KRUG_STALL_SHUTDOWN_TIME_SECONDS"), "9");
+  EXPECT_EQ(o.knob_env.at("KRUG_TIMEOUT_SECONDS"), "7");
+  EXPECT_EQ(o.knob_env.at("KRUG_STALL_CHECK_DISABLE"), "1");
+  EXPECT_EQ(o.knob_env.at("KRUG_TIMELINE_MARK_CYCLES"), "1");
+  EXPECT_EQ(o.knob_env.at("KRUG_LOG_LEVEL"), "warning");  // the engine's spelling
+  EXPECT_THROW(parse({"-np", "1", "--gloo", "--mpi", "true"}), Error);
+}
+
+TEST(Options, SeveralNetworkInterfaces) {
+  ::unsetenv("NCCL_SOCKET_IFNAME");
+  for (const auto& args :
+       {std::vector<const char*>{"-np", "1", "--network-interface", "eth1", "--network-interface",
+                                 "eth2", "true"},
+        std::vector<const char*>{"-np", "1", "--network-interfaces", "eth1,eth2", "true"}}) {
+    auto o = parse(args);
+    EXPECT_EQ(o.network_interface, "eth1");
+    EXPECT_EQ(o.knob_env.at("KRUG_GLOO_IFACE"), "eth1");
+    EXPECT_EQ(o.knob_env.at("NCCL_SOCKET_IFNAME"), "eth1,eth2");
+  }
+}
+
+TEST(Options, ElasticFlags) {
+  // The cooldown range takes two values: -np after it is still krugrun's.
+  auto o = parse({"--host-discovery-script", "/bin/true", "--blacklist-cooldown-range", "10", "20",
+                  "-np", "2", "true"});
+  EXPECT_EQ(o.np, 2);
+  ASSERT_TRUE(o.elastic.cooldown_range.has_value());
+  EXPECT_EQ(o.elastic.cooldown_range->second, 20.0);
+  // Elastic settings without a discovery script would be ignored: refused instead.
+  EXPECT_THROW(parse({"-np", "1", "--reset-limit", "3", "true"}), Error);
+  EXPECT_THROW(parse({"-np", "1", "--blacklist-cooldown-range", "5", "1", "true"}), Error);
+}
+
 TEST(Options, HierarchicalAllreduceFlags) {
   EXPECT_EQ(parse({"-np", "4", "--hierarchical-allreduce", "true"})
                 .knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"),
