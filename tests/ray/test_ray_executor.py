@@ -180,6 +180,35 @@ def test_elastic_mode_recovers_from_a_killed_actor(ray_cluster):
     assert any(line.startswith("round 1:") for line in log), log
 
 
+def train_with_a_bug():
+    import krug.torch as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        raise ValueError("a bug in the training code")
+
+    return train(state)
+
+
+def test_elastic_mode_stops_on_an_exception_of_the_training_function(ray_cluster):
+    # A replacement worker would raise the same: the job ends with the error instead of
+    # replacing workers for ever (reset_limit is unlimited by default).
+    ex = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=120), min_workers=1,
+                     max_workers=2, cpus_per_worker=1, elastic_timeout=120)
+    ex.start()
+    try:
+        with pytest.raises(RuntimeError, match="(?s)training function raised.*a bug in the "
+                                               "training code"):
+            ex.run(train_with_a_bug)
+        assert ex._elastic_job.actors == {}, "the other worker must not train on alone"
+        assert not any(line.startswith("replacing") for line in ex._elastic_job.log)
+    finally:
+        ex.shutdown()
+
+
 def test_elastic_limits_are_checked(ray_cluster):
     with pytest.raises(ValueError, match="min_workers <= max_workers"):
         RayExecutor(None, min_workers=3, max_workers=2)

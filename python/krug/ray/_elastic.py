@@ -5,7 +5,11 @@ Up to max_workers actors are requested; each becomes a worker once Ray placed it
 dies (killed, its node lost) is reported to the round logic: the survivors roll back to their
 last commit and re-form without it, and a replacement actor is requested, which joins at the
 next commit (hosts-updated interrupt). Once a worker's training function returns the job is
-done: workers still asking for a round are told to leave."""
+done: workers still asking for a round are told to leave.
+
+An exception raised by the training function (or by ``executable_cls``) is a bug a replacement
+would repeat: it ends the job with that exception's traceback instead. Whatever ends run() with
+an error also kills the job's actors, so none trains on alone."""
 
 import queue
 import time
@@ -41,13 +45,22 @@ class ElasticJob:
         return worker, actor.node.remote()
 
     def run(self, fn, args, kwargs):
+        try:
+            return self._run(fn, args, kwargs)
+        except BaseException:
+            self._kill_actors()
+            raise
+
+    def _run(self, fn, args, kwargs):
         import ray
+        from ray.exceptions import RayTaskError
 
         addr = ray.util.get_node_ip_address()
         placing, running = {}, {}
         results, failures, finished = [], [], False
         deadline = time.monotonic() + self.ex.settings.placement_group_timeout_s
         started = 0
+        none_running_since = None
         for _ in range(self.limits["max_np"]):
             worker, ref = self._new_actor()
             placing[ref] = worker
@@ -58,6 +71,17 @@ class ElasticJob:
                     "krug.ray: only %d of min_workers=%d workers could be placed within "
                     "placement_group_timeout_s=%s s; resources available now: %s"
                     % (started, self.limits["min_np"], self.ex.settings.placement_group_timeout_s,
+                       ray.available_resources()))
+            if running:
+                none_running_since = None
+            elif none_running_since is None:
+                none_running_since = time.monotonic()
+            elif time.monotonic() - none_running_since > self.limits["elastic_timeout"]:
+                # No survivor waits in a round whose timeout would end the job: bound it here.
+                raise TimeoutError(
+                    "krug.ray: every worker was lost and no replacement could be placed within "
+                    "elastic_timeout=%s s (%s); resources available now: %s"
+                    % (self.limits["elastic_timeout"], "; ".join(failures[-3:]),
                        ray.available_resources()))
             ready, _ = ray.wait(list(placing) + list(running), num_returns=1, timeout=0.2)
             for ref in ready:
@@ -71,10 +95,21 @@ class ElasticJob:
                     host = "%s/%s" % (ip, node_id[:8])
                     env = elastic_worker_environment(worker, host, addr, self.rdv.port,
                                                      self.rdv.secret, self.rdv.job_id)
+                    env.update(self.ex._settings_env())
                     env.update(self.extra_env)
                     actor = self.actors[worker]
-                    ray.get([actor.update_env_vars.remote(env),
-                             actor.start_executable.remote(*self.executable)])
+                    try:
+                        ray.get([actor.update_env_vars.remote(env),
+                                 actor.start_executable.remote(*self.executable)])
+                    except RayTaskError as e:
+                        raise RuntimeError("krug.ray: executable_cls failed on worker %s (host "
+                                           "%s):\n%s" % (worker, host, e)) from None
+                    except Exception as e:  # noqa: B902 - the actor died while starting
+                        failures.append("worker %s died while starting: %s" % (worker, e))
+                        ray.kill(self.actors.pop(worker), no_restart=True)
+                        new_worker, new_ref = self._new_actor()
+                        placing[new_ref] = new_worker
+                        continue
                     self.rdv.add(worker, host)
                     started += 1
                     self.log.append("started %s on %s" % (worker, host))
@@ -83,7 +118,12 @@ class ElasticJob:
                 worker, host = running.pop(ref)
                 try:
                     tag, value, rank = ray.get(ref)
-                except Exception as e:  # noqa: B902 - the actor died or fn raised
+                except RayTaskError as e:  # fn raised: a replacement would only repeat it
+                    self.rdv.exited(worker, 1)
+                    raise RuntimeError("krug.ray: the training function raised on worker %s "
+                                       "(host %s); the job stops:\n%s"
+                                       % (worker, host, e)) from None
+                except Exception as e:  # noqa: B902 - the actor died (killed, node lost)
                     self.rdv.exited(worker, 1)
                     failures.append("worker %s on host %s failed: %s" % (worker, host, e))
                     self.log.append("lost %s" % worker)
@@ -118,10 +158,13 @@ class ElasticJob:
                 raise RuntimeError("krug.ray: %s%s" % (event[2], "".join(
                     "; " + f for f in failures[-1:])))
 
-    def shutdown(self):
+    def _kill_actors(self):
         import ray
 
         for actor in self.actors.values():
             ray.kill(actor, no_restart=True)
         self.actors = {}
+
+    def shutdown(self):
+        self._kill_actors()
         self.rdv.stop()

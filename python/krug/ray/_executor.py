@@ -33,14 +33,16 @@ class RayExecutor:
     distinct nodes (STRICT_SPREAD). Each actor gets ``cpus_per_worker`` CPUs and, with
     ``use_gpu``, ``gpus_per_worker`` GPUs (default 1). Actors on one node are local ranks of
     one host (shared memory). ``min_workers`` / ``max_workers`` make the job elastic (see
-    :mod:`krug.ray.elastic`)."""
+    :mod:`krug.ray._elastic` and docs/ray.md)."""
 
     @classmethod
     def create_settings(cls, timeout_s=30, ssh_identity_file=None, ssh_str=None,
                         placement_group_timeout_s=100, nics=None):
         """Settings for a RayExecutor: ``timeout_s`` bounds the ranks' rendezvous,
-        ``placement_group_timeout_s`` the wait for the cluster's resources. ssh options are
-        accepted for Horovod compatibility; krug does not use ssh on Ray."""
+        ``placement_group_timeout_s`` the wait for the cluster's resources, ``nics`` (names of
+        network interfaces) picks the one krug's planes use (the first, sorted) and those of
+        NCCL. ssh options are accepted for Horovod compatibility; krug does not use ssh on
+        Ray."""
         del ssh_str
         return Settings(timeout_s=timeout_s, placement_group_timeout_s=placement_group_timeout_s,
                         ssh_identity_file=ssh_identity_file, nics=nics)
@@ -168,7 +170,7 @@ class RayExecutor:
             for slot in self.slots:
                 env = rank_environment(slot, addr, self._rendezvous.port, self._rendezvous.secret,
                                        self._rendezvous.job_id)
-                env["KRUG_TIMEOUT_SECONDS"] = str(self.settings.timeout_s)
+                env.update(self._settings_env())
                 env.update(extra_env_vars or {})
                 envs.append(env)
             if self.gpus_per_worker:
@@ -179,6 +181,15 @@ class RayExecutor:
         except BaseException:
             self.shutdown()
             raise
+
+    def _settings_env(self):
+        """The variables every worker gets from the settings, static or elastic."""
+        env = {"KRUG_TIMEOUT_SECONDS": str(self.settings.timeout_s)}
+        if self.settings.nics:
+            nics = sorted(self.settings.nics)
+            env["KRUG_GLOO_IFACE"] = nics[0]
+            env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
+        return env
 
     def _share_visible_gpus(self, envs):
         # Every actor of a node sees all the node's GPUs of the job (peer access between them),
