@@ -53,20 +53,39 @@ def test_cpp_example_and_hostfile(hosts, tmp_path):
     assert "[0]<stdout>:OK" in out
 
 
+# Prints the rank's place, environment and directory, and how many processes (of every namespace:
+# they share /proc) show the job secret on their command line: krugrun's ssh and the remote
+# wrapper must not.
+TOPOLOGY_SCRIPT = """
+import os
+import krug.torch as hvd
+hvd.init()
+secret = os.environ["KRUG_SECRET"].encode()
+shown = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        shown += secret in open("/proc/%s/cmdline" % pid, "rb").read()
+    except OSError:
+        pass
+print("T", hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size(),
+      os.environ.get("FORWARDED"), os.environ.get("SET"), os.environ.get("CARRIED"),
+      os.getcwd(), "secret shown", shown)
+"""
+
+
 def test_topology_environment_and_working_directory(hosts, tmp_path):
-    script = ("import os, krug.torch as hvd; hvd.init(); "
-              "print('T', hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), "
-              "hvd.cross_size(), os.environ.get('FORWARDED'), os.environ.get('SET'), os.getcwd())")
     os.environ["FORWARDED"] = "from-the-launcher"
+    os.environ["CARRIED"] = "without-x"  # carried to remote ranks like horovodrun's
     try:
         code, out, err = hosts.run(["-np", "3", "-H", hosts_arg(hosts, (2, 1)), "-x", "FORWARDED",
-                                    "-x", "SET=a b", PYTHON, "-c", script], cwd=tmp_path)
+                                    "-x", "SET=a b", PYTHON, "-c", TOPOLOGY_SCRIPT], cwd=tmp_path)
     finally:
-        del os.environ["FORWARDED"]
+        del os.environ["FORWARDED"], os.environ["CARRIED"]
     assert_ok(code, out, err)
     expected = {0: "0 0 2 0 2", 1: "1 1 2 0 1", 2: "2 0 1 1 2"}
     for r, topo in expected.items():
-        assert f"[{r}]<stdout>:T {topo} from-the-launcher a b {tmp_path}" in out, out
+        assert (f"[{r}]<stdout>:T {topo} from-the-launcher a b without-x {tmp_path} "
+                "secret shown 0") in out, out
 
 
 def test_identity_file_and_port_flags(hosts, tmp_path):
