@@ -119,6 +119,13 @@ class KrugrunProcess {
     if (stdin_write_ >= 0) ::close(stdin_write_);
     stdin_write_ = -1;
   }
+  // Writes `data` to krugrun's stdin pipe (small writes: the pipe holds them).
+  void write_stdin(const std::string& data) {
+    if (stdin_write_ >= 0) {
+      ssize_t ignored = ::write(stdin_write_, data.data(), data.size());
+      (void)ignored;
+    }
+  }
   // This process's environment, with Open MPI's session directory in `dir` unless the caller
   // chose one. Open MPI 4 keeps every job's session directory under one directory per user
   // (/tmp/ompi.<host>.<uid>), which a job that ends removes: another job starting at that moment

@@ -293,30 +293,60 @@ TEST(Launcher, CheckHostsReportsEveryHost) {
   EXPECT_EQ(local.wait(), 0) << local.err();
 }
 
+// What krugrun writes into a remote wrapper's stdin (src/run/env_block.h): the byte count on a
+// line, then NAME=value entries each ended by a NUL. Spelled out here so the test checks the
+// format, not the launcher's own encoder.
+std::string env_block(const std::vector<std::string>& entries) {
+  std::string body;
+  for (const auto& e : entries) body += e + '\0';
+  return std::to_string(body.size()) + "\n" + body;
+}
+
 TEST(Launcher, RemoteExecWrapperRunsInTheDirectoryWithTheEnvironment) {
   auto dir = fs::temp_directory_path() / unique_marker("krug-wrap");
   fs::create_directories(dir);
   // stdin stays open, as ssh keeps it while krugrun lives.
-  Krugrun run({"__remote-exec", "--cwd", dir.string(), "GREETING=hello world", "--", "sh", "-c",
-               "echo \"$GREETING in $(pwd)\"; exit 3"},
+  Krugrun run({"__remote-exec", "--cwd", dir.string(), "--", "sh", "-c",
+               "echo \"$GREETING in $(pwd) $EMPTY.\"; exit 3"},
               /*stdin_pipe=*/true);
+  run.write_stdin(env_block({"GREETING=hello world", "EMPTY="}));
   EXPECT_EQ(run.wait(), 3);
-  EXPECT_TRUE(contains(run.out(), "hello world in " + dir.string())) << run.out() << run.err();
-  Krugrun missing({"__remote-exec", "--cwd", (dir / "gone").string(), "--", "true"});
+  EXPECT_TRUE(contains(run.out(), "hello world in " + dir.string() + " .")) << run.out()
+                                                                             << run.err();
+  Krugrun missing({"__remote-exec", "--cwd", (dir / "gone").string(), "--", "true"}, true);
+  missing.write_stdin(env_block({}));
   EXPECT_EQ(missing.wait(), 126);
   EXPECT_TRUE(contains(missing.err(), "cannot enter the working directory")) << missing.err();
-  Krugrun nocmd({"__remote-exec", "--", "krug-no-such-command"});
+  Krugrun nocmd({"__remote-exec", "--", "krug-no-such-command"}, true);
+  nocmd.write_stdin(env_block({}));
   EXPECT_EQ(nocmd.wait(), 127);
   EXPECT_TRUE(contains(nocmd.err(), "cannot start 'krug-no-such-command'")) << nocmd.err();
   fs::remove_all(dir);
 }
 
+TEST(Launcher, RemoteExecWrapperNeedsItsWholeEnvironment) {
+  // The session ends before (or while) the environment arrives: nothing is started.
+  Krugrun none({"__remote-exec", "--", "true"});  // stdin is /dev/null
+  EXPECT_EQ(none.wait(), 126);
+  EXPECT_TRUE(contains(none.err(), "closed the session before sending the environment"))
+      << none.err();
+  Krugrun cut({"__remote-exec", "--", "true"}, /*stdin_pipe=*/true);
+  cut.write_stdin(env_block({"A=1"}).substr(0, 4));
+  cut.close_stdin();
+  EXPECT_EQ(cut.wait(), 126);
+  EXPECT_TRUE(contains(cut.err(), "before sending the environment")) << cut.err();
+  Krugrun bad({"__remote-exec", "--", "true"}, /*stdin_pipe=*/true);
+  bad.write_stdin("12x\n");
+  EXPECT_EQ(bad.wait(), 126);
+  EXPECT_TRUE(contains(bad.err(), "bad environment header '12x'")) << bad.err();
+}
+
 TEST(Launcher, RemoteExecWrapperStopsTheRankWhenTheSessionEnds) {
   // stdin at end-of-file is what the wrapper sees when krugrun or ssh goes away.
   const std::string marker = unique_marker();
-  Krugrun run({"__remote-exec", "MARKER=" + marker, "--", "sh", "-c",
-               "sleep 600 & echo started; sleep 600"},
+  Krugrun run({"__remote-exec", "--", "sh", "-c", "sleep 600 & echo started; sleep 600"},
               /*stdin_pipe=*/true);
+  run.write_stdin(env_block({"MARKER=" + marker}));
   wait_until([&] { return contains(run.out(), "started"); });
   EXPECT_GE(count_processes_with(marker), 2);  // sh and the background sleep at least
   run.close_stdin();

@@ -80,7 +80,8 @@ TEST(MpirunCommand, EnvironmentCarriesTheJobButNoPerRankTopology) {
                            "HOME", "-x", "UNSET_VAR", "true"});
   const EnvMap base{{"HOME", "/root"},        {"PATH", "/bin"},
                     {"KRUG_RANK", "7"},       {"HOROVOD_LOCAL_RANK", "1"},
-                    {"KRUG_HOSTNAME", "old"}, {"KRUG_LOG_LEVEL", "info"}};
+                    {"KRUG_HOSTNAME", "old"}, {"KRUG_LOG_LEVEL", "info"},
+                    {"USER", "me"},           {"OMPI_MCA_btl", "tcp,self"}};
   MpirunCommand cmd = mpirun_command(o, base, kJob, false);
   EnvMap& env = cmd.env;
   EXPECT_EQ(env.count("KRUG_RANK"), 0u);
@@ -101,7 +102,9 @@ TEST(MpirunCommand, EnvironmentCarriesTheJobButNoPerRankTopology) {
                            "KRUG_LOG_LEVEL", "FOO", "HOME"})
     EXPECT_TRUE(has(names, name)) << name;
   EXPECT_FALSE(has(names, "UNSET_VAR")) << "mpirun rejects -x of a variable it does not have";
-  EXPECT_FALSE(has(names, "PATH"));
+  EXPECT_TRUE(has(names, "PATH")) << "carried to every host, as an ssh start does";
+  EXPECT_FALSE(has(names, "USER")) << "the login's own";
+  EXPECT_FALSE(has(names, "OMPI_MCA_btl")) << "mpirun's own: it reads it itself";
   EXPECT_FALSE(has(names, "KRUG_RANK"));
   // The secret travels by name only: it is not on the command line.
   for (const auto& arg : cmd.argv) EXPECT_EQ(arg.find("s3cret"), std::string::npos) << arg;
