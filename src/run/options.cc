@@ -17,6 +17,7 @@
 #include "run/knob_flags.h"
 #include "run/rank_env.h"
 #include "run/slurm.h"
+#include "run/ssh.h"
 
 namespace krug::run {
 namespace {
@@ -290,13 +291,27 @@ void take_command(std::vector<std::string> rest, LaunchOptions& o) {
   o.command = std::move(rest);
 }
 
-// Elastic jobs take their hosts from the discovery script, not -H / --hostfile / Slurm.
+// A discovery script that always prints `hosts`: horovodrun's elastic job on fixed hosts, where
+// a failed host leaves (for its cooldown) and the job goes on while --min-np ranks remain.
+std::string fixed_hosts_script(const std::vector<HostSlots>& hosts) {
+  std::string script = "printf '%s\\n'";
+  for (const HostSlots& h : hosts) script += " " + shell_quote(h.host + ":" + std::to_string(h.slots));
+  return script;
+}
+
+// Elastic jobs take their hosts from the discovery script, or from -H / --hostfile / the job
+// spec's workers when there is none; never from Slurm.
 void check_elastic(const CLI::App& app, LaunchOptions& o) {
   ElasticOptions& e = o.elastic;
+  if (!e.enabled() && !o.hosts.empty()) {
+    e.discovery_script = fixed_hosts_script(o.hosts);
+    o.hosts.clear();
+  }
   if (!e.enabled())
     throw Error(
-        "krugrun: --min-np / --max-np start an elastic job, which needs "
-        "--host-discovery-script (a command printing host:slots lines)");
+        "krugrun: --min-np / --max-np start an elastic job, which needs its hosts: "
+        "--host-discovery-script (a command printing host:slots lines), or fixed hosts with "
+        "-H / --hostfile");
   if (!o.hosts.empty())
     throw Error(o.config_file.empty() || app.count("-H") > 0 || app.count("--hostfile") > 0
                     ? "krugrun: an elastic job takes its hosts from --host-discovery-script; "
@@ -418,7 +433,8 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     for (const char* flag : kElasticOnlyFlags)
       if (app.count(flag) > 0)
         throw Error(std::string("krugrun: ") + flag +
-                    " is for elastic jobs, which need --host-discovery-script");
+                    " is for elastic jobs: give --host-discovery-script, or --min-np with "
+                    "fixed hosts");
     settle_ranks_and_hosts(app, o);
   } catch (const CLI::ParseError& e) {
     // CLI11 prints the message (or the help) and has a code of its own per kind of error;

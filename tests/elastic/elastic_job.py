@@ -24,8 +24,10 @@ class ElasticJob:
     this machine under different names, so each is a separate "host" to krug)."""
 
     def __init__(self, tmp_path, hosts, krugrun_args=(), example_args=(), env=None,
-                 command=None):
-        """Runs `command` (default: the elastic digits example with `example_args`)."""
+                 command=None, fixed_hosts=False):
+        """Runs `command` (default: the elastic digits example with `example_args`). With
+        `fixed_hosts` the hosts are given with -H instead (horovodrun's elastic job on fixed
+        hosts) and set_hosts() changes nothing."""
         os.makedirs(str(tmp_path), exist_ok=True)
         self.hosts_file = os.path.join(str(tmp_path), "hosts")
         self.set_hosts(hosts)
@@ -37,8 +39,10 @@ class ElasticJob:
         if command is None:
             command = [PYTHON, EXAMPLE, "--log-every", "1", "--result-file", self.result_file,
                        *example_args]
+        hosts_args = ["-H", ",".join(hosts)] if fixed_hosts else \
+            ["--host-discovery-script", script]
         cmd = [os.environ.get("KRUGRUN", os.path.join(REPO, "build", "krugrun")),
-               "--host-discovery-script", script, *krugrun_args, *command]
+               *hosts_args, *krugrun_args, *command]
         full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         full_env.update(env or {})
         self.lines = []  # (monotonic time, line)

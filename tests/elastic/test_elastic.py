@@ -20,6 +20,9 @@ EXAMPLE_ARGS = ["--epochs", str(EPOCHS), "--min-accuracy", str(MIN_ACCURACY)]
 TRAIN_SAMPLES = 1438  # 80 % of the 1,797 digits (the example's split)
 TRIALS = int(os.environ.get("KRUG_ELASTIC_TEST_TRIALS", "10"))
 SEED = int(os.environ.get("KRUG_ELASTIC_TEST_SEED", "20261124"))
+CPP_WORKER = os.environ.get("KRUG_ELASTIC_CPP_WORKER",
+                            os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests",
+                                         "elastic", "elastic_cpp_worker"))
 
 
 def result(job):
@@ -147,11 +150,8 @@ def test_too_few_slots_for_min_np_times_out(tmp_path):
 def test_cpp_worker_killed_and_host_added(tmp_path):
     """The framework-free C++ API: a killed worker, then its host back after the cooldown; the
     final value proves no step was lost or applied twice (elastic_cpp_worker.cc checks it)."""
-    worker = os.environ.get("KRUG_ELASTIC_CPP_WORKER",
-                            os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests",
-                                         "elastic", "elastic_cpp_worker"))
     job = ElasticJob(tmp_path, HOSTS[:3], ["--min-np", "2", "--blacklist-cooldown-range", "1", "1"],
-                     command=[worker, "150", "20"])
+                     command=[CPP_WORKER, "150", "20"])
     index, _, _ = job.wait_for(r"step 20 committed")
     os.kill(job.worker_pids()["w1"][1], signal.SIGKILL)
     index, _, _ = job.wait_for(r"rolling back to commit \d+", after=index)
@@ -160,6 +160,18 @@ def test_cpp_worker_killed_and_host_added(tmp_path):
     job.wait_for(r"round 2: 3 worker\(s\): .*w3 rank 2 \(new\)", after=index)
     assert job.finish() == 0, job.text()[-6000:]
     assert "final value: 11325.0 (3 ranks)" in job.text(), job.text()[-3000:]
+
+
+def test_fixed_hosts_go_on_without_a_failed_one(tmp_path):
+    """horovodrun's elastic job on fixed hosts (--min-np with -H): a killed worker's host leaves
+    and the job goes on with the others, losing no committed step."""
+    job = ElasticJob(tmp_path, HOSTS[:3], ["--min-np", "2"], fixed_hosts=True,
+                     command=[CPP_WORKER, "150", "20"])
+    index, _, _ = job.wait_for(r"step 20 committed")
+    os.kill(job.worker_pids()["w1"][1], signal.SIGKILL)
+    job.wait_for(r"round 1: 2 worker\(s\)", after=index)
+    assert job.finish() == 0, job.text()[-6000:]
+    assert "final value: 11325.0 (2 ranks)" in job.text(), job.text()[-3000:]
 
 
 def test_torch_cpp_worker_killed_matches_undisturbed(tmp_path):

@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "krug/types.h"
+#include "run/discovery.h"
 #include "run/env_block.h"
 #include "run/hosts.h"
 #include "run/options.h"
@@ -321,6 +322,18 @@ TEST(Options, ElasticFlags) {
   EXPECT_EQ(o.np, 2);
   ASSERT_TRUE(o.elastic.cooldown_range.has_value());
   EXPECT_EQ(o.elastic.cooldown_range->second, 20.0);
+  // Fixed hosts with --min-np: horovodrun's elastic job on them, through a discovery script
+  // that prints them.
+  auto fixed = parse({"--min-np", "1", "-H", "localhost:2,127.0.0.1:1", "-np", "2", "true"});
+  EXPECT_TRUE(fixed.hosts.empty());
+  auto found = parse_discovery_output(
+      run_discovery_script(fixed.elastic.discovery_script, std::chrono::seconds(30)),
+      fixed.elastic.discovery_script, 1);
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].host + ":" + std::to_string(found[0].slots), "localhost:2");
+  EXPECT_EQ(found[1].host + ":" + std::to_string(found[1].slots), "127.0.0.1:1");
+  EXPECT_THROW(parse({"--min-np", "1", "-H", "a:1", "--host-discovery-script", "true", "true"}),
+               Error);
   // Elastic settings without a discovery script would be ignored: refused instead.
   EXPECT_THROW(parse({"-np", "1", "--reset-limit", "3", "true"}), Error);
   EXPECT_THROW(parse({"-np", "1", "--blacklist-cooldown-range", "5", "1", "true"}), Error);
