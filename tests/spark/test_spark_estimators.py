@@ -5,6 +5,7 @@ this process aborts when torch loads libraries after TensorFlow). The Keras test
 (Horovod's horovod.keras API) and are skipped, saying so, when this build has none."""
 
 import importlib
+import io
 import json
 import os
 import sys
@@ -63,6 +64,10 @@ def test_fit_on_parquet_reuses_the_data_in_the_store(spark, example, tmp_path):
     again = est.copy({est.run_id: "second", est.epochs: 2}).fit_on_parquet()
     assert [h["epoch"] for h in again.getHistory()] == [0, 1]
     assert store.exists(store.get_checkpoint_path("second"))
+    # Horovod's rule: the ranks train with the learning rate times their number.
+    state = torch.load(io.BytesIO(store.read(store.get_checkpoint_path("second"))),
+                       weights_only=False)
+    assert [g["lr"] for g in state["optimizer"]["param_groups"]] == [0.1 * 2]
     out = again.transform(test_df.limit(5)).collect()
     assert len(out) == 5 and len(out[0]["label__output"]) == 10
 
@@ -129,3 +134,17 @@ def test_keras_estimator_rejects_a_model_that_is_not_keras(spark, tmp_path):
                          epochs=1)
     with pytest.raises(ValueError, match="model must be a keras.Model"):
         est.fit(df)
+
+
+def test_store_create_takes_horovods_arguments(tmp_path):
+    from krug.spark.common.store import FilesystemStore, LocalStore, Store
+
+    local = Store.create(str(tmp_path / "s"), train_path=str(tmp_path / "t"), save_runs=False,
+                         storage_options={"anon": True})
+    assert isinstance(local, LocalStore)
+    assert local.get_train_data_path() == str(tmp_path / "t")
+    assert local.get_checkpoint_path("r") is None  # save_runs=False
+    remote = Store.create("memory://krug-test/x", storage_options={}, checkpoint_filename="ck")
+    assert isinstance(remote, FilesystemStore)
+    assert remote.get_checkpoint_path("r") == "/krug-test/x/runs/r/ck"
+    assert Store.create("dbfs:/ml/x").prefix_path == "/dbfs/ml/x"

@@ -20,7 +20,7 @@ class Store:
     """A prefix path on an fsspec filesystem. Use :meth:`create`."""
 
     def __init__(self, prefix_path, fs, train_path=None, val_path=None, test_path=None,
-                 runs_path=None, save_runs=True, checkpoint_filename="checkpoint"):
+                 runs_path=None, save_runs=True, checkpoint_filename=None):
         self.prefix_path = prefix_path.rstrip("/") or "/"
         self.fs = fs
         self._train_path = train_path or self._join("train_data")
@@ -28,15 +28,19 @@ class Store:
         self._test_path = test_path or self._join("test_data")
         self._runs_path = runs_path or self._join("runs")
         self._save_runs = save_runs
-        self._checkpoint_filename = checkpoint_filename
+        self._checkpoint_filename = checkpoint_filename or "checkpoint"
 
     @staticmethod
-    def create(prefix_path, **storage_options):
-        """A Store for ``prefix_path``: a local path (or file://...), else an fsspec URL whose
-        filesystem gets ``storage_options``."""
+    def create(prefix_path, *args, **kwargs):
+        """A Store for ``prefix_path`` (Horovod's arguments: ``train_path``, ``val_path``,
+        ``test_path``, ``runs_path``, ``save_runs``, ``checkpoint_filename``, and
+        ``storage_options``, a dict for the fsspec filesystem): a local path (or file://...),
+        ``dbfs:/...`` (Databricks' FUSE mount, /dbfs/...), else an fsspec URL."""
+        if prefix_path.startswith("dbfs:/"):
+            prefix_path = "/dbfs/" + prefix_path[len("dbfs:/"):].lstrip("/")
         if "://" not in prefix_path or prefix_path.startswith("file://"):
-            return LocalStore(prefix_path)
-        return FilesystemStore(prefix_path, storage_options=storage_options)
+            return LocalStore(prefix_path, *args, **kwargs)
+        return FilesystemStore(prefix_path, *args, **kwargs)
 
     def _join(self, *parts):
         return posixpath.join(self.prefix_path, *parts)
@@ -119,9 +123,10 @@ class Store:
 class LocalStore(Store):
     """A directory of the local filesystem (shared by the executors, or one machine)."""
 
-    def __init__(self, prefix_path, *args, **kwargs):
+    def __init__(self, prefix_path, *args, storage_options=None, **kwargs):
         import fsspec
 
+        del storage_options  # nothing to configure on the local filesystem
         if prefix_path.startswith("file://"):
             prefix_path = prefix_path[len("file://"):]
         super().__init__(os.path.abspath(prefix_path), fsspec.filesystem("file"), *args,

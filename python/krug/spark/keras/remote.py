@@ -49,6 +49,12 @@ def _train(hvd, spec):
     if spec["random_seed"] is not None:
         keras.utils.set_random_seed(spec["random_seed"])
     model, optimizer = _rebuild(keras, spec)
+    # Horovod's estimators scale the learning rate with the number of ranks (the batch is that
+    # many times larger). A schedule is used as given (Keras keeps it in _learning_rate; the
+    # learning_rate property evaluates it).
+    schedule = keras.optimizers.schedules.LearningRateSchedule
+    if not isinstance(getattr(optimizer, "_learning_rate", None), schedule):
+        optimizer.learning_rate = float(optimizer.learning_rate) * hvd.size()
     optimizer = hvd.DistributedOptimizer(
         optimizer, **({"compression": spec["gradient_compression"]}
                       if spec["gradient_compression"] is not None else {}))

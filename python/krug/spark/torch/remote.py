@@ -29,6 +29,15 @@ def _labels(torch, columns, names, shapes):
     return out
 
 
+def _like(output, label):
+    """The label in the output's shape when they hold as many values (Horovod's rule): a (N, 1)
+    output against a (N,) label would otherwise broadcast to (N, N) in an element-wise loss."""
+    if hasattr(output, "shape") and output.shape != label.shape and \
+            output.numel() == label.numel():
+        return label.reshape(output.shape)
+    return label
+
+
 def make_trainer(spec):
     """A function of no arguments for krug.spark.run; ``spec`` is a dict of plain values, the
     model and the optimizer (pickled to every rank with the function)."""
@@ -68,6 +77,11 @@ def _train(hvd, np, torch, read_columns, shard_indices, spec):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, history = state["epoch"] + 1, state["history"]
+    else:
+        # Horovod's estimators scale the learning rate with the number of ranks (the batch is
+        # that many times larger); a checkpoint holds the scaled rate already.
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * hvd.size()
     compression = spec["gradient_compression"] or hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
@@ -100,7 +114,7 @@ def _train(hvd, np, torch, read_columns, shard_indices, spec):
     def compute_loss(outputs, ys):
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         losses = loss_fn if isinstance(loss_fn, (list, tuple)) else [loss_fn] * len(ys)
-        return sum(f(o, y) for f, o, y in zip(losses, outputs, ys))
+        return sum(f(o, _like(o, y)) for f, o, y in zip(losses, outputs, ys))
 
     def averaged(value, count, name):
         t = hvd.allreduce(torch.tensor([value * count, float(count)]), op=hvd.Sum, name=name)
