@@ -49,6 +49,29 @@ def test_results_in_rank_order_with_local_ranks_and_output(spark):
     assert_no_stray_processes()
 
 
+def test_without_barrier_mode_tasks_learn_the_hosts_from_the_driver(spark, monkeypatch):
+    # What runs under dynamic allocation, where Spark refuses barrier stages.
+    from krug.spark._driver import barrier_mode, dynamic_allocation
+
+    assert not dynamic_allocation(spark.sparkContext) and barrier_mode(spark.sparkContext)
+    monkeypatch.setenv("KRUG_SPARK_BARRIER", "0")
+    assert not barrier_mode(spark.sparkContext)
+    out = io.StringIO()
+    results = krug.spark.run(ranks_and_allreduce, args=(2,), num_proc=2, stdout=out,
+                             start_timeout=120)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["local_size"] == 2 and r["cross_size"] == 1 and r["sum"] == 6.0
+               for r in results)
+    assert "[1]<stdout>:rank 1 of 2 says hello" in out.getvalue()
+    with pytest.raises(RuntimeError) as info:
+        krug.spark.run(failing_on_rank_one, num_proc=2, start_timeout=120)
+    assert "ValueError: rank one cannot go on" in str(info.value)
+    assert_no_stray_processes()
+    monkeypatch.setenv("KRUG_SPARK_BARRIER", "maybe")
+    with pytest.raises(ValueError, match="KRUG_SPARK_BARRIER"):
+        krug.spark.run(lambda: None, num_proc=2)
+
+
 def test_default_num_proc_is_the_default_parallelism(spark):
     results = krug.spark.run(lambda: "ok", start_timeout=120)
     assert results == ["ok"] * spark.sparkContext.defaultParallelism
@@ -79,6 +102,31 @@ def test_failing_rank_fails_the_call_naming_rank_and_host(spark):
     assert time.monotonic() - t0 < 300
     assert_no_stray_processes()
     # The cluster is usable again: the failed stage was cancelled, not left running.
+    assert krug.spark.run(lambda: 7, num_proc=2, start_timeout=120) == [7, 7]
+
+
+def killing_its_task_on_rank_one():
+    import os
+    import signal
+
+    import torch
+
+    import krug.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        # The Spark task's Python worker, as when an executor is lost; the rank dies with it.
+        os.kill(os.getppid(), signal.SIGKILL)
+        signal.pause()
+    hvd.allreduce(torch.ones(1), name="never_completes")
+
+
+def test_a_lost_task_fails_the_call_naming_its_rank(spark):
+    # Spark would otherwise rerun the whole barrier stage against a job that is gone.
+    with pytest.raises(RuntimeError, match=r"the Spark task of rank 1 on host \S+ ended "
+                                           r"without a result"):
+        krug.spark.run(killing_its_task_on_rank_one, num_proc=2, start_timeout=120)
+    assert_no_stray_processes()
     assert krug.spark.run(lambda: 7, num_proc=2, start_timeout=120) == [7, 7]
 
 

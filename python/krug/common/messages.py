@@ -1,11 +1,12 @@
-"""A small authenticated message channel from a job's workers to its driver.
+"""A small authenticated message channel from a job's workers to its driver, and back.
 
 krug.spark's tasks report to the driver through it: that they started, each line their rank
 prints, and the rank's result or error, so that the driver can stream output, return results
 in rank order and cancel the whole job at the first failure (a task that merely raised would
 make Spark retry the stage). Each connection proves the job's secret first (HMAC of a random
 challenge), so that a stray process cannot inject results; messages are pickled tuples
-preceded by their length."""
+preceded by their length. A worker that said ``("hello", key, ...)`` can be answered with
+:meth:`MessageServer.reply` and read it with :meth:`MessageClient.receive`."""
 
 import hashlib
 import hmac
@@ -55,6 +56,7 @@ class MessageServer:
         self.port = self._sock.getsockname()[1]
         self._closed = threading.Event()
         self._conns = []
+        self._by_key = {}  # "hello" key -> its connection, for reply()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True, name="krug-messages").start()
 
@@ -79,6 +81,9 @@ class MessageServer:
                 message = pickle.loads(_recv(conn))
                 if message and message[0] == "started":
                     sender = message[1]
+                elif message and message[0] == "hello":
+                    with self._lock:
+                        self._by_key[message[1]] = conn
                 self.queue.put(message)
         except (OSError, ConnectionError, EOFError, pickle.UnpicklingError):
             pass
@@ -87,6 +92,16 @@ class MessageServer:
         if sender is not None:
             # The sender's end: after its "done", or instead of it when its process died.
             self.queue.put(("closed", sender))
+
+    def reply(self, key, *message):
+        """Sends ``message`` to the worker that said hello with ``key``; False when it is gone."""
+        with self._lock:
+            conn = self._by_key.get(key)
+        try:
+            _send(conn, pickle.dumps(message))
+            return True
+        except (AttributeError, OSError):
+            return False
 
     def close(self):
         self._closed.set()
@@ -113,6 +128,17 @@ class MessageClient:
         data = pickle.dumps(message)
         with self._lock:
             _send(self._sock, data)
+
+    def receive(self, timeout):
+        """The driver's next reply (a tuple); TimeoutError after ``timeout`` seconds,
+        ConnectionError when the driver closed the connection."""
+        self._sock.settimeout(timeout)
+        try:
+            return pickle.loads(_recv(self._sock))
+        except socket.timeout:
+            raise TimeoutError("no answer from the driver within %.0f s" % timeout) from None
+        finally:
+            self._sock.settimeout(None)
 
     def close(self):
         self._sock.close()

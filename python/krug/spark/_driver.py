@@ -1,4 +1,4 @@
-"""The driver side of krug.spark.run: checks, rendezvous, one barrier stage, results."""
+"""The driver side of krug.spark.run: checks, rendezvous, one stage of ranks, results."""
 
 import os
 import queue
@@ -14,7 +14,7 @@ except ImportError:  # pragma: no cover - PySpark ships a copy
 
 from krug.common.messages import MessageServer
 from krug.common.rendezvous import ElasticRendezvous, RendezvousServer
-from krug.spark._task import barrier_task, elastic_task
+from krug.spark._task import barrier_task, elastic_task, gang_task
 
 _DEFAULT_START_TIMEOUT = 600.0
 
@@ -65,6 +65,31 @@ def wait_for_slots(sc, num_proc, start_timeout, what):
         time.sleep(0.2)
 
 
+def dynamic_allocation(sc):
+    """Whether Spark allocates executors on demand here (its own rule: not in local mode)."""
+    conf = sc.getConf()
+    enabled = conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
+    master = sc.master or ""
+    local = master == "local" or master.startswith("local[")
+    testing = conf.get("spark.dynamicAllocation.testing", "false").lower() == "true"
+    return enabled and (not local or testing)
+
+
+def barrier_mode(sc):
+    """Whether krug.spark.run's ranks run as a barrier stage: yes unless dynamic allocation is
+    on (Spark refuses barrier stages then) or KRUG_SPARK_BARRIER=0; KRUG_SPARK_BARRIER=1 forces
+    it."""
+    choice = os.environ.get("KRUG_SPARK_BARRIER", "").strip().lower()
+    if choice in ("0", "false", "no"):
+        return False
+    if choice in ("1", "true", "yes"):
+        return True
+    if choice:
+        raise ValueError("KRUG_SPARK_BARRIER=%r: use 1 (barrier stage), 0 (tasks that learn "
+                         "each other's hosts from the driver) or leave it unset" % choice)
+    return not dynamic_allocation(sc)
+
+
 def pickled_payload(fn, args, kwargs, what):
     try:
         return cloudpickle.dumps((fn, tuple(args), dict(kwargs)))
@@ -91,13 +116,13 @@ class _Job:
     ranks (run), or max_np elastic workers (run_elastic, ``elastic`` = its limits)."""
 
     def __init__(self, sc, num_proc, payload, env, start_timeout, stdout, stderr, verbose, what,
-                 elastic=None):
+                 elastic=None, barrier=True):
         self.sc, self.num_proc, self.what = sc, num_proc, what
         self.start_timeout, self.verbose = start_timeout, verbose
         self.stdout = stdout if stdout is not None else sys.stdout
         self.stderr = stderr if stderr is not None else sys.stderr
         self.payload, self.env = payload, dict(env or {})
-        self.elastic = elastic
+        self.elastic, self.barrier = elastic, barrier
         self.group = "krug-spark-" + uuid.uuid4().hex[:12]
         self.stage_error = None
 
@@ -106,10 +131,12 @@ class _Job:
             self.sc.setJobGroup(self.group, "%s: %d krug ranks" % (self.what, self.num_proc),
                                 interruptOnCancel=True)
             rdd = self.sc.parallelize(range(self.num_proc), self.num_proc)
-            if self.elastic is None:
+            if self.elastic is not None:
+                rdd.mapPartitions(elastic_task(job)).collect()
+            elif self.barrier:
                 rdd.barrier().mapPartitions(barrier_task(job)).collect()
             else:
-                rdd.mapPartitions(elastic_task(job)).collect()
+                rdd.mapPartitions(gang_task(job)).collect()
         except Exception as e:  # noqa: B902 - reported by the driver loop
             self.stage_error = e
 
@@ -129,7 +156,8 @@ class _Job:
     def _supervise(self, addr, rdv, messages):
         job = {"payload": self.payload, "env": self.env, "driver_addr": addr,
                "message_port": messages.port, "rendezvous_addr": addr,
-               "rendezvous_port": rdv.port, "secret": rdv.secret, "job_id": rdv.job_id}
+               "rendezvous_port": rdv.port, "secret": rdv.secret, "job_id": rdv.job_id,
+               "start_timeout": self.start_timeout}
         if self.verbose >= 2:
             print("%s: %d ranks, rendezvous server on %s:%d" % (self.what, self.num_proc, addr,
                                                                rdv.port), file=self.stderr)
@@ -138,7 +166,7 @@ class _Job:
         finished = False
         try:
             if self.elastic is None:
-                results = self._collect(messages.queue, stage)
+                results = self._collect(messages, stage)
             else:
                 results = self._collect_elastic(messages.queue, stage, rdv)
             finished = True
@@ -171,8 +199,9 @@ class _Job:
                                    expected - len(started)))
         return None
 
-    def _collect(self, inbox, stage):
-        started, results = {}, {}
+    def _collect(self, messages, stage):
+        inbox = messages.queue
+        started, results, reported, hosts = {}, {}, set(), {}
         self.start_deadline = time.monotonic() + self.start_timeout
         # A rank whose collective failed because a peer died reports a HorovodInternalError
         # about that peer; the peer's own error is the root cause, and it usually comes first.
@@ -188,14 +217,30 @@ class _Job:
                 raise RuntimeError("%s: the Spark stage ended before every rank reported a "
                                    "result: %s" % (self.what, self.stage_error or
                                                    "no error from Spark"))
-            if msg is None or msg[0] == "closed":
+            if msg is None:
                 continue
-            if msg[0] == "started":
+            if msg[0] == "closed":
+                if msg[1] not in reported:
+                    # Left alone, Spark would rerun the whole barrier stage: every rank's fn
+                    # again, against a job whose other ranks are gone.
+                    raise RuntimeError(
+                        "%s: the Spark task of rank %d on host %s ended without a result: its "
+                        "executor or Python worker was lost" % (self.what, msg[1],
+                                                                started.get(msg[1])))
+                continue
+            if msg[0] == "hello":  # a task outside a barrier stage: it waits for every host
+                hosts[msg[1]] = msg[2]
+                if len(hosts) == self.num_proc:
+                    everyone = [hosts[p] for p in range(self.num_proc)]
+                    for p in range(self.num_proc):
+                        messages.reply(p, "hosts", everyone)
+            elif msg[0] == "started":
                 started[msg[1]] = msg[2]
             elif msg[0] == "out":
                 self._output(msg)
             elif msg[0] == "done":
                 _, rank, host, code, data = msg
+                reported.add(rank)
                 tag, value, _ = cloudpickle.loads(data) if isinstance(data, bytes) else \
                     ("error", data, None)
                 if tag != "ok":
@@ -275,8 +320,10 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, s
         num_proc = sc.defaultParallelism
     if num_proc < 1:
         raise ValueError("%s: num_proc must be at least 1, got %d" % (what, num_proc))
-    wait_for_slots(sc, num_proc, start_timeout, what)
-    return _Job(sc, num_proc, payload, env, start_timeout, stdout, stderr, verbose, what).run()
+    if not dynamic_allocation(sc):  # else Spark requests executors as the tasks wait
+        wait_for_slots(sc, num_proc, start_timeout, what)
+    return _Job(sc, num_proc, payload, env, start_timeout, stdout, stderr, verbose, what,
+                barrier=barrier_mode(sc)).run()
 
 
 def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None,
@@ -291,7 +338,8 @@ def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_
     if not 1 <= min_np <= max_np:
         raise ValueError("%s: need 1 <= min_num_proc <= max_num_proc, got %d and %d"
                          % (what, min_np, max_np))
-    wait_for_slots(sc, min_np, start_timeout, what)
+    if not dynamic_allocation(sc):
+        wait_for_slots(sc, min_np, start_timeout, what)
     limits = {"min_np": min_np, "reset_limit": reset_limit,
               "elastic_timeout": float(elastic_timeout if elastic_timeout is not None else 600)}
     return _Job(sc, max_np, payload, env, start_timeout, stdout, stderr, verbose, what,

@@ -1,11 +1,12 @@
-"""What every Spark barrier task of a krug.spark job runs (on an executor).
+"""What every Spark task of a krug.spark job runs (on an executor).
 
-The task learns where all tasks of the stage run (BarrierTaskContext.getTaskInfos), derives
-its rank as krugrun would lay ranks out on those hosts (tasks of one executor host get
-consecutive local ranks and share memory), starts the rank as a child process with a
-krugrun rank's environment, forwards its output lines and its result to the driver, and
-returns. It never raises for the rank's own failure: the driver cancels the job instead, so
-Spark does not retry the stage."""
+The task learns where all tasks of the stage run (BarrierTaskContext.getTaskInfos in a barrier
+stage; from the driver, which every task tells its host, in a stage without barrier mode, which
+Spark requires under dynamic allocation), derives its rank as krugrun would lay ranks out on
+those hosts (tasks of one executor host get consecutive local ranks and share memory), starts
+the rank as a child process with a krugrun rank's environment, forwards its output lines and its
+result to the driver, and returns. It never raises for the rank's own failure: the driver
+cancels the job instead, so Spark does not retry the stage."""
 
 import ctypes
 import os
@@ -194,6 +195,16 @@ def _read_memory_file(fd):
         return f.read()
 
 
+def _run_slot(job, slot, client):
+    """Runs the rank of ``slot`` to its end, reporting to the driver through ``client``."""
+    env = rank_environment(slot, job["rendezvous_addr"], job["rendezvous_port"], job["secret"],
+                           job["job_id"])
+    client.send("started", slot.rank, slot.host)
+    run_rank(job, env, slot.rank, client,
+             lambda code, data: client.send("done", slot.rank, slot.host, code, data),
+             early=True)
+
+
 def barrier_task(job):
     """The mapPartitions function of krug.spark.run's barrier stage (``job``: the driver's
     dict)."""
@@ -204,17 +215,42 @@ def barrier_task(job):
         ctx = BarrierTaskContext.get()
         hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
         slot = layout(hosts)[ctx.partitionId()]
-        env = rank_environment(slot, job["rendezvous_addr"], job["rendezvous_port"],
-                               job["secret"], job["job_id"])
         client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
         try:
-            client.send("started", slot.rank, slot.host)
-            run_rank(job, env, slot.rank, client,
-                     lambda code, data: client.send("done", slot.rank, slot.host, code, data),
-                     early=True)
+            _run_slot(job, slot, client)
         finally:
             client.close()
         return iter([slot.rank])
+
+    return task
+
+
+def gang_task(job):
+    """The mapPartitions function of krug.spark.run's stage without barrier mode: the task tells
+    the driver its host and waits (up to the start timeout) for every task's, which the driver
+    sends once all tasks run. A retried task (its first attempt was lost, which fails the job)
+    runs nothing."""
+
+    def task(_):
+        import socket
+
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx.attemptNumber() > 0:
+            return iter([])
+        partition = ctx.partitionId()
+        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
+        try:
+            client.send("hello", partition, socket.gethostname())
+            try:
+                _, hosts = client.receive(job["start_timeout"])
+            except (TimeoutError, ConnectionError):
+                return iter([])  # the driver reports what went wrong
+            _run_slot(job, layout(hosts)[partition], client)
+        finally:
+            client.close()
+        return iter([partition])
 
     return task
 
