@@ -72,6 +72,31 @@ def test_without_barrier_mode_tasks_learn_the_hosts_from_the_driver(spark, monke
         krug.spark.run(lambda: None, num_proc=2)
 
 
+def interface_and_interpreter():
+    import os
+    import sys
+
+    print("hello")
+    return os.environ.get("KRUG_GLOO_IFACE"), os.environ.get("NCCL_SOCKET_IFNAME"), sys.executable
+
+
+def test_horovods_other_arguments(spark):
+    import re
+    import sys
+
+    out = io.StringIO()
+    results = krug.spark.run(interface_and_interpreter, num_proc=2, start_timeout=120,
+                             nics=["lo", "eth9"], prefix_output_with_timestamp=True,
+                             executable=sys.executable, use_gloo=True, stdout=out)
+    assert results == [("eth9", "eth9,lo", sys.executable)] * 2
+    assert re.search(r"^\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4}\[1\]<stdout>:hello$",
+                     out.getvalue(), re.M), out.getvalue()
+    with pytest.raises(ValueError, match="use_mpi=True"):
+        krug.spark.run(lambda: None, num_proc=2, use_mpi=True)
+    with pytest.raises(ValueError, match="extra_mpi_args"):
+        krug.spark.run(lambda: None, num_proc=2, extra_mpi_args="-mca btl tcp")
+
+
 def test_default_num_proc_is_the_default_parallelism(spark):
     results = krug.spark.run(lambda: "ok", start_timeout=120)
     assert results == ["ok"] * spark.sparkContext.defaultParallelism

@@ -122,6 +122,7 @@ class _Job:
         self.stdout = stdout if stdout is not None else sys.stdout
         self.stderr = stderr if stderr is not None else sys.stderr
         self.payload, self.env = payload, dict(env or {})
+        self.timestamps, self.executable = False, None  # see with_horovod_options()
         self.elastic, self.barrier = elastic, barrier
         self.group = "krug-spark-" + uuid.uuid4().hex[:12]
         self.stage_error = None
@@ -157,7 +158,7 @@ class _Job:
         job = {"payload": self.payload, "env": self.env, "driver_addr": addr,
                "message_port": messages.port, "rendezvous_addr": addr,
                "rendezvous_port": rdv.port, "secret": rdv.secret, "job_id": rdv.job_id,
-               "start_timeout": self.start_timeout}
+               "start_timeout": self.start_timeout, "executable": self.executable}
         if self.verbose >= 2:
             print("%s: %d ranks, rendezvous server on %s:%d" % (self.what, self.num_proc, addr,
                                                                rdv.port), file=self.stderr)
@@ -176,10 +177,23 @@ class _Job:
                 self.sc.cancelJobGroup(self.group)
             stage.join(60)
 
+    def with_horovod_options(self, nics=None, prefix_output_with_timestamp=False,
+                             executable=None):
+        """Horovod's run arguments that krug takes: ``nics`` (interfaces: krug's planes use the
+        first, sorted; NCCL all), ``prefix_output_with_timestamp``, ``executable`` (the Python
+        interpreter of the ranks on the executors)."""
+        if nics:
+            nics = sorted(nics)
+            self.env.setdefault("KRUG_GLOO_IFACE", nics[0])
+            self.env.setdefault("NCCL_SOCKET_IFNAME", ",".join(nics))
+        self.timestamps, self.executable = bool(prefix_output_with_timestamp), executable
+        return self
+
     def _output(self, msg):
         _, tag, name, line = msg
         stream = self.stdout if name == "stdout" else self.stderr
-        stream.write("[%s]<%s>:%s" % (tag, name, line))
+        stamp = time.strftime("%a %b %d %H:%M:%S %Y") if self.timestamps else ""
+        stream.write("%s[%s]<%s>:%s" % (stamp, tag, name, line))
         stream.flush()
 
     def _next(self, inbox, stage, started, expected):
@@ -311,8 +325,20 @@ class _Job:
                     "; " + f for f in failures[-1:])))
 
 
+def check_no_mpi(use_mpi, extra_mpi_args, what):
+    """krug.spark starts no mpirun: asking for it is an error, not a silent change."""
+    if use_mpi:
+        raise ValueError("%s: use_mpi=True: krug.spark runs its ranks in the Spark tasks and "
+                         "connects them with Gloo and shared memory, not mpirun; drop use_mpi"
+                         % what)
+    if extra_mpi_args:
+        raise ValueError("%s: extra_mpi_args=%r: krug.spark starts no mpirun to pass them to; "
+                         "set krug's knobs through env instead (docs/configuration.md)"
+                         % (what, extra_mpi_args))
+
+
 def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, stdout=None,
-        stderr=None, verbose=1, what="krug.spark.run"):
+        stderr=None, verbose=1, what="krug.spark.run", horovod_options=None):
     sc = active_context()
     start_timeout = start_timeout_or_default(start_timeout)
     payload = pickled_payload(fn, args, kwargs or {}, what)
@@ -323,12 +349,13 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None, s
     if not dynamic_allocation(sc):  # else Spark requests executors as the tasks wait
         wait_for_slots(sc, num_proc, start_timeout, what)
     return _Job(sc, num_proc, payload, env, start_timeout, stdout, stderr, verbose, what,
-                barrier=barrier_mode(sc)).run()
+                barrier=barrier_mode(sc)).with_horovod_options(**(horovod_options or {})).run()
 
 
 def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None,
                 start_timeout=None, elastic_timeout=None, reset_limit=None, env=None,
-                stdout=None, stderr=None, verbose=1, what="krug.spark.run_elastic"):
+                stdout=None, stderr=None, verbose=1, what="krug.spark.run_elastic",
+                horovod_options=None):
     sc = active_context()
     start_timeout = start_timeout_or_default(start_timeout)
     payload = pickled_payload(fn, args, kwargs or {}, what)
@@ -340,7 +367,9 @@ def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_
                          % (what, min_np, max_np))
     if not dynamic_allocation(sc):
         wait_for_slots(sc, min_np, start_timeout, what)
+    if elastic_timeout is None:  # Horovod's fallback
+        elastic_timeout = float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT") or 600)
     limits = {"min_np": min_np, "reset_limit": reset_limit,
-              "elastic_timeout": float(elastic_timeout if elastic_timeout is not None else 600)}
+              "elastic_timeout": float(elastic_timeout)}
     return _Job(sc, max_np, payload, env, start_timeout, stdout, stderr, verbose, what,
-                elastic=limits).run()
+                elastic=limits).with_horovod_options(**(horovod_options or {})).run()

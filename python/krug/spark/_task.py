@@ -126,7 +126,8 @@ def run_rank(job, env, tag, client, report, early):
         result_fd = fds.own(_memory_file("krug-spark-result", b""))
         ready_r, ready_w = (fds.own(fd) for fd in os.pipe())
         proc = subprocess.Popen(
-            [sys.executable, "-m", "krug.spark._rank", str(payload_fd), str(result_fd),
+            [job.get("executable") or sys.executable, "-m", "krug.spark._rank", str(payload_fd),
+             str(result_fd),
              str(ready_w)],
             env=_child_environment(job, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent, pass_fds=(payload_fd, result_fd, ready_w))
