@@ -127,6 +127,42 @@ def test_bad_input_and_too_few_resources_fail_clearly(ray_cluster):
         ex.run(lambda: 1)
 
 
+def placement_group_and_sum():
+    import ray
+
+    info = allreduce_info(1)
+    return ray.util.get_current_placement_group().id.hex(), info["sum"]
+
+
+def executor_inside_a_placement_group():
+    ex = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=60), num_workers=2,
+                     cpus_per_worker=1)
+    ex.start()
+    try:
+        return ex.run(placement_group_and_sum)
+    finally:
+        ex.shutdown()
+
+
+def test_workers_use_the_current_placement_group(ray_cluster):
+    # As under a Ray Tune trial: the job's resources are reserved in the trial's group, and the
+    # executor places its workers there rather than asking for as many again.
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
+    ray.get(pg.ready(), timeout=60)
+    try:
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg,
+                                                    placement_group_capture_child_tasks=True)
+        driver = ray.remote(num_cpus=0)(executor_inside_a_placement_group)
+        results = ray.get(driver.options(scheduling_strategy=strategy).remote(), timeout=300)
+    finally:
+        remove_placement_group(pg)
+    assert results == [(pg.id.hex(), 3.0)] * 2
+
+
 def train_with_a_ledger(steps, kill_after):
     import os
     import signal

@@ -86,9 +86,11 @@ class RayExecutor:
         self.use_gpu = use_gpu
         gpus = gpus_per_slot if gpus_per_slot is not None else gpus_per_worker
         self.gpus_per_worker = (gpus or 1) if use_gpu else 0
+        self.use_current_placement_group = use_current_placement_group
         self.workers = []
         self.slots = []
-        self._placement_group = None
+        self._placement_group = None  # the one this executor made (and removes)
+        self._any_bundle = False      # workers go to any bundle of a group that is not ours
         self._rendezvous = None
 
     # -- placement ---------------------------------------------------------------------------
@@ -106,8 +108,14 @@ class RayExecutor:
 
     def _create_placement_group(self):
         import ray
-        from ray.util.placement_group import placement_group
+        from ray.util.placement_group import get_current_placement_group, placement_group
 
+        current = get_current_placement_group() if self.use_current_placement_group else None
+        if current is not None:
+            # Inside a placement group already (a Ray Tune trial's): its resources were reserved
+            # for this job, and a second group would wait for as many again.
+            self._any_bundle = True
+            return current
         bundles, strategy = self._bundles()
         pg = placement_group(bundles, strategy=strategy)
         self._placement_group = pg
@@ -132,7 +140,8 @@ class RayExecutor:
         per_bundle = 1 if self.num_hosts is None else self.num_workers_per_host
         for index in range(self.num_workers):
             strategy = PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=index // per_bundle)
+                placement_group=pg,
+                placement_group_bundle_index=-1 if self._any_bundle else index // per_bundle)
             workers.append(remote.options(num_cpus=self.cpus_per_worker,
                                           num_gpus=self.gpus_per_worker,
                                           scheduling_strategy=strategy).remote())
@@ -156,7 +165,18 @@ class RayExecutor:
         try:
             pg = self._create_placement_group()
             workers = self._create_workers(pg)
-            nodes = ray.get([w.node.remote() for w in workers])
+            try:
+                nodes = ray.get([w.node.remote() for w in workers],
+                                timeout=self.settings.placement_group_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(
+                    "krug.ray: %d worker(s) of %s CPU(s)%s each could not all start within "
+                    "placement_group_timeout_s=%s s in %s; resources available now: %s"
+                    % (self.num_workers, self.cpus_per_worker,
+                       " and %s GPU(s)" % self.gpus_per_worker if self.gpus_per_worker else "",
+                       self.settings.placement_group_timeout_s,
+                       "the current placement group" if self._any_bundle else
+                       "the placement group", ray.available_resources())) from None
             # Simulated nodes of one machine share an IP: the node id tells them apart.
             hosts = ["%s/%s" % (ip, node_id[:8]) for ip, node_id, _ in nodes]
             slots = layout(hosts)
