@@ -172,3 +172,31 @@ def test_unpicklable_fn_fails_before_starting(spark):
 
 def krug_spark_jobs(spark):
     return len(spark.sparkContext.statusTracker().getActiveJobsIds())
+
+
+def available_devices():
+    from krug.spark.task import get_available_devices
+
+    return get_available_devices()
+
+
+def test_the_gpus_spark_assigned_reach_the_rank(spark, monkeypatch):
+    from krug.spark.task import assigned_gpus_environment, device_index, get_available_devices
+
+    class Gpus:
+        addresses = ["2", "3"]
+
+    class Context:
+        def resources(self):
+            return {"gpu": Gpus()}
+
+    # What a task hands its rank, and what the rank makes of it.
+    env = assigned_gpus_environment(Context())
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert get_available_devices() == ["2", "3"] and device_index(0) == 2
+    for name in env:
+        monkeypatch.delenv(name)
+    assert get_available_devices() == [] and device_index(1) == 1
+    # This cluster assigns no GPUs: every rank hears so.
+    assert krug.spark.run(available_devices, num_proc=2, start_timeout=120) == [[], []]

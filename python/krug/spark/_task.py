@@ -196,10 +196,19 @@ def _read_memory_file(fd):
         return f.read()
 
 
+def _assigned_gpus():
+    from pyspark import TaskContext
+
+    from krug.spark.task import assigned_gpus_environment
+
+    return assigned_gpus_environment(TaskContext.get())
+
+
 def _run_slot(job, slot, client):
     """Runs the rank of ``slot`` to its end, reporting to the driver through ``client``."""
     env = rank_environment(slot, job["rendezvous_addr"], job["rendezvous_port"], job["secret"],
                            job["job_id"])
+    env.update(_assigned_gpus())
     client.send("started", slot.rank, slot.host)
     run_rank(job, env, slot.rank, client,
              lambda code, data: client.send("done", slot.rank, slot.host, code, data),
@@ -270,6 +279,7 @@ def elastic_task(job):
         host = socket.gethostname()
         env = elastic_worker_environment(worker, host, job["rendezvous_addr"],
                                          job["rendezvous_port"], job["secret"], job["job_id"])
+        env.update(_assigned_gpus())
         client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
         try:
             client.send("started", worker, host)

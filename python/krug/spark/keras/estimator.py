@@ -32,7 +32,7 @@ class KerasEstimator(KrugEstimator):
                  val_reader_num_workers=None, reader_pool_type="thread", label_shapes=None,
                  checkpoint_callback=None, inmemory_cache_all=False,
                  backward_passes_per_step=1, shuffle=True, input_shapes=None,
-                 output_cols=None):
+                 output_cols=None, use_gpu=True, mp_start_method=None):
         super().__init__()
         self._setDefault(custom_objects=None, checkpoint_callback=None,
                          backward_passes_per_step=1)
@@ -74,6 +74,7 @@ class KerasEstimator(KrugEstimator):
             "validation_steps_per_epoch": self.getValidationStepsPerEpoch(),
             "callbacks": self.getCallbacks(), "verbose": self.getVerbose(),
             "gradient_compression": self.getGradientCompression(),
+            "use_gpu": self.getUseGpu(),
         }
         return make_trainer(spec)
 

@@ -39,12 +39,28 @@ def _inputs(columns, names, shapes):
     return out[0] if len(out) == 1 else out
 
 
+def _pin_gpu(hvd):
+    """One GPU per rank, as Horovod's estimator pins it: the one Spark assigned to the task,
+    else the local rank's; without this every rank of a node would take them all."""
+    import tensorflow as tf
+
+    from krug.spark.task import device_index
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[device_index(hvd.local_rank()) % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices([gpu], "GPU")
+
+
 def _train(hvd, spec):
     import keras
     import numpy as np
 
     from krug.spark.common.data import read_columns, shard_indices
 
+    if spec.get("use_gpu", True):
+        _pin_gpu(hvd)
     store, run_id = spec["store"], spec["run_id"]
     if spec["random_seed"] is not None:
         keras.utils.set_random_seed(spec["random_seed"])

@@ -63,7 +63,10 @@ def _train(hvd, np, torch, read_columns, shard_indices, spec):
     seed = spec["random_seed"]
     if seed is not None:
         torch.manual_seed(seed)
-    device = torch.device("cuda", hvd.local_rank()) \
+    from krug.spark.task import device_index
+
+    # The GPU Spark assigned to the task (Horovod's rule), else the local rank's.
+    device = torch.device("cuda", device_index(hvd.local_rank())) \
         if spec["use_gpu"] and torch.cuda.is_available() else torch.device("cpu")
     model = spec["model"].to(device)
     optimizer = spec["optimizer_cls"](model.parameters(), **spec["optimizer_defaults"])
