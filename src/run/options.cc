@@ -13,6 +13,7 @@
 
 #include "krug/types.h"
 #include "run/build_report.h"
+#include "run/horovod_config.h"
 #include "run/job_spec.h"
 #include "run/knob_flags.h"
 #include "run/rank_env.h"
@@ -81,7 +82,16 @@ struct RawFlags {
   std::string hosts;            // -H
   std::vector<double> cooldown;
   std::vector<std::string> nics;  // --network-interface, repeated or comma-separated
+  std::string horovod_config;     // --config-file
 };
+
+// horovodrun's --config-file, under the flags given: a knob set by a flag keeps the flag's value.
+void apply_horovod_config(const CLI::App& app, const std::string& path, LaunchOptions& o) {
+  HorovodConfig config = load_horovod_config(path);
+  for (auto& [name, value] : config.knob_env) o.knob_env.try_emplace(name, std::move(value));
+  if (config.use_mpi && app.count("--gloo") == 0 && app.count("--mpi") == 0)
+    o.mpi = *config.use_mpi;
+}
 
 // horovodrun's flags that change nothing in krugrun, accepted so its command lines run as they
 // are: ranks over TCP are Gloo's already, krugrun caches no host checks, and krug's log lines
@@ -105,6 +115,10 @@ void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& raw) {
   KnobText& k = raw.knobs;
   app.add_option("--config", o.config_file,
                  "Job spec file (YAML): settings and the steps to run; flags override it");
+  app.add_option("--config-file", raw.horovod_config,
+                 "horovodrun's settings file (YAML sections params, autotune, timeline, "
+                 "stall_check, library_options, logging, controller); flags override it")
+      ->check(CLI::ExistingFile);
   // Hosts and ssh
   app.add_option("--hostfile", o.hostfile, "File of 'host slots=N' lines (instead of -H)")
       ->check(CLI::ExistingFile);
@@ -405,6 +419,7 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     }
     split_env(raw.xs, o);
     set_knobs(app, raw.knobs, o);
+    if (!raw.horovod_config.empty()) apply_horovod_config(app, raw.horovod_config, o);
     read_hosts(app, raw.hosts, o);
     if (o.check_hosts_only && o.config_file.empty()) {
       if (o.hosts.empty()) throw Error("krugrun: --check-hosts needs -H or --hostfile");

@@ -302,6 +302,45 @@ TEST(Options, HorovodrunSpellingsAndAliases) {
   EXPECT_THROW(parse({"-np", "1", "--gloo", "--mpi", "true"}), Error);
 }
 
+TEST(Options, HorovodrunConfigFile) {
+  auto dir = std::filesystem::temp_directory_path() / ("krug-hcfg-" + make_job_id());
+  std::filesystem::create_directories(dir);
+  const auto path = (dir / "horovod.yaml").string();
+  std::ofstream(path) << "controller: mpi\n"
+                         "params:\n  fusion_threshold_mb: 32\n  cycle_time_ms: 2.5\n"
+                         "  hierarchical_allreduce: true\n  hierarchical_allgather: false\n"
+                         "autotune:\n  enabled: true\n  warmup_samples: 3\n"
+                         "timeline:\n  filename: /tmp/t.json\n  mark_cycles: false\n"
+                         "stall_check:\n  enabled: false\n  warning_time_seconds: 60\n"
+                         "library_options:\n  gloo_timeout_seconds: 45\n  num_nccl_streams: 2\n"
+                         "logging:\n  level: WARNING\n";
+  auto o = parse({"-np", "1", "--config-file", path.c_str(), "--cycle-time-ms", "7", "true"});
+  EXPECT_TRUE(o.mpi);
+  EXPECT_EQ(o.knob_env.at("KRUG_FUSION_THRESHOLD"), std::to_string(32LL * 1024 * 1024));
+  EXPECT_EQ(o.knob_env.at("KRUG_CYCLE_TIME"), "7");  // the flag wins
+  EXPECT_EQ(o.knob_env.at("KRUG_HIERARCHICAL_ALLREDUCE"), "1");
+  EXPECT_EQ(o.knob_env.at("KRUG_AUTOTUNE"), "1");
+  EXPECT_EQ(o.knob_env.at("KRUG_AUTOTUNE_WARMUP_SAMPLES"), "3");
+  EXPECT_EQ(o.knob_env.at("KRUG_TIMELINE"), "/tmp/t.json");
+  EXPECT_EQ(o.knob_env.at("KRUG_TIMELINE_MARK_CYCLES"), "0");
+  EXPECT_EQ(o.knob_env.at("KRUG_STALL_CHECK_DISABLE"), "1");
+  EXPECT_EQ(o.knob_env.at("KRUG_STALL_CHECK_TIME_SECONDS"), "60");
+  EXPECT_EQ(o.knob_env.at("KRUG_TIMEOUT_SECONDS"), "45");
+  EXPECT_EQ(o.knob_env.at("KRUG_LOG_LEVEL"), "warning");
+  EXPECT_FALSE(parse({"-np", "1", "--config-file", path.c_str(), "--gloo", "true"}).mpi);
+  for (const char* bad : {"params:\n  fusion_treshold_mb: 32\n", "tuning:\n  x: 1\n",
+                          "params:\n  cycle_time_ms: -1\n", "controller: nccl\n",
+                          "stall_check:\n  enabled: maybe\n"}) {
+    std::ofstream(path) << bad;
+    try {
+      parse({"-np", "1", "--config-file", path.c_str(), "true"});
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const Error&) {
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Options, SeveralNetworkInterfaces) {
   ::unsetenv("NCCL_SOCKET_IFNAME");
   for (const auto& args :
