@@ -85,6 +85,27 @@ struct RawFlags {
   std::string horovod_config;     // --config-file
 };
 
+// --start-timeout's default from the environment, as horovodrun reads HOROVOD_START_TIMEOUT
+// (krug's KRUG_START_TIMEOUT first).
+void start_timeout_from_environment(LaunchOptions& o) {
+  const EnvMap env = current_environment();
+  for (const char* name : {"KRUG_START_TIMEOUT", "HOROVOD_START_TIMEOUT"}) {
+    auto it = env.find(name);
+    if (it == env.end() || it->second.empty()) continue;
+    size_t used = 0;
+    double seconds = 0;
+    try {
+      seconds = std::stod(it->second, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != it->second.size() || !(seconds > 0))
+      throw Error(fmt::format("krugrun: {}='{}' is not a number of seconds above 0", name,
+                              it->second));
+    o.start_timeout_s = seconds;
+    return;
+  }
+}
+
 // horovodrun's --config-file, under the flags given: a knob set by a flag keeps the flag's value.
 void apply_horovod_config(const CLI::App& app, const std::string& path, LaunchOptions& o) {
   HorovodConfig config = load_horovod_config(path);
@@ -151,7 +172,8 @@ void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& raw) {
   app.add_flag("--mpi", o.mpi,
                "Start the ranks with Open MPI's mpirun (KRUG_CPU_OPERATIONS=mpi unless set)");
   app.add_option("--start-timeout", o.start_timeout_s,
-                 "Seconds to reach each remote host over ssh (default 30)")
+                 "Seconds to reach each remote host over ssh (default: KRUG_START_TIMEOUT or "
+                 "HOROVOD_START_TIMEOUT, else 30)")
       ->check(number_at_least(0, false));
   for (const KnobFlag& flag : knob_flags())
     app.add_option(flag.horovodrun_flag.empty()
@@ -418,6 +440,7 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
       return 0;
     }
     split_env(raw.xs, o);
+    if (app.count("--start-timeout") == 0) start_timeout_from_environment(o);
     set_knobs(app, raw.knobs, o);
     if (!raw.horovod_config.empty()) apply_horovod_config(app, raw.horovod_config, o);
     read_hosts(app, raw.hosts, o);

@@ -341,6 +341,16 @@ TEST(Options, HorovodrunConfigFile) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Options, StartTimeoutFromTheEnvironment) {
+  ::setenv("HOROVOD_START_TIMEOUT", "45", 1);
+  EXPECT_EQ(parse({"-np", "1", "true"}).start_timeout_s, 45.0);
+  EXPECT_EQ(parse({"-np", "1", "--start-timeout", "9", "true"}).start_timeout_s, 9.0);
+  ::setenv("HOROVOD_START_TIMEOUT", "soon", 1);
+  EXPECT_THROW(parse({"-np", "1", "true"}), Error);
+  ::unsetenv("HOROVOD_START_TIMEOUT");
+  EXPECT_EQ(parse({"-np", "1", "true"}).start_timeout_s, 30.0);
+}
+
 TEST(Options, SeveralNetworkInterfaces) {
   ::unsetenv("NCCL_SOCKET_IFNAME");
   for (const auto& args :
