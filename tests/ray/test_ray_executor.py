@@ -245,6 +245,24 @@ def test_elastic_mode_stops_on_an_exception_of_the_training_function(ray_cluster
         ex.shutdown()
 
 
+def test_horovods_elastic_ray_executor(ray_cluster):
+    import functools
+
+    from krug.ray import ElasticRayExecutor
+
+    settings = ElasticRayExecutor.create_settings(min_np=1, max_np=2, elastic_timeout=120,
+                                                  placement_group_timeout_s=120)
+    ex = ElasticRayExecutor(settings, cpus_per_slot=1, env_vars={"KRUG_TEST_EXTRA": "x"})
+    ex.start()
+    try:
+        results = ex.run(functools.partial(train_with_a_ledger, 20, 0))  # nobody is killed
+    finally:
+        ex.shutdown()
+    assert len(results) == 2
+    for ledger, sizes, _ in results:
+        assert ledger == list(range(20))
+
+
 def test_elastic_limits_are_checked(ray_cluster):
     with pytest.raises(ValueError, match="min_workers <= max_workers"):
         RayExecutor(None, min_workers=3, max_workers=2)
