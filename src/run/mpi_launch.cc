@@ -82,6 +82,16 @@ MpirunCommand mpirun_command(const LaunchOptions& options, const EnvMap& base, c
   if (options.prefix) argv.push_back("--tag-output");
   if (!options.output_dir.empty())
     argv.insert(argv.end(), {"--output-filename", options.output_dir});
+  // krugrun's ssh settings become mpirun's (horovodrun passes them the same way), so that
+  // mpirun reaches the hosts krugrun's own host check reached.
+  std::string rsh_args;
+  if (options.ssh_port > 0) rsh_args += " -p " + std::to_string(options.ssh_port);
+  if (!options.ssh_identity_file.empty()) rsh_args += " -i " + options.ssh_identity_file;
+  if (!options.ssh_config_file.empty()) rsh_args += " -F " + options.ssh_config_file;
+  if (!rsh_args.empty()) argv.insert(argv.end(), {"--mca", "plm_rsh_args", rsh_args.substr(1)});
+  if (!options.network_interface.empty())
+    argv.insert(argv.end(), {"--mca", "btl_tcp_if_include", options.network_interface,
+                             "--mca", "oob_tcp_if_include", options.network_interface});
   // mpirun hands its own environment to ranks on this host only; -x carries a variable to
   // every host: what krugrun's ssh start carries, less mpirun's own (OMPI_*, PMIX_*, PMI_*),
   // which mpirun reads itself and sets per rank.

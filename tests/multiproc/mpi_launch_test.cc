@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "run/options.h"
 #include "run/output.h"
+#include "run/rank_env.h"
 
 namespace krug::run {
 namespace {
@@ -73,6 +76,24 @@ TEST(MpirunCommand, NoPrefixAndOutputFilenameGoToMpirun) {
       kJob, false);
   EXPECT_FALSE(has(cmd.argv, "--tag-output"));
   EXPECT_EQ(after(cmd.argv, "--output-filename"), "/tmp/out");
+}
+
+TEST(MpirunCommand, SshSettingsAndInterfaceGoToMpirun) {
+  auto dir = std::filesystem::temp_directory_path() / ("krug-mpissh-" + make_job_id());
+  std::filesystem::create_directories(dir);
+  const auto key = (dir / "id").string();
+  std::ofstream(key) << "key";
+  MpirunCommand cmd = mpirun_command(
+      parse({"--mpi", "-np", "2", "-p", "2200", "-i", key.c_str(), "--network-interface", "eth1",
+             "true"}),
+      {}, kJob, false);
+  EXPECT_EQ(after(cmd.argv, "plm_rsh_args"), "-p 2200 -i " + key);
+  EXPECT_EQ(after(cmd.argv, "btl_tcp_if_include"), "eth1");
+  EXPECT_EQ(after(cmd.argv, "oob_tcp_if_include"), "eth1");
+  MpirunCommand plain = mpirun_command(parse({"--mpi", "-np", "2", "true"}), {}, kJob, false);
+  EXPECT_FALSE(has(plain.argv, "plm_rsh_args"));
+  EXPECT_FALSE(has(plain.argv, "btl_tcp_if_include"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MpirunCommand, EnvironmentCarriesTheJobButNoPerRankTopology) {
