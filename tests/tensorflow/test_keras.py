@@ -124,6 +124,16 @@ def test_learning_rate_schedule_callback():
     np.testing.assert_allclose(history.history["lr"], [1.0, 0.1, 0.01], rtol=1e-6)
 
 
+def test_learning_rate_schedule_with_a_constant_multiplier_decays():
+    # Horovod's rule: a constant multiplier m gives initial_lr * m ** (epoch - start_epoch).
+    model = linear(keras, seed=1)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(1.0)), loss="mse")
+    x, y = data_of(r(), rows=4)
+    history = model.fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[
+        hvd.callbacks.LearningRateScheduleCallback(initial_lr=1.0, multiplier=0.5)])
+    np.testing.assert_allclose(history.history["lr"], [1.0, 0.5, 0.25], rtol=1e-6)
+
+
 def test_sync_batch_normalization_equals_batch_norm_on_the_concatenated_batch():
     rows = [k + 2 for k in range(n())]  # uneven batches
     rng = np.random.RandomState(3)
@@ -185,6 +195,27 @@ def test_elastic_keras_state_commit_and_restore():
         hvd.elastic.UpdateBatchStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state),
         hvd.elastic.CommitStateCallback(state)])
     assert state.epoch == 1 and state.batch == 0
+    # After a reset Horovod's scripts fit the epochs left (Keras counts from 0 again): the state
+    # keeps counting from where it was. initial_epoch= counts the same.
+    state.epoch = 3
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[hvd.elastic.UpdateEpochStateCallback(state)])
+    assert state.epoch == 4
+    model.fit(x, y, initial_epoch=4, epochs=5, verbose=0,
+              callbacks=[hvd.elastic.UpdateEpochStateCallback(state)])
+    assert state.epoch == 5
+    # The commit count restarts with every fit, so that ranks that joined at a reset commit on
+    # the same batches as the others.
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(1).repeat()
+    commit = hvd.elastic.CommitStateCallback(state, batches_per_commit=2)
+    commit.batches_remaining = 0  # as left by an interrupt inside a commit
+    commits, real_commit = [], state.commit
+    state.commit = lambda: (commits.append(state.batch), real_commit())
+    model.fit(batches, steps_per_epoch=4, epochs=1, verbose=0, callbacks=[
+        hvd.elastic.UpdateBatchStateCallback(state), commit])
+    assert commits == [2, 4, 0]  # every second batch, and at the epoch's end
+    state.commit = real_commit
+    state.epoch, state.batch = 1, 0
+    state.commit()
     committed = model.get_weights()
     model.set_weights([w + 1 for w in committed])
     state.epoch = 5

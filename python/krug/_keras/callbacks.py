@@ -76,7 +76,8 @@ def make_callbacks(keras):
 
     class LearningRateScheduleCallback(keras.callbacks.Callback):
         """Sets the learning rate to ``initial_lr * multiplier(epoch)`` from ``start_epoch`` to
-        ``end_epoch`` (exclusive); ``multiplier`` may be a constant. ``staircase=False``
+        ``end_epoch`` (exclusive); a constant ``multiplier`` means ``multiplier ** (epoch -
+        start_epoch)``, an exponential decay, as in Horovod. ``staircase=False``
         adjusts it every batch with a fractional epoch (needs ``steps_per_epoch`` or the
         ``steps`` of fit). ``momentum_correction`` scales the momentum by new/old learning rate
         for the batch where it changes (Goyal et al.)."""
@@ -94,7 +95,10 @@ def make_callbacks(keras):
             self.verbose = verbose
             self.current_epoch = None
             self.restore_momentum = None
-            self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+            # A constant multiplier decays the rate exponentially from start_epoch (Horovod's
+            # rule); a function of the epoch gives the factor itself.
+            self.multiplier = multiplier if callable(multiplier) else (
+                lambda epoch: multiplier ** (epoch - start_epoch))
 
         def _in_range(self, epoch):
             return epoch >= self.start_epoch and (self.end_epoch is None

@@ -212,15 +212,19 @@ def _broadcast_grad(op, grad):
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
-    """Sends ``splits[r]`` rows to rank r of the set (None: an even split); returns
-    (the rows received, how many came from each rank)."""
-    if splits is None:
+    """Sends ``splits[r]`` rows to rank r of the set (None: an even split). Returns the rows
+    received and, when ``splits`` is given, how many came from each rank: ``(rows, received)``,
+    as Horovod does."""
+    given = splits is not None
+    if not given:
         splits = tf.zeros([0], dtype=tf.int32)
     else:
         splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    return _ops.krug_alltoall(tensor, splits, name=_op_name("KrugAlltoall", tensor, name),
-                              ignore_name_scope=ignore_name_scope,
-                              process_set_id=_process_sets.set_id(process_set))
+    rows, received = _ops.krug_alltoall(tensor, splits,
+                                        name=_op_name("KrugAlltoall", tensor, name),
+                                        ignore_name_scope=ignore_name_scope,
+                                        process_set_id=_process_sets.set_id(process_set))
+    return (rows, received) if given else rows
 
 
 @_tf_ops.RegisterGradient("KrugAlltoall")
