@@ -22,8 +22,9 @@
 // Errors: an argument that can never work (an empty name, a grouped op without tensors, a
 // device this build does not drive) throws InvalidArgument before anything is enqueued;
 // what the engine refuses at submission (a name still in flight, a process set this rank is not
-// in) completes the handle at once with code kRejected (Handle::rejected()); what it finds later
-// (mismatched shapes across ranks, a dead peer, a timeout) completes it with code kFailed.
+// in) completes the handle at once with code kRejected (Handle::rejected()); what negotiation
+// refuses on every rank (mismatched shapes across ranks) completes it with kPrecondition; a
+// failure while it runs (a dead peer, a timeout) with kFailed.
 #pragma once
 
 #include <cstdint>
@@ -92,6 +93,10 @@ struct Status {
     kFailed = 1,    // the engine or a peer failed it; `message` says why and where it started
     kRejected = 2,  // refused at submission, nothing sent: this caller's arguments (a name in
                     // flight, a process set this rank is not in, rows alltoall cannot split)
+    kPrecondition = 3,  // refused by negotiation on every rank: the ranks' requests disagree
+                        // (shapes, dtypes, ops, roots) or the operation cannot run as asked
+                        // (Adasum on integers); nothing sent, and the same calls would fail
+                        // again (TensorFlow: FailedPreconditionError, as Horovod's)
   };
   Code code = Code::kOk;
   int rank = -1;            // the rank reporting it (the message names the rank it began on)

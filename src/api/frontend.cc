@@ -68,7 +68,9 @@ Status status_of(const engine::HandleState& state, const engine::Engine& engine,
   if (!state.done()) return s;
   s.message = state.error();
   if (!s.message.empty()) {
-    s.code = state.rejected() ? Status::Code::kRejected : Status::Code::kFailed;
+    s.code = state.rejected()     ? Status::Code::kRejected
+             : state.failed_precondition() ? Status::Code::kPrecondition
+                                  : Status::Code::kFailed;
     s.tensor = state.failed_tensor();
   }
   return s;

@@ -143,7 +143,8 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSets::Set& set) {
     std::string why =
         collectives::adasum_unsupported(r.dtype, static_cast<int>(set.ranks.size()), r.process_set);
     if (!why.empty()) {
-      fail_names(r, fmt::format("allreduce of [{}]: {}", fmt::join(names_of(r), ", "), why));
+      fail_names(r, fmt::format("allreduce of [{}]: {}", fmt::join(names_of(r), ", "), why),
+                 /*precondition=*/true);  // nothing sent, and the same calls would fail again
       return;
     }
   }

@@ -374,8 +374,8 @@ void Engine::Impl::process(ResponseList list) {
           const auto now = Clock::now();
           observers_.each([&](CycleObserver& o) { o.on_started(name, now); });
         }
-    if (r.type == ResponseType::kError) {
-      fail_names(r, r.error);
+    if (r.type == ResponseType::kError) {  // the negotiation's verdict: nothing was sent
+      fail_names(r, r.error, /*precondition=*/true);
       continue;
     }
     try {
@@ -385,7 +385,7 @@ void Engine::Impl::process(ResponseList list) {
       std::string message = root_cause(fmt::format(
           "{} of [{}] (process set {}) failed on rank {} ({}): {}", controller::op_name(r.op),
           fmt::join(names_of(r), ", "), r.process_set, config_.rank, config_.hostname, e.what()));
-      fail_names(r, message);
+      fail_names(r, message, /*precondition=*/false);
       stop_engine(message, true);
       return;
     }
@@ -432,10 +432,10 @@ int64_t Engine::Impl::payload_bytes(const Response& r) const {
   return bytes;
 }
 
-void Engine::Impl::fail_names(const Response& r, const std::string& error) {
+void Engine::Impl::fail_names(const Response& r, const std::string& error, bool precondition) {
   for (const auto& name : names_of(r)) {
     auto key = controller::table_key(r.process_set, name);
-    if (table_.contains(key)) finish(key, error);
+    if (table_.contains(key)) finish(key, error, precondition);
   }
 }
 
@@ -446,8 +446,8 @@ std::vector<std::string> Engine::Impl::names_of(const Response& r) const {
   return names;
 }
 
-void Engine::Impl::finish(const std::string& key, const std::string& error) {
-  negotiation_->completed(table_.finish(key, error));
+void Engine::Impl::finish(const std::string& key, const std::string& error, bool precondition) {
+  negotiation_->completed(table_.finish(key, error, precondition));
 }
 
 // ---- Failures ----

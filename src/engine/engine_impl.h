@@ -92,8 +92,9 @@ class Engine::Impl : public Driver,
   void run_one(const controller::Response& r, ProcessSets::Set& set);  // allgather, broadcast, ...
   int64_t payload_bytes(const controller::Response& r) const;
   void add_process_set(int32_t id, const std::vector<int32_t>& ranks);
-  void finish(const std::string& key, const std::string& error = {});
-  void fail_names(const controller::Response& r, const std::string& error);
+  void finish(const std::string& key, const std::string& error = {}, bool precondition = false);
+  // Fails the response's tensors; `precondition`: the negotiation refused them on every rank.
+  void fail_names(const controller::Response& r, const std::string& error, bool precondition);
   // Names of a response, from the cache when it carries ids only.
   std::vector<std::string> names_of(const controller::Response& r) const;
   // Fails every pending and future operation with `message` and stops the loop.

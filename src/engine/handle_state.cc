@@ -2,7 +2,8 @@
 
 namespace krug::engine {
 
-bool HandleState::complete_part(const std::string& error, std::string_view tensor) {
+bool HandleState::complete_part(const std::string& error, std::string_view tensor,
+                                bool precondition) {
   std::function<void()> callback;
   {
     std::lock_guard lock(mu_);
@@ -10,6 +11,7 @@ bool HandleState::complete_part(const std::string& error, std::string_view tenso
     if (!error.empty() && error_.empty()) {
       error_ = error;
       failed_tensor_ = tensor;
+      precondition_ = precondition;
     }
     if (--remaining_ > 0) return false;
     done_.store(true, std::memory_order_release);
@@ -19,6 +21,11 @@ bool HandleState::complete_part(const std::string& error, std::string_view tenso
   // Outside the lock: the callback may read the handle (error(), result()).
   if (callback) callback();
   return true;
+}
+
+bool HandleState::failed_precondition() const {
+  std::lock_guard lock(mu_);
+  return precondition_;
 }
 
 void HandleState::on_done(std::function<void()> fn) {

@@ -41,12 +41,17 @@ class HandleState {
   explicit HandleState(int parts = 1) : remaining_(parts), done_(parts <= 0) {}
 
   // Marks one part done; the first error wins (with `tensor`, the name of the tensor it failed,
-  // when known). Returns true when the whole handle completed.
-  bool complete_part(const std::string& error = {}, std::string_view tensor = {});
+  // when known, and `precondition`: the negotiation refused the operation on every rank, the
+  // ranks disagreeing or the operation impossible as asked, so nothing was sent). Returns
+  // true when the whole handle completed.
+  bool complete_part(const std::string& error = {}, std::string_view tensor = {},
+                     bool precondition = false);
   // Fails every part at submission, before anything was sent: the caller's own arguments were
   // wrong (a name in flight, a bad shape), so frontends raise at the call (Python: ValueError).
   void reject(const std::string& error, std::string_view tensor = {});
   bool rejected() const { return rejected_.load(std::memory_order_acquire); }
+  // After a failure: whether the first error was the negotiation's refusal (see complete_part).
+  bool failed_precondition() const;
   bool done() const;
   // Set by the engine before the handle is shared; waits then drive it first.
   void set_driver(std::weak_ptr<Driver> driver) { driver_ = std::move(driver); }
@@ -72,6 +77,7 @@ class HandleState {
   // thread completing parts holds the mutex.
   std::atomic<bool> done_{false};
   std::atomic<bool> rejected_{false};
+  bool precondition_ = false;  // with mu_, like error_
   std::string error_;
   std::string failed_tensor_;
   std::function<void()> on_done_;

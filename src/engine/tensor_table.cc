@@ -15,7 +15,8 @@ TableSlot* TensorTable::by_id(uint32_t id, const controller::ResponseCache& cach
   return find(controller::table_key(q.process_set, q.name));
 }
 
-size_t TensorTable::finish(std::span<TableSlot* const> slots, const std::string& error) {
+size_t TensorTable::finish(std::span<TableSlot* const> slots, const std::string& error,
+                           bool precondition) {
   finished_.clear();
   for (TableSlot* slot : slots) {
     if (!slot) continue;
@@ -32,16 +33,17 @@ size_t TensorTable::finish(std::span<TableSlot* const> slots, const std::string&
   queue_.recycle(finished_);
   finished_.clear();  // what did not fit among the spares
   for (size_t i = 0; i < finished_handles_.size(); ++i)
-    finished_handles_[i]->complete_part(error, error.empty() ? "" : finished_names_[i]);
+    finished_handles_[i]->complete_part(error, error.empty() ? "" : finished_names_[i],
+                                        precondition);
   finished_handles_.clear();
   finished_names_.clear();
   return count;
 }
 
-size_t TensorTable::finish(const std::string& key, const std::string& error) {
+size_t TensorTable::finish(const std::string& key, const std::string& error, bool precondition) {
   TableSlot* slot = find(key);
   if (!slot) return 0;
-  return finish({&slot, 1}, error);
+  return finish({&slot, 1}, error, precondition);
 }
 
 void TensorTable::fail_all(const std::string& message) {

@@ -35,8 +35,9 @@ class TensorTable {
   TableSlot* by_id(uint32_t id, const controller::ResponseCache& cache);
   // Completes the entries a collective ran (null: none here), taking the queue's mutex once for
   // all. Returns how many completed.
-  size_t finish(std::span<TableSlot* const> slots, const std::string& error = {});
-  size_t finish(const std::string& key, const std::string& error = {});
+  size_t finish(std::span<TableSlot* const> slots, const std::string& error = {},
+                bool precondition = false);
+  size_t finish(const std::string& key, const std::string& error = {}, bool precondition = false);
   // Fails every entry with `message` (the engine stops).
   void fail_all(const std::string& message);
 

@@ -149,6 +149,27 @@ TEST_F(Frontend, ARejectedSubmissionIsAStatusThatNamesTheTensorSetAndOp) {
   EXPECT_EQ(done.get().message, s.message);
 }
 
+TEST_F(Frontend, WhatNegotiationRefusesIsAPreconditionNotAFailure) {
+  // Adasum of integers: every rank's coordinator refuses it the same way, nothing is sent, and
+  // the same call would fail again (TensorFlow raises FailedPreconditionError for this code;
+  // an elastic run must not take it for a lost peer and retry).
+  std::vector<int32_t> x{1, 2};
+  const std::vector<int64_t> shape{2};
+  Handle h = enqueue("adasum.ints", Op{.type = OpType::kAllreduce, .reduce_op = ReduceOp::kAdasum},
+                     TensorView{.dtype = DataType::kInt32, .shape = shape, .data = x.data()},
+                     x.data());
+  EXPECT_THROW(h.wait(), Error);
+  const Status s = h.status();
+  EXPECT_EQ(s.code, Status::Code::kPrecondition) << s.message;
+  EXPECT_FALSE(h.rejected());
+  EXPECT_EQ(s.tensor, "adasum.ints");
+  // The engine goes on.
+  std::vector<float> y{3};
+  Handle ok = enqueue("after", Op{.type = OpType::kAllreduce}, floats(y, {1}), y.data());
+  ok.wait();
+  EXPECT_TRUE(ok.status().ok());
+}
+
 TEST_F(Frontend, AnEmptyNameOrAnEmptyGroupIsRejectedBeforeEnqueueing) {
   std::vector<float> x{1};
   const std::vector<int64_t> shape{1};

@@ -165,6 +165,8 @@ class Pending {
       if (on_success) on_success(handle);
     } else if (s.code == fe::Status::Code::kRejected) {
       ctx_->SetStatus(absl::InvalidArgumentError(s.message));
+    } else if (s.code == fe::Status::Code::kPrecondition) {
+      ctx_->SetStatus(absl::FailedPreconditionError(s.message));  // Horovod's code for it
     } else {
       ctx_->SetStatus(absl::UnknownError(s.message));
     }
