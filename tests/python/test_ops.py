@@ -462,8 +462,14 @@ def test_reducescatter_gradient():
 # ---- process sets ----
 
 def test_process_sets():
-    with pytest.raises(hvd.HorovodInternalError, match="already has these ranks"):
+    # Horovod's ValueErrors, raised before the core is asked.
+    with pytest.raises(ValueError, match="duplicate process set"):
         hvd.add_process_set(list(range(n())))  # the global set
+    with pytest.raises(ValueError, match="repeats a rank"):
+        hvd.add_process_set([0, 0])
+    with pytest.raises(ValueError, match="must be among"):
+        hvd.add_process_set([n()])
+    assert hvd.ProcessSet({0}).ranks == [0]  # any iterable of ranks, as in Horovod
     if n() == 1:
         return
     evens = hvd.ProcessSet(list(range(0, n(), 2)))

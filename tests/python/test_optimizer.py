@@ -210,6 +210,26 @@ def test_zero_grad_before_step_raises():
     opt.zero_grad()
 
 
+def test_an_unregistered_process_set_fails_instead_of_skipping_the_averaging():
+    # Its members must hear that it is not registered: with no hooks they would train on
+    # unaveraged gradients without a word.
+    if SIZE == 1:
+        pytest.skip("with one rank there are no hooks")
+    model = make_model()
+    ps = hvd.ProcessSet([0])
+    assert ps.included() == (RANK == 0)
+    opt = hvd.DistributedOptimizer(SGD(model.parameters()),
+                                   named_parameters=model.named_parameters(), process_set=ps)
+    x, y = make_data(0)
+    if RANK == 0:
+        with pytest.raises((ValueError, RuntimeError), match="not registered"):
+            mse(model, rank_slice(x, RANK), rank_slice(y, RANK)).backward()
+            opt.step()
+    else:
+        mse(model, rank_slice(x, RANK), rank_slice(y, RANK)).backward()
+        opt.step()
+
+
 def test_too_many_backward_passes_raises():
     model = make_model()
     opt = hvd.DistributedOptimizer(SGD(model.parameters()),

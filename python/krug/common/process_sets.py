@@ -34,10 +34,14 @@ class ProcessSet:
     def __init__(self, ranks_or_comm):
         if isinstance(ranks_or_comm, ProcessSet):
             ranks_or_comm = ranks_or_comm.ranks
-        if not isinstance(ranks_or_comm, (list, tuple, range)):
-            raise ValueError("ProcessSet takes a list of ranks; MPI communicators are not "
-                             "supported (krug runs on Gloo)")
-        self.ranks = sorted(int(r) for r in ranks_or_comm)
+        if hasattr(ranks_or_comm, "Get_size"):
+            raise ValueError("ProcessSet takes the ranks (any iterable of ints); MPI "
+                             "communicators are not supported (krug runs on Gloo)")
+        try:
+            self.ranks = sorted(int(r) for r in ranks_or_comm)
+        except TypeError:
+            raise ValueError("ProcessSet takes the ranks (any iterable of ints), got {!r}"
+                             .format(ranks_or_comm)) from None
         self.process_set_id = None
         self.mpi_comm = None
 
@@ -60,9 +64,11 @@ class ProcessSet:
         return ranks.index(me) if me in ranks else -1
 
     def included(self):
-        """Whether this process is a member, or None when the set is not registered."""
+        """Whether this process is a member (of the ranks given, for a set not registered yet:
+        Horovod's answer, so that code guarded by it reaches the set's "not registered" error
+        instead of skipping its collectives)."""
         if self.process_set_id is None:
-            return None
+            return _core().rank() in self.ranks
         return _core().rank() in _core().process_set_ranks(self.process_set_id)
 
     def __str__(self):
@@ -85,6 +91,22 @@ def set_id(process_set):
     return process_set.process_set_id
 
 
+def _check_new_ranks(ranks):
+    """Horovod's ValueErrors for a set that cannot be added: repeated or out-of-range ranks, or
+    the ranks of a set registered already (the global set included)."""
+    everyone = list(_core().process_set_ranks(0))
+    if len(set(ranks)) != len(ranks):
+        raise ValueError("process set {} repeats a rank".format(ranks))
+    outside = [r for r in ranks if r not in everyone]
+    if outside or not ranks:
+        raise ValueError("process set {}: ranks must be among 0..{} and at least one"
+                         .format(ranks, len(everyone) - 1))
+    with _lock:
+        taken = [everyone] + [p.ranks for p in _registered if p.process_set_id is not None]
+    if ranks in taken:
+        raise ValueError("Attempted to add a duplicate process set: {}".format(ranks))
+
+
 def add_process_set(process_set):
     """Registers a process set (a ProcessSet or a list of global ranks) on every rank.
 
@@ -94,6 +116,7 @@ def add_process_set(process_set):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
         raise ValueError("{} is already registered".format(process_set))
+    _check_new_ranks(process_set.ranks)
     process_set.process_set_id = _core().add_process_set(process_set.ranks)
     with _lock:
         _registered.append(process_set)
