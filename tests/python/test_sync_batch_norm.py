@@ -179,3 +179,15 @@ def test_empty_batch_on_one_rank():
     out_ref.backward(dy)
     assert torch.allclose(xs.grad, xr.grad[lo:hi], atol=1e-10)
     assert torch.allclose(sync.running_var, ref.running_var, atol=1e-10)
+
+
+def test_a_layer_built_on_one_rank_only_does_not_shift_the_others():
+    # An evaluation copy built on rank 0 alone: the layers every rank calls must still meet.
+    if SIZE == 1:
+        pytest.skip("needs ranks that differ")
+    if RANK == 0:
+        hvd.SyncBatchNorm(3)
+    layer = hvd.SyncBatchNorm(4)
+    x = torch.arange(20.0, dtype=torch.float64).reshape(5, 4) * (RANK + 1)
+    layer.double()(x.requires_grad_()).sum().backward()
+    assert x.grad is not None

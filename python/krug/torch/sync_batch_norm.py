@@ -9,16 +9,11 @@ with empty batches. Backward: the two per-channel reductions the input gradient 
 torch.nn.BatchNorm on the concatenation of all ranks' batches.
 """
 
-import itertools
-
 import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from krug.torch.mpi_ops import Sum, allgather, allreduce, size
-
-_instance_ids = itertools.count()
-
 
 def _channels_first(x):
     """(N, C, *) -> (C, N * prod(*))."""
@@ -126,7 +121,10 @@ class SyncBatchNorm(_BatchNorm):
                  track_running_stats=True):
         super().__init__(num_features=num_features, eps=eps, momentum=momentum, affine=affine,
                          track_running_stats=track_running_stats)
-        self._krug_name = 'sync_batch_norm.%d' % next(_instance_ids)
+        # One name for every layer, as Horovod's: each call completes before the next starts,
+        # and a per-layer number would differ across ranks that built different numbers of
+        # layers (an evaluation copy on rank 0), pairing the wrong layers until a stall.
+        self._krug_name = 'sync_batch_norm'
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
