@@ -211,6 +211,33 @@ def test_torch_state_restore_rolls_back_model_and_optimizer():
     assert_snapshot(model, optimizer, committed)
 
 
+def test_torch_state_tracks_every_module_and_optimizer_and_reassignments():
+    # Horovod's TorchState: a GAN's second model and optimizer are rolled back in place like
+    # the first, and an attribute given a new module tracks the new one.
+    model, disc = make_model(3), make_model(4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    disc_opt = torch.optim.SGD(disc.parameters(), lr=0.2, momentum=0.9)
+    state = hvd.elastic.TorchState(model, optimizer, disc=disc, disc_opt=disc_opt, epoch=0)
+    local_step(disc, disc_opt, 40)
+    state.commit()
+    committed = snapshot(disc, disc_opt)
+    local_step(disc, disc_opt, 41)
+    state.restore()
+    assert state.disc is disc and state.disc_opt is disc_opt
+    assert_snapshot(disc, disc_opt, committed)
+    replacement = make_model(5)
+    state.model = replacement
+    state.commit()
+    kept = [t.clone() for t in replacement.state_dict().values()]
+    with torch.no_grad():
+        for p in replacement.parameters():
+            p.add_(1.0)
+    state.restore()
+    assert state.model is replacement
+    for got, want in zip(replacement.state_dict().values(), kept):
+        assert torch.equal(got, want)
+
+
 def test_torch_state_restore_with_distributed_optimizer():
     model = make_model(2)
     optimizer = hvd.DistributedOptimizer(

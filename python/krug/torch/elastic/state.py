@@ -105,6 +105,19 @@ class _SamplerHandler:
         self.sampler.reset()  # the new rank and size; no collective (new workers sync first)
 
 
+def _handler_for(name, value):
+    """The handler of a tracked attribute, or None for a plain value."""
+    import torch
+
+    if isinstance(value, torch.nn.Module):
+        return _ModelHandler(value)
+    if isinstance(value, torch.optim.Optimizer):
+        return _OptimizerHandler(value)
+    if isinstance(value, ElasticSampler):
+        return _SamplerHandler(name, value)
+    return None
+
+
 class TorchState(common.ObjectState):
     """The state of an elastic PyTorch training function:
 
@@ -112,48 +125,53 @@ class TorchState(common.ObjectState):
 
     ``commit()`` saves copies of ``model.state_dict()`` and ``optimizer.state_dict()``,
     restore loads them back, and sync broadcasts rank 0's parameters, buffers and optimizer
-    state. Keyword arguments become attributes (``state.epoch``): an
-    :class:`ElasticSampler` keeps its epoch and processed indices (merged over the ranks on
-    sync, and dealt to the new ranks after each reset); any other value is deep-copied on
-    commit and broadcast from rank 0 on sync, as in :class:`ObjectState`.
-
-    The model, optimizer and samplers are tracked as passed to the constructor: change them
-    in place rather than assigning new objects to the attributes.
+    state. Keyword arguments become attributes (``state.epoch``): every module and optimizer
+    among them (a GAN's discriminator and its optimizer) is handled as ``model`` and
+    ``optimizer`` are, as in Horovod; an :class:`ElasticSampler` keeps its epoch and processed
+    indices (merged over the ranks on sync, and dealt to the new ranks after each reset); any
+    other value is deep-copied on commit and broadcast from rank 0 on sync, as in
+    :class:`ObjectState`. Assigning a new module, optimizer or sampler to one of these
+    attributes tracks the new object from then on (its current values are the saved ones).
     """
 
     def __init__(self, model=None, optimizer=None, **kwargs):
-        samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
-        values = {k: v for k, v in kwargs.items() if k not in samplers}
+        tracked = {"model": model, "optimizer": optimizer}
+        tracked.update({k: v for k, v in kwargs.items() if _handler_for(k, v) is not None})
+        values = {k: v for k, v in kwargs.items() if k not in tracked}
         super().__init__(**_BINDINGS, **values)
-        self.model = model
-        self.optimizer = optimizer
-        self._handlers = []
-        if model is not None:
-            self._handlers.append(_ModelHandler(model))
-        if optimizer is not None:
-            self._handlers.append(_OptimizerHandler(optimizer))
-        for name, sampler in samplers.items():
-            setattr(self, name, sampler)
-            self._handlers.append(_SamplerHandler(name, sampler))
+        self._tracked = set(tracked)
+        self._handlers = {}
+        for name, value in tracked.items():
+            setattr(self, name, value)
+
+    def __setattr__(self, name, value):
+        handlers = self.__dict__.get("_handlers")
+        if handlers is not None and name in self._tracked:
+            handler = _handler_for(name, value) if value is not None else None
+            if handler is None:
+                handlers.pop(name, None)
+            else:
+                handlers[name] = handler
+        super().__setattr__(name, value)
 
     def save(self):
-        for handler in self._handlers:
+        for handler in self._handlers.values():
             handler.save()
         super().save()
 
     def restore(self):
-        for handler in self._handlers:
+        for handler in self._handlers.values():
             handler.restore()
         super().restore()
 
     def sync(self):
         local_commits = self.commits
-        for handler in self._handlers:
+        for handler in self._handlers.values():
             handler.sync(local_commits)
         super().sync()  # the plain values and the commit counter
         self.save()
 
     def on_reset(self):
-        for handler in self._handlers:
+        for handler in self._handlers.values():
             handler.on_reset()
         super().on_reset()
