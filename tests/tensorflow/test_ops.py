@@ -301,6 +301,14 @@ def test_process_sets():
             assert int(hvd.process_set_included_op(ps.process_set_id)) == 0
             with pytest.raises(tf.errors.InvalidArgumentError):
                 hvd.allreduce(tf.ones([1]), process_set=ps)
+        # The gradient tape over the set: members average, the others keep their own (Horovod).
+        v = tf.Variable([1.0])
+        with tf.GradientTape() as tape:
+            loss = v * float(r() + 1)
+        tape = hvd.DistributedGradientTape(tape, process_set=ps)
+        (g,) = tape.gradient(loss, [v])
+        want = np.mean([k + 1 for k in sorted(set(members))]) if r() in members else r() + 1
+        np.testing.assert_allclose(g.numpy(), [want])
     finally:
         hvd.remove_process_set(ps)
 

@@ -175,6 +175,8 @@ def make_allreduce_grads_fn(name, compression, sparse_as_dense, op, gradient_pre
 
     def run(grads, variables=None):
         grads = list(grads)
+        if not process_set.included():
+            return grads  # Horovod's rule: a rank outside the set keeps its own gradients
         if sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
