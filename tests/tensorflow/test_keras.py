@@ -223,3 +223,28 @@ def test_elastic_keras_state_commit_and_restore():
     assert state.epoch == 1
     for got, want in zip(model.get_weights(), committed):
         np.testing.assert_array_equal(got, want)
+
+
+def test_horovods_callback_and_tape_arguments(tmp_path):
+    model = linear(keras, seed=r())  # different on every rank
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    bias = model.layers[0].bias
+    x, y = data_of(r())
+    checkpoint = hvd.callbacks.BestModelCheckpoint(monitor="loss", save_weights_only=True)
+    checkpoint.filepath = str(tmp_path / "best.weights.h5")
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[bias]), checkpoint])
+    assert os.path.exists(checkpoint.filepath)
+    kernels = hvd.allgather_object(model.layers[0].kernel.numpy())
+    biases = hvd.allgather_object(bias.numpy())
+    for k in kernels[1:]:
+        np.testing.assert_array_equal(k, kernels[0])  # broadcast from rank 0
+    if n() > 1:  # the local variable kept each rank's own value
+        assert not np.array_equal(biases[0], biases[1])
+    import krug.tensorflow as hvd_tf
+
+    v = tf.Variable([2.0])
+    with tf.GradientTape() as tape:
+        loss = v * 3.0
+    (g,) = hvd_tf.DistributedGradientTape(tape).gradient(loss, [v], use_generic_names=True)
+    np.testing.assert_allclose(g.numpy(), [3.0])

@@ -33,18 +33,23 @@ def make_callbacks(keras):
     class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """Broadcasts the model's and the optimizer's variables from ``root_rank`` at the end
         of the first batch, so that every rank trains the same model from then on (the
-        optimizer's variables exist by then)."""
+        optimizer's variables exist by then). ``local_variables``: variables each rank keeps
+        its own of (Horovod's argument)."""
 
-        def __init__(self, root_rank, device="", process_set=mpi_ops.global_process_set):
+        def __init__(self, root_rank, device="", local_variables=None,
+                     process_set=mpi_ops.global_process_set):
             super().__init__()
             self.root_rank = root_rank
             self.process_set = process_set
+            self.local_variables = list(local_variables or [])
             self.broadcast_done = False
 
         def _broadcast(self):
             variables = list(self.model.variables)
             if self.model.optimizer is not None:
                 variables += _variables(self.model.optimizer)
+            local = {id(v) for v in self.local_variables}
+            variables = [v for v in variables if id(v) not in local]
             broadcast_variables(variables, self.root_rank, process_set=self.process_set)
             self.broadcast_done = True
 
@@ -175,12 +180,14 @@ def make_callbacks(keras):
         """Keeps the best model by ``monitor`` (save_best_only). ``filepath`` may be given
         later (callback.filepath = ...), before training starts."""
 
-        def __init__(self, monitor="val_loss", verbose=0, mode="auto", save_freq="epoch",
-                     filepath=None):
+        def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                     save_freq="epoch", filepath=None):
             # Keras checks the path's form at construction; the real one is checked below.
-            super().__init__(filepath=filepath or "model.keras", monitor=monitor,
-                             verbose=verbose, save_best_only=True, save_weights_only=False,
-                             mode=mode, save_freq=save_freq)
+            placeholder = "model.weights.h5" if save_weights_only else "model.keras"
+            super().__init__(filepath=filepath or placeholder, monitor=monitor,
+                             verbose=verbose, save_best_only=True,
+                             save_weights_only=save_weights_only, mode=mode,
+                             save_freq=save_freq)
             self.filepath = filepath
 
         def on_train_begin(self, logs=None):

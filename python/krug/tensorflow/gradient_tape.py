@@ -22,7 +22,11 @@ class _DistributedTapeMixin:
         1/size when scale_local_gradients)."""
         self._krug_local_sources.add(var_key(source))
 
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 **kwargs):
+        # use_generic_names: Horovod's choice of allreduce names; krug names them after the
+        # gradients either way.
+        del use_generic_names
         grads = super().gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
