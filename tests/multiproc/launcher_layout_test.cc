@@ -249,14 +249,24 @@ TEST(Options, KnobFlagsBecomeEnvironment) {
   EXPECT_EQ(parse({"-np", "1", "true"}).knob_env.size(), 0u);  // unset flags set nothing
 }
 
-TEST(Options, HostfileSshAndInterfaceFlags) {
-  auto dir = std::filesystem::temp_directory_path() / ("krug-hf-" + make_job_id());
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "hosts") << "n1 slots=2\nn2 slots=2\n";
-    std::ofstream(dir / "id") << "key";
+// A hostfile of two hosts (n1, n2: two slots each) and an ssh key file, in a directory of their
+// own that goes with the object.
+struct HostsAndKey {
+  std::filesystem::path dir = std::filesystem::temp_directory_path() / ("krug-hk-" + make_job_id());
+  std::string hostfile = (dir / "hosts").string();
+  std::string key = (dir / "id").string();
+  HostsAndKey() {
+    std::filesystem::create_directories(dir);
+    std::ofstream(hostfile) << "n1 slots=2\nn2 slots=2\n";
+    std::ofstream(key) << "key";
   }
-  auto hf = (dir / "hosts").string(), id = (dir / "id").string();
+  ~HostsAndKey() { std::filesystem::remove_all(dir); }
+};
+
+TEST(Options, HostfileSshAndInterfaceFlags) {
+  HostsAndKey files;
+  const std::string& hf = files.hostfile;
+  const std::string& id = files.key;
   auto o = parse({"-np", "4", "--hostfile", hf.c_str(), "--ssh-port", "2200",
                   "--ssh-identity-file", id.c_str(), "--network-interface", "eth1", "true"});
   ASSERT_EQ(o.hosts.size(), 2u);
@@ -271,23 +281,16 @@ TEST(Options, HostfileSshAndInterfaceFlags) {
   EXPECT_THROW(parse({"-np", "1", "-H", "a", "--hostfile", hf.c_str(), "true"}), Error);
   EXPECT_THROW(parse({"--check-hosts"}), Error);
   EXPECT_THROW(parse({"-np", "1", "--ssh-port", "0", "true"}), Error);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Options, HorovodrunSpellingsAndAliases) {
-  auto dir = std::filesystem::temp_directory_path() / ("krug-hvd-" + make_job_id());
-  std::filesystem::create_directories(dir);
-  {
-    std::ofstream(dir / "hosts") << "n1 slots=2\nn2 slots=2\n";
-    std::ofstream(dir / "id") << "key";
-  }
-  auto hf = (dir / "hosts").string(), id = (dir / "id").string();
+  HostsAndKey files;
   // "-hostfile" was read as -h (help) plus "ostfile".
-  auto o = parse({"-np", "4", "-hostfile", hf.c_str(), "-p", "2200", "-i", id.c_str(), "true"});
+  auto o = parse({"-np", "4", "-hostfile", files.hostfile.c_str(), "-p", "2200", "-i",
+                  files.key.c_str(), "true"});
   EXPECT_EQ(o.hosts.size(), 2u);
   EXPECT_EQ(o.ssh_port, 2200);
-  EXPECT_EQ(o.ssh_identity_file, id);
-  std::filesystem::remove_all(dir);
+  EXPECT_EQ(o.ssh_identity_file, files.key);
 
   o = parse({"-np", "1", "--stall-check-warning-time-seconds", "5",
              "--stall-check-shutdown-time-seconds", "9", "--gloo-timeout-seconds", "7",
