@@ -112,8 +112,8 @@ void read_section(const Section& section, const YAML::Node& body, const std::str
                   HorovodConfig& c) {
   if (body.IsNull()) return;
   if (!body.IsMap())
-    throw Error(fmt::format("krugrun: {}: {}: expected a mapping", where(path, body),
-                            section.name));
+    throw Error(
+        fmt::format("krugrun: {}: {}: expected a mapping", where(path, body), section.name));
   for (const auto& entry : body) {
     const std::string key = entry.first.as<std::string>();
     const std::string at = fmt::format("{}: {}.{}", where(path, entry.first), section.name, key);
@@ -139,9 +139,10 @@ HorovodConfig parse_horovod_config(const std::string& text, const std::string& p
   HorovodConfig c;
   if (root.IsNull()) return c;
   if (!root.IsMap())
-    throw Error(fmt::format("krugrun: {}: expected a mapping of sections (params, autotune, "
-                            "timeline, stall_check, library_options, logging, controller)",
-                            path));
+    throw Error(
+        fmt::format("krugrun: {}: expected a mapping of sections (params, autotune, "
+                    "timeline, stall_check, library_options, logging, controller)",
+                    path));
   for (const auto& entry : root) {
     const std::string name = entry.first.as<std::string>();
     const std::string at = fmt::format("{}: {}", where(path, entry.first), name);
@@ -155,9 +156,10 @@ HorovodConfig parse_horovod_config(const std::string& text, const std::string& p
     auto it = std::find_if(sections().begin(), sections().end(),
                            [&](const Section& s) { return s.name == name; });
     if (it == sections().end())
-      throw Error(fmt::format("krugrun: {}: unknown section (horovodrun's are params, autotune, "
-                              "timeline, stall_check, library_options, logging, controller)",
-                              at));
+      throw Error(
+          fmt::format("krugrun: {}: unknown section (horovodrun's are params, autotune, "
+                      "timeline, stall_check, library_options, logging, controller)",
+                      at));
     read_section(*it, entry.second, path, c);
   }
   return c;

@@ -331,7 +331,8 @@ void take_command(std::vector<std::string> rest, LaunchOptions& o) {
 // a failed host leaves (for its cooldown) and the job goes on while --min-np ranks remain.
 std::string fixed_hosts_script(const std::vector<HostSlots>& hosts) {
   std::string script = "printf '%s\\n'";
-  for (const HostSlots& h : hosts) script += " " + shell_quote(h.host + ":" + std::to_string(h.slots));
+  for (const HostSlots& h : hosts)
+    script += " " + shell_quote(h.host + ":" + std::to_string(h.slots));
   return script;
 }
 
