@@ -248,3 +248,16 @@ def test_horovods_callback_and_tape_arguments(tmp_path):
         loss = v * 3.0
     (g,) = hvd_tf.DistributedGradientTape(tape).gradient(loss, [v], use_generic_names=True)
     np.testing.assert_allclose(g.numpy(), [3.0])
+
+
+def test_keras_collectives_take_horovods_keras_signatures():
+    # horovod.keras.allreduce(value, name=None, ...): the second positional argument is the
+    # name, not TensorFlow's `average`.
+    mine = np.array([float(r() + 1)])
+    want = np.mean([k + 1.0 for k in range(n())])
+    np.testing.assert_allclose(np.asarray(hvd.allreduce(mine, "keras.metric")), [want])
+    np.testing.assert_allclose(np.asarray(hvd.allreduce(mine, "keras.sum", op=hvd.Sum)),
+                               [want * n()])
+    np.testing.assert_array_equal(np.asarray(hvd.allgather(mine, "keras.gather")),
+                                  [k + 1.0 for k in range(n())])
+    np.testing.assert_array_equal(np.asarray(hvd.broadcast(mine, 0, "keras.bcast")), [1.0])

@@ -16,11 +16,13 @@ from krug.tensorflow import (  # noqa: F401 (Horovod's hvd.* names, re-exported)
     is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built,
     nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
     Average, Sum, Adasum, Min, Max, Product,
-    allreduce, grouped_allreduce, allgather, grouped_allgather, broadcast, alltoall,
-    reducescatter, grouped_reducescatter, join, barrier,
+    grouped_allreduce, grouped_allgather, alltoall, grouped_reducescatter, join, barrier,
     allgather_object, broadcast_object, broadcast_variables,
     ProcessSet, add_process_set, remove_process_set, global_process_set,
     Compression, HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved,
+)
+from krug._keras.collectives import (  # noqa: F401 (Horovod's Keras signatures)
+    allreduce, allgather, broadcast, reducescatter,
 )
 from krug.tensorflow.sync_batch_norm import make_sync_batch_norm as _make_sync_batch_norm
 from krug._keras.api import make_api as _make_api
