@@ -177,6 +177,15 @@ def layout(hosts):
     return slots
 
 
+def interface_environment(nics):
+    """The variables for Horovod's ``nics`` (interface names): krug's planes use the first,
+    sorted (KRUG_GLOO_IFACE), NCCL all of them (NCCL_SOCKET_IFNAME); none without nics."""
+    if not nics:
+        return {}
+    nics = sorted(nics)
+    return {"KRUG_GLOO_IFACE": nics[0], "NCCL_SOCKET_IFNAME": ",".join(nics)}
+
+
 def rank_environment(slot, addr, port, secret, job_id):
     """The environment variables krugrun gives a rank (src/run/rank_env.cc), for ``slot`` of a
     job whose rendezvous server listens on addr:port."""

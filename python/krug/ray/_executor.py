@@ -5,7 +5,8 @@ import dataclasses
 import secrets
 from typing import Optional
 
-from krug.common.rendezvous import RendezvousServer, layout, rank_environment
+from krug.common.rendezvous import (RendezvousServer, interface_environment, layout,
+                                    rank_environment)
 
 
 @dataclasses.dataclass
@@ -205,10 +206,7 @@ class RayExecutor:
     def _settings_env(self):
         """The variables every worker gets from the settings, static or elastic."""
         env = {"KRUG_TIMEOUT_SECONDS": str(self.settings.timeout_s)}
-        if self.settings.nics:
-            nics = sorted(self.settings.nics)
-            env["KRUG_GLOO_IFACE"] = nics[0]
-            env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
+        env.update(interface_environment(self.settings.nics))
         return env
 
     def _share_visible_gpus(self, envs):

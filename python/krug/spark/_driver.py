@@ -13,7 +13,7 @@ except ImportError:  # pragma: no cover - PySpark ships a copy
     from pyspark import cloudpickle
 
 from krug.common.messages import MessageServer
-from krug.common.rendezvous import ElasticRendezvous, RendezvousServer
+from krug.common.rendezvous import ElasticRendezvous, RendezvousServer, interface_environment
 from krug.spark._task import barrier_task, elastic_task, gang_task
 
 _DEFAULT_START_TIMEOUT = 600.0
@@ -182,10 +182,8 @@ class _Job:
         """Horovod's run arguments that krug takes: ``nics`` (interfaces: krug's planes use the
         first, sorted; NCCL all), ``prefix_output_with_timestamp``, ``executable`` (the Python
         interpreter of the ranks on the executors)."""
-        if nics:
-            nics = sorted(nics)
-            self.env.setdefault("KRUG_GLOO_IFACE", nics[0])
-            self.env.setdefault("NCCL_SOCKET_IFNAME", ",".join(nics))
+        for name, value in interface_environment(nics).items():
+            self.env.setdefault(name, value)
         self.timestamps, self.executable = bool(prefix_output_with_timestamp), executable
         return self
 
