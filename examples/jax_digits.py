@@ -11,7 +11,6 @@ parameters are broadcast with hvd.broadcast_parameters; hvd.DistributedOptimizer
 gradients inside the jitted step. Each rank scores its share of the held-out set and the counts
 are summed with hvd.allreduce. Exits 1 when the final accuracy is below --min-accuracy (0.95).
 """
-import argparse
 import sys
 
 import jax
@@ -19,34 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from sklearn.datasets import load_digits
+from digits_common import epoch_shard, split, training_arguments, verdict
 
 import krug.jax as hvd
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--lr", type=float, default=0.025,
-                   help="learning rate for one rank; scaled by the number of ranks")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--min-accuracy", type=float, default=0.95)
+    p = training_arguments(__doc__)
     return p.parse_args()
-
-
-def split(n, seed):
-    """The same deterministic 80/20 split on every rank."""
-    order = np.random.RandomState(seed).permutation(n)
-    cut = int(round(0.8 * n))
-    return order[:cut], order[cut:]
-
-
-def epoch_shard(train_idx, epoch, seed, rank, size):
-    """Same shuffle everywhere, padded to a multiple of size, dealt out round-robin."""
-    order = train_idx[np.random.RandomState(seed + epoch).permutation(len(train_idx))]
-    padded = -(-len(order) // size) * size
-    order = np.concatenate([order, order[: padded - len(order)]])
-    return order[rank::size]
 
 
 def init_params(key, sizes=(64, 64, 10)):
@@ -104,11 +83,10 @@ def main():
     counts = hvd.allreduce(jnp.asarray([correct, len(shard)], jnp.int32), op=hvd.Sum,
                            name="accuracy")
     accuracy = float(counts[0]) / float(counts[1])
-    if hvd.rank() == 0:
-        print("ranks %d, held-out accuracy %.4f (%d of %d)"
-              % (hvd.size(), accuracy, int(counts[0]), int(counts[1])))
+    code = verdict(accuracy, args.min_accuracy, hvd.rank(), hvd.size(),
+                   " (%d of %d)" % (int(counts[0]), int(counts[1])))
     hvd.shutdown()
-    return 0 if accuracy >= args.min_accuracy else 1
+    return code
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ their number); the callbacks broadcast rank 0's variables after the first batch,
 epoch's metrics over the ranks and warm the learning rate up over the first epochs. Exits 1
 when the final held-out accuracy is below --min-accuracy (0.95).
 """
-import argparse
 import os
 import sys
 
@@ -21,27 +20,15 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
+from digits_common import deal, split, training_arguments, verdict  # noqa: E402
 
 import krug.keras as hvd  # noqa: E402
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--lr", type=float, default=0.025,
-                   help="learning rate for one rank; scaled by the number of ranks")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
+    p = training_arguments(__doc__)
     p.add_argument("--warmup-epochs", type=int, default=3)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--min-accuracy", type=float, default=0.95)
     return p.parse_args()
-
-
-def split(n, seed):
-    """The same deterministic 80/20 split on every rank."""
-    order = np.random.RandomState(seed).permutation(n)
-    cut = int(round(0.8 * n))
-    return order[:cut], order[cut:]
 
 
 def main():
@@ -54,10 +41,7 @@ def main():
     images = (digits.images / 16.0).astype(np.float32)[..., None]
     labels = digits.target.astype(np.int64)
     train_idx, test_idx = split(len(labels), args.seed)
-    mine = train_idx[rank::size]
-    # Every rank runs the same number of steps per epoch: pad the shorter shares.
-    per_rank = -(-len(train_idx) // size)
-    mine = np.concatenate([mine, mine[: per_rank - len(mine)]])
+    mine = deal(train_idx, rank, size)  # every rank runs the same number of steps per epoch
 
     model = keras.Sequential([
         keras.Input((8, 8, 1)),
@@ -88,15 +72,9 @@ def main():
     counts = hvd.allreduce(np.array([np.sum(predictions == labels[test_mine]), len(test_mine)],
                                     dtype=np.float64), op=hvd.Sum, name="test_counts").numpy()
     accuracy = counts[0] / counts[1]
-    if rank == 0:
-        print("final held-out accuracy %.4f with %d rank%s" % (accuracy, size,
-                                                               "" if size == 1 else "s"),
-              flush=True)
-    ok = accuracy >= args.min_accuracy
-    if not ok and rank == 0:
-        print("accuracy %.4f is below %.2f" % (accuracy, args.min_accuracy), file=sys.stderr)
+    code = verdict(accuracy, args.min_accuracy, rank, size)
     hvd.shutdown()
-    return 0 if ok else 1
+    return code
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ first step (so that the optimizer's exist too), as Horovod's TF2 example does. E
 its share of the held-out set and the counts are summed with hvd.allreduce. Exits 1 when the
 final accuracy is below --min-accuracy (0.95).
 """
-import argparse
 import os
 import sys
 
@@ -21,34 +20,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
+from digits_common import epoch_shard, split, training_arguments, verdict  # noqa: E402
 
 import krug.tensorflow as hvd  # noqa: E402
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--lr", type=float, default=0.025,
-                   help="learning rate for one rank; scaled by the number of ranks")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--min-accuracy", type=float, default=0.95)
+    p = training_arguments(__doc__)
     return p.parse_args()
-
-
-def split(n, seed):
-    """The same deterministic 80/20 split on every rank."""
-    order = np.random.RandomState(seed).permutation(n)
-    cut = int(round(0.8 * n))
-    return order[:cut], order[cut:]
-
-
-def epoch_shard(train_idx, epoch, seed, rank, size):
-    """Same shuffle everywhere, padded to a multiple of size, dealt out round-robin."""
-    order = train_idx[np.random.RandomState(seed + epoch).permutation(len(train_idx))]
-    padded = -(-len(order) // size) * size
-    order = np.concatenate([order, order[: padded - len(order)]])
-    return order[rank::size]
 
 
 def make_model():
@@ -115,15 +94,9 @@ def main():
             print("epoch %3d  loss %.4f  held-out accuracy %.4f" % (epoch + 1, mean_loss,
                                                                      accuracy), flush=True)
 
-    if rank == 0:
-        print("final held-out accuracy %.4f with %d rank%s" % (accuracy, size,
-                                                               "" if size == 1 else "s"),
-              flush=True)
-    ok = accuracy >= args.min_accuracy
-    if not ok and rank == 0:
-        print("accuracy %.4f is below %.2f" % (accuracy, args.min_accuracy), file=sys.stderr)
+    code = verdict(accuracy, args.min_accuracy, rank, size)
     hvd.shutdown()
-    return 0 if ok else 1
+    return code
 
 
 if __name__ == "__main__":

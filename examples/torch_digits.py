@@ -15,28 +15,21 @@ Exits 1 when the final accuracy is below --min-accuracy (0.95). With --cuda each
 the GPU of its local rank (several ranks may share one). Without scikit-learn the data set is
 read from --digits-csv (scikit-learn's own digits.csv.gz, e.g. carried to a machine without it).
 """
-import argparse
 import gzip
 import sys
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from digits_common import deal, split, torch_digits_net, training_arguments, verdict
 
 import krug.torch as hvd
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--lr", type=float, default=0.025,
-                   help="learning rate for one rank; scaled by the number of ranks unless "
-                        "--use-adasum")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per rank per step")
-    p.add_argument("--seed", type=int, default=42)
+    p = training_arguments(__doc__, lr_help="learning rate for one rank; scaled by the number "
+                                            "of ranks unless --use-adasum")
     p.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum")
-    p.add_argument("--min-accuracy", type=float, default=0.95)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--cuda", action="store_true",
                    help="train on CUDA device local_rank %% device_count")
@@ -56,36 +49,11 @@ def load_digits_data(csv_path):
     return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)   # 8x8 -> 8x8
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)  # 4x4 -> 4x4
-        self.fc1 = nn.Linear(32 * 2 * 2, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(x)
-
-
-def split(n, seed):
-    """The same deterministic 80/20 split on every rank."""
-    order = np.random.RandomState(seed).permutation(n)
-    cut = int(round(0.8 * n))
-    return order[:cut], order[cut:]
-
-
 def epoch_shard(train_idx, epoch, seed, rank, size):
     """DistributedSampler-style: same shuffle everywhere, padded to a multiple of size."""
     g = torch.Generator()
     g.manual_seed(seed + epoch)
-    order = train_idx[torch.randperm(len(train_idx), generator=g).numpy()]
-    padded = -(-len(order) // size) * size
-    order = np.concatenate([order, order[: padded - len(order)]])
-    return order[rank::size]
+    return deal(train_idx[torch.randperm(len(train_idx), generator=g).numpy()], rank, size)
 
 
 def main():
@@ -106,7 +74,7 @@ def main():
     train_idx, test_idx = split(len(labels), args.seed)
     test_mine = test_idx[rank::size]  # each rank scores its share of the held-out set
 
-    model = Net().to(device)
+    model = torch_digits_net().to(device)
     lr = args.lr if args.use_adasum else args.lr * size
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -143,16 +111,10 @@ def main():
             print("epoch %3d  loss %.4f  held-out accuracy %.4f" % (epoch + 1, mean_loss, accuracy),
                   flush=True)
 
-    if rank == 0:
-        print("final held-out accuracy %.4f with %d rank%s on %s (train %d, test %d)"
-              % (accuracy, size, "" if size == 1 else "s", device.type, len(train_idx),
-                 len(test_idx)),
-              flush=True)
-    ok = accuracy >= args.min_accuracy
-    if not ok and rank == 0:
-        print("accuracy %.4f is below %.2f" % (accuracy, args.min_accuracy), file=sys.stderr)
+    code = verdict(accuracy, args.min_accuracy, rank, size, " on %s (train %d, test %d)"
+                   % (device.type, len(train_idx), len(test_idx)))
     hvd.shutdown()
-    return 0 if ok else 1
+    return code
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ import zlib
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from digits_common import split, torch_digits_net
 from sklearn.datasets import load_digits
 
 import krug.torch as hvd
@@ -59,28 +59,6 @@ def parse_args():
                    help="print 'step S committed' every N commits (0: never)")
     p.add_argument("--result-file", default="", help="rank 0 writes a JSON summary here")
     return p.parse_args()
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 2 * 2, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return self.fc2(x)
-
-
-def split(n, seed):
-    """The same deterministic 80/20 split on every rank."""
-    order = np.random.RandomState(seed).permutation(n)
-    cut = int(round(0.8 * n))
-    return order[:cut], order[cut:]
 
 
 def ledger_entry(epoch, indices):
@@ -108,7 +86,7 @@ def main():
     train_idx, test_idx = split(len(labels), args.seed)
     train_idx = torch.from_numpy(train_idx)
 
-    model = Net()
+    model = torch_digits_net()
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
         named_parameters=model.named_parameters())
