@@ -10,30 +10,23 @@ DistributedGradientTape (gradients optionally compressed to float16 on the wire)
 --num-warmup-batches steps, --num-iters timed iterations of --num-batches-per-iter steps each
 give img/sec samples; rank 0 prints the mean per rank with a 95% interval and the total.
 """
-import argparse
 import os
 import sys
-import timeit
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from synthetic_common import benchmark_arguments, log_totals, time_steps  # noqa: E402
+
 import krug.tensorflow as hvd  # noqa: E402
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = benchmark_arguments(__doc__, "ResNet50", "a tf.keras.applications model")
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce")
-    p.add_argument("--model", default="ResNet50", help="a tf.keras.applications model")
-    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--num-warmup-batches", type=int, default=10)
-    p.add_argument("--num-batches-per-iter", type=int, default=10)
-    p.add_argument("--num-iters", type=int, default=10)
     p.add_argument("--eager", action="store_true", help="run the step eagerly (no tf.function)")
     return p.parse_args()
 
@@ -81,17 +74,8 @@ def main():
 
     log("Model: %s, batch size: %d, ranks: %d" % (args.model, args.batch_size, hvd.size()))
     benchmark_step(first_batch=True)
-    timeit.timeit(lambda: benchmark_step(), number=args.num_warmup_batches)
-    rates = []
-    for i in range(args.num_iters):
-        seconds = timeit.timeit(lambda: benchmark_step(), number=args.num_batches_per_iter)
-        rate = args.batch_size * args.num_batches_per_iter / seconds
-        log("Iter #%d: %.1f img/sec per rank" % (i, rate))
-        rates.append(rate)
-    mean, conf = np.mean(rates), 1.96 * np.std(rates)
-    log("Img/sec per rank: %.1f +-%.1f" % (mean, conf))
-    log("Total img/sec on %d rank(s): %.1f +-%.1f" % (hvd.size(), hvd.size() * mean,
-                                                      hvd.size() * conf))
+    mean, conf = time_steps(benchmark_step, args, log)
+    log_totals(log, hvd.size(), mean, conf)
     hvd.shutdown()
     return 0
 

@@ -10,27 +10,19 @@ combined with Adasum). After --num-warmup-batches steps, --num-iters timed itera
 --num-batches-per-iter steps each give img/sec samples; rank 0 prints the mean per rank with a
 95% interval (1.96 standard deviations) and the total over all ranks.
 """
-import argparse
 import sys
-import timeit
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision import models
+
+from synthetic_common import benchmark_arguments, log_totals, time_steps
 
 import krug.torch as hvd
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="resnet50", help="torchvision model name, e.g. resnet18")
-    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--num-warmup-batches", type=int, default=10)
-    p.add_argument("--num-batches-per-iter", type=int, default=10)
-    p.add_argument("--num-iters", type=int, default=10)
+    p = benchmark_arguments(__doc__, "resnet50", "torchvision model name, e.g. resnet18")
     p.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce")
     p.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum")
@@ -81,26 +73,12 @@ def main():
         % (hvd.size(), "Adasum" if args.use_adasum else "average",
            ", float16 on the wire" if args.fp16_allreduce else ""))
 
-    log("Running warmup...")
-    timeit.timeit(step, number=args.num_warmup_batches)
-
-    log("Running benchmark...")
-    img_secs = []
-    for x in range(args.num_iters):
-        t = timeit.timeit(step, number=args.num_batches_per_iter)
-        img_sec = args.batch_size * args.num_batches_per_iter / t
-        log("Iter #%d: %.1f img/sec per rank" % (x, img_sec))
-        img_secs.append(img_sec)
-
-    mean = float(np.mean(img_secs))
-    conf = 1.96 * float(np.std(img_secs))
+    mean, conf = time_steps(step, args, log)
     # Every rank's own rate, gathered so rank 0 can show them all.
     per_rank = hvd.allgather(torch.tensor([mean], dtype=torch.float64), name="img_sec")
     for r, v in enumerate(per_rank.tolist()):
         log("Rank %d: %.1f img/sec" % (r, v))
-    log("Img/sec per rank: %.1f +-%.1f" % (mean, conf))
-    log("Total img/sec on %d rank(s): %.1f +-%.1f"
-        % (hvd.size(), hvd.size() * mean, hvd.size() * conf))
+    log_totals(log, hvd.size(), mean, conf)
     hvd.shutdown()
     return 0
 

@@ -15,28 +15,21 @@ DDP: each trains alone and only waits for the others once per step (a Gloo barri
 gradients), the most any synchronous data-parallel training reaches here. Rank 0 prints the
 same result lines as the example ("Img/sec per rank", "Total img/sec on N rank(s)").
 """
-import argparse
 import os
 import sys
-import timeit
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), os.path.join(HERE, "..", "..", "examples")]
 import pybench  # noqa: E402
+from synthetic_common import benchmark_arguments, log_totals, time_steps  # noqa: E402
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = benchmark_arguments(__doc__, "resnet50", "torchvision model name, e.g. resnet18")
     p.add_argument("--np", type=int, default=2, help="ranks to start (default 2)")
     p.add_argument("--plain", action="store_true", help="one process, no distribution")
     p.add_argument("--lockstep", action="store_true",
                    help="ranks without DDP that wait for each other once per step")
-    p.add_argument("--model", default="resnet50", help="torchvision model name, e.g. resnet18")
-    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--num-warmup-batches", type=int, default=10)
-    p.add_argument("--num-batches-per-iter", type=int, default=10)
-    p.add_argument("--num-iters", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--seed", type=int, default=0)
@@ -47,7 +40,6 @@ def parse_args():
 def train(args, rank, size, wrap, label, after_step=None):
     """Times the training steps; returns this rank's mean img/sec and its 1.96-sigma spread.
     after_step, if given, runs at the end of every step."""
-    import numpy as np
     import torch
     import torch.nn.functional as F
     from torchvision import models
@@ -77,13 +69,7 @@ def train(args, rank, size, wrap, label, after_step=None):
     log("Batch size: %d, image size: %d, threads per rank: %d"
         % (args.batch_size, args.image_size, args.threads))
     log("Number of ranks: %d; gradients: %s" % (size, label))
-    timeit.timeit(step, number=args.num_warmup_batches)
-    img_secs = []
-    for x in range(args.num_iters):
-        t = timeit.timeit(step, number=args.num_batches_per_iter)
-        img_secs.append(args.batch_size * args.num_batches_per_iter / t)
-        log("Iter #%d: %.1f img/sec per rank" % (x, img_secs[-1]))
-    return float(np.mean(img_secs)), 1.96 * float(np.std(img_secs))
+    return time_steps(step, args, log)
 
 
 def _identity(model):
@@ -96,9 +82,7 @@ def report(size, per_rank):
         print("Rank %d: %.1f img/sec" % (r, v))
     mean = sum(v for v, _ in per_rank) / size
     conf = sum(c for _, c in per_rank) / size
-    print("Img/sec per rank: %.1f +-%.1f" % (mean, conf))
-    print("Total img/sec on %d rank(s): %.1f +-%.1f" % (size, size * mean, size * conf),
-          flush=True)
+    log_totals(lambda message: print(message, flush=True), size, mean, conf)
 
 
 def worker(args):

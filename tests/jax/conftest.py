@@ -2,13 +2,13 @@
 initialization for the whole session. Tests issue the same collectives in the same order on
 every rank."""
 
-import pytest
+import pathlib
+import sys
 
-import krug.jax as hvd
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "common"))
 
+import krug.jax as hvd  # noqa: E402
+from krug_testing import rank_tmp_path_fixture, session_fixture  # noqa: E402
 
-@pytest.fixture(scope="session", autouse=True)
-def krug_session():
-    hvd.init()
-    yield
-    hvd.shutdown()
+krug_session = session_fixture(hvd)
+tmp_path = rank_tmp_path_fixture(hvd)

@@ -5,7 +5,6 @@ Rank r contributes 2r+1, so over n ranks Sum = n^2, Average = n, Min = 1, Max = 
 Product = 1*3*5*..., exact in every dtype for n <= 3.
 """
 
-import math
 import os
 import re
 import tempfile
@@ -17,12 +16,12 @@ import pytest
 from jax.experimental import io_callback
 
 import krug.jax as hvd
+from krug_testing import expected_reduction, reduce_ops
 from krug.common.timeline import timeline_events
 
 NUMERIC = [jnp.uint8, jnp.int8, jnp.int16, jnp.int32, jnp.uint16, jnp.uint32, jnp.float16,
            jnp.bfloat16, jnp.float32]
-OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
-       "product": hvd.Product}
+OPS = reduce_ops(hvd)
 
 
 def n():
@@ -34,9 +33,7 @@ def r():
 
 
 def expected(op):
-    values = [2 * k + 1 for k in range(n())]
-    return {"sum": sum(values), "average": sum(values) // n(), "min": min(values),
-            "max": max(values), "product": math.prod(values)}[op]
+    return expected_reduction(op, n())
 
 
 def mine(dtype, shape=(2, 3)):

@@ -2,15 +2,14 @@
 initialization for the whole session. Tests must issue the same collectives in the same order
 on every rank, and use names no other test uses."""
 
-import pytest
+import pathlib
+import sys
+
 import torch
 
-import krug.torch as hvd
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "common"))
 
+import krug.torch as hvd  # noqa: E402
+from krug_testing import session_fixture  # noqa: E402
 
-@pytest.fixture(scope="session", autouse=True)
-def krug_session():
-    torch.manual_seed(0)
-    hvd.init()
-    yield
-    hvd.shutdown()
+krug_session = session_fixture(hvd, before_init=lambda: torch.manual_seed(0))

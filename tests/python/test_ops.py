@@ -5,7 +5,6 @@ Sum = n^2, Average = n, Min = 1, Max = 2n-1, Product = 1*3*5*..., all exact in e
 for n <= 3. Every test uses its own tensor names.
 """
 
-import math
 import os
 import warnings
 
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 import krug.torch as hvd
+from krug_testing import contribution, expected_reduction, reduce_ops
 
 # torch 2.3 added the wide unsigned dtypes; the torch 1.13 pass runs without them.
 WIDE_UNSIGNED = [getattr(torch, name) for name in ("uint16", "uint32", "uint64")
@@ -20,8 +20,7 @@ WIDE_UNSIGNED = [getattr(torch, name) for name in ("uint16", "uint32", "uint64")
 NUMERIC = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, *WIDE_UNSIGNED,
            torch.float16, torch.bfloat16, torch.float32, torch.float64]
 ALL = NUMERIC + [torch.bool]
-OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
-       "product": hvd.Product}
+OPS = reduce_ops(hvd)
 
 
 def n():
@@ -32,14 +31,8 @@ def r():
     return hvd.rank()
 
 
-def contribution(rank):
-    return 2 * rank + 1
-
-
 def expected(op):
-    values = [contribution(k) for k in range(n())]
-    return {"sum": sum(values), "average": sum(values) // n(), "min": min(values),
-            "max": max(values), "product": math.prod(values)}[op]
+    return expected_reduction(op, n())
 
 
 def dname(dtype):

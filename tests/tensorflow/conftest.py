@@ -3,23 +3,12 @@ initialization for the whole session. Tests issue the same collectives in the sa
 every rank."""
 
 import pathlib
-import tempfile
+import sys
 
-import pytest
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "common"))
 
-import krug.tensorflow as hvd
+import krug.tensorflow as hvd  # noqa: E402
+from krug_testing import rank_tmp_path_fixture, session_fixture  # noqa: E402
 
-
-@pytest.fixture(scope="session", autouse=True)
-def krug_session():
-    hvd.init()
-    yield
-    hvd.shutdown()
-
-
-@pytest.fixture
-def tmp_path():
-    """A directory of this rank's own: pytest's tmp_path lives under one numbered base that the
-    ranks' pytest sessions create and clean up concurrently."""
-    with tempfile.TemporaryDirectory(prefix="krug-test-rank%d-" % hvd.rank()) as path:
-        yield pathlib.Path(path)
+krug_session = session_fixture(hvd)
+tmp_path = rank_tmp_path_fixture(hvd)

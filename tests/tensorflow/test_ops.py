@@ -6,7 +6,6 @@ Product = 1*3*5*..., exact in every dtype for n <= 3.
 """
 
 import importlib.util
-import math
 import os
 import tempfile
 import threading
@@ -16,12 +15,12 @@ import pytest
 import tensorflow as tf
 
 import krug.tensorflow as hvd
+from krug_testing import expected_reduction, reduce_ops
 from krug.common.timeline import read_timeline
 
 NUMERIC = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint16, tf.uint32, tf.uint64,
            tf.float16, tf.bfloat16, tf.float32, tf.float64]
-OPS = {"sum": hvd.Sum, "average": hvd.Average, "min": hvd.Min, "max": hvd.Max,
-       "product": hvd.Product}
+OPS = reduce_ops(hvd)
 
 
 def n():
@@ -33,9 +32,7 @@ def r():
 
 
 def expected(op):
-    values = [2 * k + 1 for k in range(n())]
-    return {"sum": sum(values), "average": sum(values) // n(), "min": min(values),
-            "max": max(values), "product": math.prod(values)}[op]
+    return expected_reduction(op, n())
 
 
 def mine(dtype, shape=(2, 3)):
