@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "common/bench_util.h"
+#include "common/krug_main.h"
 
 namespace {
 
@@ -561,9 +562,9 @@ class Bench {
           return static_cast<int64_t>(n) * size_;  // wrong size: everything is wrong
         int64_t wrong = 0;
         for (int r = 0; r < size_; ++r)
-          wrong += count_wrong(o_.dtype, o_.op,
-                               bufs_.output.get() + static_cast<size_t>(r) * bytes(), n,
-                               rank_pattern(o_.op, r));
+          wrong +=
+              count_wrong(o_.dtype, o_.op, bufs_.output.get() + static_cast<size_t>(r) * bytes(), n,
+                          rank_pattern(o_.op, r));
         return wrong;
       }
       case Collective::kBroadcast:
@@ -612,8 +613,8 @@ int run(const Options& o) {
     char target[32];
     std::snprintf(target, sizeof target, "%g", o.target_seconds);
     std::string line =
-        "# sizes " + bench::human_bytes(o.min_bytes) + " .. " + bench::human_bytes(o.max_bytes) + ", factor " +
-        std::to_string(o.factor) + ", iters " +
+        "# sizes " + bench::human_bytes(o.min_bytes) + " .. " + bench::human_bytes(o.max_bytes) +
+        ", factor " + std::to_string(o.factor) + ", iters " +
         (o.iters ? std::to_string(*o.iters)
                  : "auto (~" + std::string(target) + " s per size, " + std::to_string(o.min_iters) +
                        ".." + std::to_string(o.max_iters) + ")") +
@@ -678,25 +679,6 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  try {
-    o = parse_args(argc, argv);
-  } catch (const bench::UsageError& e) {
-    usage_error(e.what());
-  }
-  int rc = 0;
-  try {
-    krug::init();
-    rc = run(o);
-    krug::shutdown();
-  } catch (const std::exception& e) {
-    int rank = -1;
-    try {
-      if (krug::is_initialized()) rank = krug::rank();
-    } catch (...) {
-    }
-    std::fprintf(stderr, "krug-bench: rank %d: %s\n", rank, e.what());
-    return 1;
-  }
-  return rc;
+  const Options o = bench::parse_or_exit("krug-bench", kUsage, parse_args, argc, argv);
+  return bench::run_on_krug("krug-bench", [&] { return run(o); });
 }

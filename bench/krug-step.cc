@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/bench_util.h"
+#include "common/krug_main.h"
 
 namespace {
 
@@ -150,20 +151,6 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  try {
-    o = parse_args(argc, argv);
-  } catch (const bench::UsageError& e) {
-    std::fprintf(stderr, "krug-step: %s\n\n%s", e.what(), kUsage);
-    return 2;
-  }
-  try {
-    krug::init();
-    int rc = run(o);
-    krug::shutdown();
-    return rc;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "krug-step: %s\n", e.what());
-    return 1;
-  }
+  const Options o = bench::parse_or_exit("krug-step", kUsage, parse_args, argc, argv);
+  return bench::run_on_krug("krug-step", [&] { return run(o); });
 }

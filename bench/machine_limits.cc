@@ -100,13 +100,7 @@ Row measure(int64_t bytes, int64_t repeats) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  try {
-    o = parse_args(argc, argv);
-  } catch (const bench::UsageError& e) {
-    std::fprintf(stderr, "machine_limits: %s\n\n%s", e.what(), kUsage);
-    return 2;
-  }
+  const Options o = bench::parse_or_exit("machine_limits", kUsage, parse_args, argc, argv);
   std::printf("# machine_limits: single thread, best of %lld, %s\n",
               static_cast<long long>(o.repeats), bench::now_string().c_str());
   std::printf("# memcpy: bytes copied / s; reduce a=b+c (float32): bytes of result / s;\n");

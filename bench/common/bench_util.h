@@ -38,6 +38,18 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Parses the command line with parse(argc, argv), or prints the tool's usage error and exits 2:
+// the first step of every tool here.
+template <class Parse>
+auto parse_or_exit(const char* tool, const char* usage, Parse&& parse, int argc, char** argv) {
+  try {
+    return parse(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: %s\n\n%s", tool, e.what(), usage);
+    std::exit(2);
+  }
+}
+
 inline int64_t parse_int(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   errno = 0;

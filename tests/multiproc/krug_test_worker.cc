@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "krug/krug.h"
+#include "worker_checks.h"
 
 namespace {
 
@@ -40,17 +41,10 @@ constexpr DataType kAllTypes[] = {
     DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
     DataType::kBool};
 
-int g_rank = -1;
-int g_failures = 0;
-
-std::string who() { return "rank " + std::to_string(g_rank); }
-
-// Prints a failed check; the scenario goes on so one run shows every wrong value (capped).
-void report(const std::string& message) {
-  ++g_failures;
-  if (g_failures <= 40) std::cerr << who() << ": FAIL: " << message << std::endl;
-  if (g_failures == 41) std::cerr << who() << ": FAIL: (further failures not shown)" << std::endl;
-}
+using krug_test::g_failures;
+using krug_test::g_rank;
+using krug_test::report;
+using krug_test::who;
 
 [[noreturn]] void die(const std::string& message) {
   std::cerr << who() << ": FAIL: " << message << std::endl;

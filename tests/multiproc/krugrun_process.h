@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -205,5 +207,31 @@ class KrugrunProcess {
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::duration elapsed_{};
 };
+
+// A finished `krugrun -np N <program>`: its exit code (-1 when it ran past the timeout and was
+// killed) and its output.
+struct JobResult {
+  std::unique_ptr<KrugrunProcess> job;
+  int code = -1;
+  const KrugrunProcess* operator->() const { return job.get(); }
+};
+
+inline JobResult run_job(const std::string& krugrun, int np,
+                         const std::vector<std::string>& program,
+                         std::chrono::seconds timeout) {
+  std::vector<std::string> args{"-np", std::to_string(np)};
+  args.insert(args.end(), program.begin(), program.end());
+  JobResult run{std::make_unique<KrugrunProcess>(krugrun, args)};
+  run.code = run.job->wait(timeout);
+  return run;
+}
+
+// The accuracy that rank 0's final line (final_line's first group) reports; -1 when no line
+// matches.
+inline double final_accuracy(const JobResult& run, const std::regex& final_line) {
+  std::smatch m;
+  const std::string out = run->out();
+  return std::regex_search(out, m, final_line) ? std::stod(m[1]) : -1.0;
+}
 
 }  // namespace krug::testing

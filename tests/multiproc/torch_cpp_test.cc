@@ -31,20 +31,8 @@ constexpr auto kRunTimeout = 180s;
 
 using namespace krug::testing;
 
-// A finished `krugrun -np N <program>`: its exit code (-1 when it ran past kRunTimeout and was
-// killed) and its output.
-struct JobResult {
-  std::unique_ptr<KrugrunProcess> job;
-  int code = -1;
-  const KrugrunProcess* operator->() const { return job.get(); }
-};
-
 JobResult krugrun(int np, const std::vector<std::string>& program) {
-  std::vector<std::string> args{"-np", std::to_string(np)};
-  args.insert(args.end(), program.begin(), program.end());
-  JobResult run{std::make_unique<KrugrunProcess>(KRUGRUN_PATH, args)};
-  run.code = run.job->wait(kRunTimeout);
-  return run;
+  return run_job(KRUGRUN_PATH, np, program, kRunTimeout);
 }
 
 JobResult expect_passes(int np, const std::string& scenario) {
@@ -101,11 +89,9 @@ INSTANTIATE_TEST_SUITE_P(Np, TorchCppMultiRank, ::testing::Values(2, 3),
 TEST(DigitsExample, TwoRanksReachNinetyFivePercent) {
   JobResult run = krugrun(2, {KRUG_DIGITS_EXAMPLE_PATH});
   ASSERT_EQ(run.code, 0) << run->output();
-  std::smatch m;
   const std::regex final_line(R"(\[0\]<stdout>:final test accuracy: ([0-9.]+) \(2 rank\(s\)\))");
-  const std::string out = run->out();
-  ASSERT_TRUE(std::regex_search(out, m, final_line)) << run->output();
-  const double accuracy = std::stod(m[1]);
+  const double accuracy = final_accuracy(run, final_line);
+  ASSERT_GE(accuracy, 0.0) << "no final accuracy line\n" << run->output();
   std::cout << "digits, 2 ranks: held-out accuracy " << accuracy << std::endl;
   EXPECT_GE(accuracy, 0.95) << run->output();
 }

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "torch_worker_main.h"
+#include "worker_checks.h"
 
 #include <cstdio>
 #include <functional>
@@ -20,15 +21,10 @@
 
 namespace {
 
-int g_rank = -1;
+using krug_test::expect;
+using krug_test::g_failures;
+using krug_test::g_rank;
 int g_size = 0;
-int g_failures = 0;
-
-void expect(bool ok, const std::string& message) {
-  if (ok) return;
-  ++g_failures;
-  if (g_failures <= 40) std::cerr << "rank " << g_rank << ": FAIL: " << message << std::endl;
-}
 
 std::string str(const torch::Tensor& t) {
   std::ostringstream os;

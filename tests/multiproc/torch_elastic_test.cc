@@ -16,22 +16,14 @@
 namespace {
 
 using namespace std::chrono_literals;
-using krug::testing::KrugrunProcess;
+using krug::testing::final_accuracy;
+using krug::testing::JobResult;
+using krug::testing::run_job;
 
 constexpr auto kRunTimeout = 180s;
 
-struct JobResult {
-  std::unique_ptr<KrugrunProcess> job;
-  int code = -1;  // -1: ran past kRunTimeout and was killed
-  const KrugrunProcess* operator->() const { return job.get(); }
-};
-
 JobResult krugrun(int np, const std::vector<std::string>& program) {
-  std::vector<std::string> args{"-np", std::to_string(np)};
-  args.insert(args.end(), program.begin(), program.end());
-  JobResult run{std::make_unique<KrugrunProcess>(KRUGRUN_PATH, args)};
-  run.code = run.job->wait(kRunTimeout);
-  return run;
+  return run_job(KRUGRUN_PATH, np, program, kRunTimeout);
 }
 
 void expect_passes(int np, const std::string& scenario) {
@@ -68,11 +60,9 @@ INSTANTIATE_TEST_SUITE_P(Np, TorchState, ::testing::Values(2, 3),
 TEST(ElasticDigitsExample, TwoRanksWithoutElasticModeReachNinetyFivePercent) {
   JobResult run = krugrun(2, {KRUG_ELASTIC_DIGITS_EXAMPLE_PATH});
   ASSERT_EQ(run.code, 0) << run->output();
-  std::smatch m;
   const std::regex final_line(R"(\[0\]<stdout>:final accuracy: ([0-9.]+))");
-  const std::string out = run->out();
-  ASSERT_TRUE(std::regex_search(out, m, final_line)) << run->output();
-  const double accuracy = std::stod(m[1]);
+  const double accuracy = final_accuracy(run, final_line);
+  ASSERT_GE(accuracy, 0.0) << "no final accuracy line\n" << run->output();
   std::cout << "elastic digits, 2 ranks: held-out accuracy " << accuracy << std::endl;
   EXPECT_GE(accuracy, 0.95) << run->output();
 }

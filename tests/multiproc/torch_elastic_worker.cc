@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "torch_worker_main.h"
+#include "worker_checks.h"
 
 #include <cstdio>
 #include <functional>
@@ -27,15 +28,10 @@ namespace {
 using krug::torch::elastic::TorchState;
 using torch::Tensor;
 
-int g_rank = -1;
+using krug_test::expect;
+using krug_test::g_failures;
+using krug_test::g_rank;
 int g_size = 0;
-int g_failures = 0;
-
-void expect(bool ok, const std::string& message) {
-  if (ok) return;
-  ++g_failures;
-  if (g_failures <= 40) std::cerr << "rank " << g_rank << ": FAIL: " << message << std::endl;
-}
 
 // Bitwise: same layout and the same bytes (undefined counts as equal to undefined).
 bool identical(const Tensor& a, const Tensor& b) {
