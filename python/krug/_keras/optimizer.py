@@ -12,7 +12,8 @@ import tensorflow as tf
 
 from krug.tensorflow.compression import Compression
 from krug.tensorflow.gradients import check_groups, make_allreduce_grads_fn
-from krug.tensorflow.mpi_ops import Adasum, Average, global_process_set, size_op
+from krug.tensorflow.local_gradients import LocalSources
+from krug.tensorflow.mpi_ops import Adasum, Average, global_process_set
 
 
 class _Params:
@@ -44,33 +45,19 @@ class _DistributedMixin:
 
     _krug = None
 
-    def _krug_local(self):
-        if not hasattr(self, "_krug_local_keys"):
-            self._krug_local_keys = set()
-        return self._krug_local_keys
+    def _krug_local_sources(self):
+        if "_krug_local" not in self.__dict__:
+            self.__dict__["_krug_local"] = LocalSources(self._krug.process_set,
+                                                        self._krug.scale_local_gradients)
+        return self.__dict__["_krug_local"]
 
     def register_local_var(self, var):
         """Keeps `var`'s gradient local to this rank (scaled by 1/size when
         scale_local_gradients), as Horovod's."""
-        from krug.tensorflow.gradients import var_key
-        self._krug_local().add(var_key(var))
+        self._krug_local_sources().register(var)
 
     def _krug_reduce(self, grads, variables):
-        from krug.tensorflow.gradients import var_key
-        local = self._krug_local()
-        if not local:
-            return list(self._krug.reduce(list(grads), list(variables)))
-        shared = [i for i, v in enumerate(variables) if var_key(v) not in local]
-        reduced = self._krug.reduce([grads[i] for i in shared], [variables[i] for i in shared])
-        out = list(grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if self._krug.scale_local_gradients:
-            n = size_op(self._krug.process_set.process_set_id)
-            for i, v in enumerate(variables):
-                if var_key(v) in local and out[i] is not None:
-                    out[i] = _dense(out[i]) / tf.cast(n, out[i].dtype)
-        return out
+        return self._krug_local_sources().reduce(self._krug.reduce, grads, variables)
 
     def _krug_accumulators(self, variables):
         accumulators = getattr(self, "_krug_acc", None)
