@@ -1,6 +1,8 @@
-"""Horovod's model-parallel API, inside every rank of `krugrun -np N python -m pytest`: the
-gradients of local layers and variables stay on their rank (krug.tensorflow's tapes, the Keras
-DistributedOptimizers)."""
+"""Horovod's model-parallel API and local gradient aggregation, inside every rank of
+`krugrun -np N python -m pytest`: the gradients of local layers and variables stay on their rank
+(krug.tensorflow's tapes, the Keras DistributedOptimizers), and backward_passes_per_step sums
+gradients locally and reduces them on every n-th pass, with the values Horovod's
+LocalGradientAggregationHelper gives (eagerly and inside tf.function)."""
 
 import os
 
@@ -18,6 +20,9 @@ import krug.tensorflow as hvd_tf  # noqa: E402
 import krug.tensorflow.keras as hvd_tfk  # noqa: E402
 
 FLAVOURS = {"keras3": (keras, hvd), "tf_keras": (tf_keras, hvd_tfk)}
+# tf_keras' two optimizer APIs: the new one (compute_gradients) and the legacy OptimizerV2
+# (_compute_gradients, get_gradients), which Horovod's tests use.
+TF_KERAS_SGD = {"new": tf_keras.optimizers.SGD, "legacy": tf_keras.optimizers.legacy.SGD}
 
 
 def n():
@@ -127,8 +132,156 @@ def test_partial_distributed_optimizer_applies_the_local_layer_unreduced(flavour
         assert not np.allclose(kernels[0][0], kernels[1][0])
 
 
+@pytest.mark.parametrize("kind", TF_KERAS_SGD)
+def test_partial_distributed_optimizer_compute_gradients_as_horovods_test(kind):
+    # Horovod's test_partial_distributed_optimizer: the tape's gradient equals size times the
+    # optimizer's for local layers, and differs from it for the others (ranks' weights differ).
+    model = two_layer_model(tf_keras)
+    model.set_weights([w + r() for w in model.get_weights()])
+    x, y = rank_data()
+    tape, loss, grads = plain_gradients(model, x, y)
+    opt = hvd_tfk.PartialDistributedOptimizer(TF_KERAS_SGD[kind](0.1), sparse_as_dense=True,
+                                              local_layers=model.layers[:1])
+    pairs = opt._compute_gradients(loss, model.trainable_variables, tape=tape)
+    assert same_objects([v for _, v in pairs], model.trainable_variables)
+    everyone = every_ranks(grads)
+    for k, (g, _) in enumerate(pairs):
+        if k < 2:
+            np.testing.assert_allclose(grads[k].numpy(), n() * g.numpy(), rtol=1e-5)
+        else:
+            np.testing.assert_allclose(g.numpy(), np.mean([e[k] for e in everyone], axis=0),
+                                       rtol=1e-5)
+
+
 def test_partial_distributed_optimizer_rejects_what_is_not_a_layer():
     with pytest.raises(ValueError, match="local layers must be Keras layers"):
         hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=[object()])
     with pytest.raises(ValueError, match="local layers must be Keras layers"):
         hvd_tf.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[3])
+
+
+# --- local gradient aggregation (backward_passes_per_step) -------------------------------------
+
+PASSES = 4
+
+
+def horovods_expected(pass_index, average, grad_mean, start):
+    """Horovod's test_gradient_aggregation: with SGD(1.0), a variable whose gradient is always
+    `grad_mean` (after averaging over the ranks) has moved by the full cycles so far, each the
+    sum of PASSES gradients (their mean with average_aggregated_gradients)."""
+    cycles = (pass_index + 1) // PASSES
+    per_cycle = grad_mean if average else grad_mean * PASSES
+    return start - cycles * per_cycle
+
+
+def aggregation_loss(x, y):
+    """Rank r's loss (r + 1) * (x - y[0]): dloss/dx = r + 1; dloss/dy = [-(r + 1), 0] comes as
+    IndexedSlices (tf.gather)."""
+    return (r() + 1.0) * (x - tf.gather(y, [0]))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("average", [True, False])
+@pytest.mark.parametrize("kind", TF_KERAS_SGD)
+def test_aggregation_matches_horovods_expected_values(kind, average, mode):
+    opt = hvd_tfk.DistributedOptimizer(TF_KERAS_SGD[kind](1.0), backward_passes_per_step=PASSES,
+                                       average_aggregated_gradients=average,
+                                       sparse_as_dense=True)
+    x, y = tf.Variable([0.0]), tf.Variable([1.0, 2.0])
+    mean = (n() + 1) / 2.0  # the ranks' gradients of x, averaged
+
+    def step():
+        pairs = opt._compute_gradients(lambda: aggregation_loss(x, y), var_list=[x, y])
+        opt.apply_gradients(pairs, experimental_aggregate_gradients=False)
+        return pairs[0][0]
+
+    run = tf.function(step) if mode == "function" else step
+    for i in range(10):
+        gx = run().numpy()
+        within = i % PASSES + 1
+        if within < PASSES:  # this rank's own sum so far, not reduced
+            np.testing.assert_allclose(gx, [within * (r() + 1.0)])
+        else:
+            np.testing.assert_allclose(gx, [mean if average else mean * PASSES])
+        np.testing.assert_allclose(x.numpy(), [horovods_expected(i, average, mean, 0.0)])
+        np.testing.assert_allclose(y.numpy(), [horovods_expected(i, average, -mean, 1.0), 2.0])
+        assert int(opt.iterations.numpy()) == i + 1  # every pass counts (horovod#3631)
+    assert int(opt._agg_helper.counter.numpy()) == 10 % PASSES
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("kind", TF_KERAS_SGD)
+def test_aggregation_recovers_from_an_infinite_gradient(kind, mode):
+    # Horovod's test_grad_aggregation_with_inf_grad: the first cycle's gradient is infinite; the
+    # sums must start the next cycle from zero, not from inf - inf = nan.
+    opt = hvd_tfk.DistributedOptimizer(TF_KERAS_SGD[kind](0.01), backward_passes_per_step=2)
+    x = tf.Variable(0.0)
+    calls = tf.Variable(0)
+
+    def loss():
+        calls.assign_add(1)
+        return tf.cond(calls > 1, lambda: x, lambda: x * float("inf"))
+
+    def step():
+        pairs = opt._compute_gradients(loss, var_list=[x])
+        opt.apply_gradients(pairs)
+        return pairs[0][0]
+
+    run = tf.function(step) if mode == "function" else step
+    grads = [float(run()) for _ in range(4)]
+    assert np.isinf(grads[0]) and np.isinf(grads[1])
+    assert grads[2:] == [1.0, 2.0]  # this cycle's own sums: 1, then 1 + 1 reduced
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("average", [True, False])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_aggregation_keeps_local_variables_unreduced(flavour, average, mode):
+    # Horovod's test_gradient_aggregation_with_local_vars: a local variable gets this rank's
+    # aggregated gradient divided by the size; a shared one the ranks' average.
+    kmod, api = FLAVOURS[flavour]
+    opt = api.DistributedOptimizer(kmod.optimizers.SGD(1.0), backward_passes_per_step=2,
+                                   average_aggregated_gradients=average)
+    mine, shared = tf.Variable([0.0]), tf.Variable([0.0])
+    if flavour == "keras3":
+        mine, shared = keras.Variable([0.0]), keras.Variable([0.0])
+    opt.register_local_var(mine)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = (r() + 1.0) * (tf.reduce_sum(mine) + tf.reduce_sum(shared))
+        grads = tape.gradient(loss, [mine, shared])
+        opt.apply_gradients(zip(grads, [mine, shared]))
+
+    run = tf.function(step) if mode == "function" else step
+    for _ in range(4):
+        run()
+    per_cycle = 1.0 if average else 2.0  # two passes' sum, or its mean
+    np.testing.assert_allclose(np.asarray(mine), [-2 * per_cycle * (r() + 1.0) / n()])
+    np.testing.assert_allclose(np.asarray(shared), [-2 * per_cycle * (n() + 1) / 2.0])
+    assert int(np.asarray(opt.iterations)) == 4
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_fit_counts_every_pass_as_an_iteration(flavour):
+    kmod, api = FLAVOURS[flavour]
+    model = two_layer_model(kmod)
+    opt = api.DistributedOptimizer(kmod.optimizers.SGD(0.1), backward_passes_per_step=2)
+    model.compile(optimizer=opt, loss="mse")
+    x, y = rank_data()
+    model.fit(x, y, batch_size=1, epochs=1, shuffle=False, verbose=0)  # 4 passes, 2 applied
+    assert int(np.asarray(opt.iterations)) == 4
+    assert int(opt._agg_helper.counter.numpy()) == 0
+
+
+# --- what Keras 3 cannot do --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["compute_gradients", "_compute_gradients", "get_gradients",
+                                    "minimize"])
+def test_keras3_gradient_computation_names_the_alternatives(method):
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(NotImplementedError) as error:
+        getattr(opt, method)(lambda: 0.0, [])
+    assert "DistributedGradientTape" in str(error.value)
+    assert "TF_USE_LEGACY_KERAS=1" in str(error.value)
