@@ -3,10 +3,11 @@
 from krug.tensorflow.compression import Compression
 from krug.tensorflow.mpi_ops import Average, global_process_set
 from krug._keras import optimizer as _optimizer
+from krug.tensorflow.local_gradients import local_layer_variables
 
 
 def make_api(keras):
-    """DistributedOptimizer and load_model for `keras`."""
+    """DistributedOptimizer, PartialDistributedOptimizer and load_model for `keras`."""
 
     def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
                              compression=Compression.none, sparse_as_dense=False,
@@ -22,6 +23,26 @@ def make_api(keras):
             gradient_predivide_factor, op, backward_passes_per_step,
             average_aggregated_gradients, num_groups, groups, process_set,
             scale_local_gradients)
+
+    def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                    compression=Compression.none, sparse_as_dense=False,
+                                    gradient_predivide_factor=1.0, op=Average,
+                                    backward_passes_per_step=1,
+                                    average_aggregated_gradients=False, num_groups=0,
+                                    groups=None, process_set=global_process_set,
+                                    local_layers=None, scale_local_gradients=True):
+        """DistributedOptimizer for model-parallel training: the trainable weights of
+        ``local_layers`` (a layer or a list of layers) keep their gradients on this rank
+        (divided by the size with ``scale_local_gradients``); the others are reduced. Horovod's
+        API; the arguments are DistributedOptimizer's."""
+        local_vars = local_layer_variables(local_layers)
+        opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                                   sparse_as_dense, gradient_predivide_factor, op,
+                                   backward_passes_per_step, average_aggregated_gradients,
+                                   num_groups, groups, process_set, scale_local_gradients)
+        for var in local_vars:
+            opt.register_local_var(var)
+        return opt
 
     def load_model(filepath, custom_optimizers=None, custom_objects=None,
                    compression=Compression.none):
@@ -40,4 +61,4 @@ def make_api(keras):
                                                                params)
         return model
 
-    return DistributedOptimizer, load_model
+    return DistributedOptimizer, PartialDistributedOptimizer, load_model

@@ -1,18 +1,35 @@
 """DistributedOptimizer for Keras optimizers: a subclass of the wrapped optimizer's class whose
-gradient application first averages the gradients over the ranks (Horovod's).
+gradients are reduced over the ranks before they are applied (Horovod's).
 
-Keras 3 optimizers apply gradients in ``apply(grads, variables)`` (``apply_gradients`` and
-``model.fit`` call it); tf_keras optimizers, new and legacy, in ``apply_gradients``. With
-``backward_passes_per_step`` = n > 1, gradients are summed locally in accumulator variables and
-reduced and applied on every n-th call only (divided by n with
-``average_aggregated_gradients``).
+Where the reduction happens:
+- tf_keras (new and legacy optimizers): ``compute_gradients`` / ``_compute_gradients`` (and the
+  legacy ``get_gradients``) return the reduced gradients, as Horovod's wrapper does; ``minimize``
+  and ``model.fit`` go through them. ``apply_gradients`` then applies what it is given. Called
+  without them, with gradients from a plain tape, ``apply_gradients`` reduces them itself.
+- Keras 3: optimizers have no gradient computation of their own (no ``compute_gradients``,
+  ``get_gradients`` or ``minimize``), so ``apply`` (which ``apply_gradients`` and ``model.fit``
+  call) reduces; the missing methods raise an error that names the alternatives.
+
+With ``backward_passes_per_step`` = n > 1 the gradients go through a LocalGradientAggregator
+(krug.tensorflow.gradient_aggregation): summed locally, reduced on every n-th pass, applied on
+that pass only; the other passes count as optimizer iterations, as in Horovod.
 """
 
 import tensorflow as tf
 
 from krug.tensorflow.compression import Compression
+from krug.tensorflow.gradient_aggregation import LocalGradientAggregator
 from krug.tensorflow.gradients import check_groups, make_allreduce_grads_fn
-from krug.tensorflow.mpi_ops import Adasum, Average, global_process_set, size_op
+from krug.tensorflow.local_gradients import LocalSources
+from krug.tensorflow.mpi_ops import Adasum, Average, global_process_set
+
+_KERAS3_NO_GRADIENTS = (
+    "{name}: Keras 3 optimizers do not compute gradients (they have no compute_gradients, "
+    "_compute_gradients, get_gradients or minimize), so krug.keras.DistributedOptimizer cannot "
+    "return reduced gradients as Horovod's does. Compute them with "
+    "krug.tensorflow.DistributedGradientTape (reduced there) and pass them to apply_gradients, "
+    "or give plain gradients to apply_gradients / model.fit (reduced there), or use "
+    "krug.tensorflow.keras with tf_keras (TF_USE_LEGACY_KERAS=1) for Horovod's Keras 2 API.")
 
 
 class _Params:
@@ -35,82 +52,65 @@ class _Params:
                                               groups, process_set)
 
 
-def _dense(g):
-    return tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-
-
 class _DistributedMixin:
-    """Reduces gradients before the wrapped class applies them. `_krug` is set per class."""
+    """Reduces gradients before the wrapped class applies them. `_krug` is set per class; the
+    per-instance state (local variables, the aggregator) is made on first use, since Keras
+    builds instances through from_config and load_model changes their class in place."""
 
     _krug = None
 
-    def _krug_local(self):
-        if not hasattr(self, "_krug_local_keys"):
-            self._krug_local_keys = set()
-        return self._krug_local_keys
+    def _krug_local_sources(self):
+        if "_krug_local" not in self.__dict__:
+            self.__dict__["_krug_local"] = LocalSources(self._krug.process_set,
+                                                        self._krug.scale_local_gradients)
+        return self.__dict__["_krug_local"]
+
+    @property
+    def _agg_helper(self):
+        """The LocalGradientAggregator with backward_passes_per_step > 1, else None (Horovod's
+        attribute name)."""
+        if self._krug.backward_passes_per_step == 1:
+            return None
+        if "_krug_aggregator" not in self.__dict__:
+            self.__dict__["_krug_aggregator"] = LocalGradientAggregator(
+                self._krug.backward_passes_per_step, self._krug.average_aggregated_gradients,
+                self._krug_reduce)
+        return self.__dict__["_krug_aggregator"]
 
     def register_local_var(self, var):
-        """Keeps `var`'s gradient local to this rank (scaled by 1/size when
+        """Keeps `var`'s gradient local to this rank (divided by the size with
         scale_local_gradients), as Horovod's."""
-        from krug.tensorflow.gradients import var_key
-        self._krug_local().add(var_key(var))
+        self._krug_local_sources().register(var)
 
     def _krug_reduce(self, grads, variables):
-        from krug.tensorflow.gradients import var_key
-        local = self._krug_local()
-        if not local:
-            return list(self._krug.reduce(list(grads), list(variables)))
-        shared = [i for i, v in enumerate(variables) if var_key(v) not in local]
-        reduced = self._krug.reduce([grads[i] for i in shared], [variables[i] for i in shared])
-        out = list(grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if self._krug.scale_local_gradients:
-            n = size_op(self._krug.process_set.process_set_id)
-            for i, v in enumerate(variables):
-                if var_key(v) in local and out[i] is not None:
-                    out[i] = _dense(out[i]) / tf.cast(n, out[i].dtype)
-        return out
+        return self._krug_local_sources().reduce(self._krug.reduce, grads, variables)
 
-    def _krug_accumulators(self, variables):
-        accumulators = getattr(self, "_krug_acc", None)
-        if accumulators is None:
-            # Created once, at the first step (Keras traces its train step once, where
-            # creating variables is allowed).
-            with tf.init_scope():
-                accumulators = [tf.Variable(tf.zeros_like(tf.convert_to_tensor(v)),
-                                            trainable=False) for v in variables]
-                self._krug_counter = tf.Variable(0, dtype=tf.int64, trainable=False)
-            self._krug_acc = accumulators
-        return accumulators
+    def _krug_gradients(self, grads, variables):
+        """This pass's gradients as they are to be applied: reduced, or with
+        backward_passes_per_step aggregated (and reduced on every n-th pass)."""
+        helper = self._agg_helper
+        if helper is None:
+            return self._krug_reduce(list(grads), list(variables))
+        return helper.compute_gradients(list(grads), list(variables))
 
-    def _krug_apply(self, grads, variables, apply_fn):
+    def _krug_apply(self, grads, variables, apply_fn, reduced):
+        """apply_fn(grads, variables) with grads reduced first unless `reduced`; with
+        aggregation only on the pass that ends a cycle."""
         grads = list(grads)
         variables = list(variables)
-        n = self._krug.backward_passes_per_step
-        if n == 1:
-            return apply_fn(self._krug_reduce(grads, variables), variables)
-        accumulators = self._krug_accumulators(variables)
-        for acc, g in zip(accumulators, grads):
-            if g is not None:
-                acc.assign_add(_dense(g))
-        count = self._krug_counter.assign_add(1)
+        if not reduced:
+            grads = self._krug_gradients(grads, variables)
+        helper = self._agg_helper
+        if helper is None:
+            return apply_fn(grads, variables)
+        with tf.init_scope():
+            self.iterations  # noqa: B018 (legacy optimizers make it on first use; not in a cond)
+        return helper.apply_gradients(lambda: apply_fn(grads, variables), self._krug_skip_pass)
 
-        def reduce_and_apply():
-            aggregated = [tf.convert_to_tensor(a) for a in accumulators]
-            if self._krug.average_aggregated_gradients:
-                aggregated = [a / n for a in aggregated]
-            aggregated = [a if g is not None else None for a, g in zip(aggregated, grads)]
-            apply_fn(self._krug_reduce(aggregated, variables), variables)
-            for acc in accumulators:
-                acc.assign(tf.zeros_like(acc))
-            return tf.constant(True)
-
-        if tf.executing_eagerly():
-            if int(count) % n == 0:
-                reduce_and_apply()
-            return None
-        return tf.cond(tf.equal(count % n, 0), reduce_and_apply, lambda: tf.constant(False))
+    def _krug_skip_pass(self):
+        # Every pass counts as an iteration, as in Horovod (horovod#3631): learning-rate
+        # schedules see the same step numbers with and without aggregation.
+        self.iterations.assign_add(1)
 
 
 class _Keras3Mixin(_DistributedMixin):
@@ -121,18 +121,76 @@ class _Keras3Mixin(_DistributedMixin):
             with tf.init_scope():
                 self.build(list(trainable_variables))
         base = super(_Keras3Mixin, self)
-        return self._krug_apply(grads, trainable_variables,
-                                lambda g, v: base.apply(g, v))
+        return self._krug_apply(grads, trainable_variables, lambda g, v: base.apply(g, v),
+                                reduced=False)
+
+    def compute_gradients(self, *args, **kwargs):
+        raise NotImplementedError(_KERAS3_NO_GRADIENTS.format(name="compute_gradients"))
+
+    def _compute_gradients(self, *args, **kwargs):
+        raise NotImplementedError(_KERAS3_NO_GRADIENTS.format(name="_compute_gradients"))
+
+    def get_gradients(self, *args, **kwargs):
+        raise NotImplementedError(_KERAS3_NO_GRADIENTS.format(name="get_gradients"))
+
+    def minimize(self, *args, **kwargs):
+        raise NotImplementedError(_KERAS3_NO_GRADIENTS.format(name="minimize"))
 
 
 class _TfKerasMixin(_DistributedMixin):
-    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+    """tf_keras' new optimizers compute gradients in compute_gradients(loss, var_list, tape),
+    the legacy ones in _compute_gradients(loss, var_list, grad_loss, tape); both names work on
+    both kinds, as on Horovod's wrapper."""
+
+    def _krug_plain_gradients(self, loss, var_list, grad_loss, tape):
+        base = super(_TfKerasMixin, self)
+        if hasattr(base, "_compute_gradients"):  # legacy optimizer (OptimizerV2)
+            return base._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
+        if grad_loss is not None:
+            raise ValueError("grad_loss needs a legacy optimizer (tf_keras.optimizers.legacy); "
+                             "%s computes gradients without it" % type(self).__name__)
+        return base.compute_gradients(loss, var_list, tape=tape)
+
+    def _krug_hand_out(self, grads_and_vars):
+        """The reduced (grad, var) pairs; the next apply_gradients applies what it is given."""
         grads_and_vars = list(grads_and_vars)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
+        reduced = self._krug_gradients(grads, variables)
+        self._krug_gradients_handed_out = True
+        return list(zip(reduced, variables))
+
+    def compute_gradients(self, loss, var_list, tape=None):
+        """(gradient, variable) pairs of `loss`, reduced over the ranks (aggregated with
+        backward_passes_per_step)."""
+        return self._krug_hand_out(self._krug_plain_gradients(loss, var_list, None, tape))
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's wrapper method: compute_gradients with the legacy signature."""
+        return self._krug_hand_out(self._krug_plain_gradients(loss, var_list, grad_loss, tape))
+
+    def get_gradients(self, loss, params):
+        """Legacy graph-mode (tf.compat.v1) gradients of `loss`, reduced over the ranks."""
         base = super(_TfKerasMixin, self)
-        return self._krug_apply(grads, variables, lambda g, v: base.apply_gradients(
-            [(a, b) for a, b in zip(g, v) if a is not None], *args, **kwargs))
+        if not hasattr(base, "get_gradients"):
+            raise NotImplementedError(
+                "get_gradients is the legacy optimizers' graph-mode API "
+                "(tf_keras.optimizers.legacy); %s computes gradients with "
+                "compute_gradients(loss, var_list, tape)" % type(self).__name__)
+        params = list(params)
+        grads = base.get_gradients(loss, params)
+        return [g for g, _ in self._krug_hand_out(zip(grads, params))]
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        reduced = getattr(self, "_krug_gradients_handed_out", False)
+        self._krug_gradients_handed_out = False
+        base = super(_TfKerasMixin, self)
+        return self._krug_apply(
+            [g for g, _ in grads_and_vars], [v for _, v in grads_and_vars],
+            lambda g, v: base.apply_gradients(
+                [(a, b) for a, b in zip(g, v) if a is not None], *args, **kwargs),
+            reduced=reduced)
 
 
 def _is_keras3(keras):

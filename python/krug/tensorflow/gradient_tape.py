@@ -3,8 +3,9 @@
 import tensorflow as tf
 
 from krug.tensorflow.compression import Compression
-from krug.tensorflow.gradients import check_groups, make_allreduce_grads_fn, var_key
-from krug.tensorflow.mpi_ops import Average, global_process_set, size_op
+from krug.tensorflow.gradients import check_groups, make_allreduce_grads_fn
+from krug.tensorflow.local_gradients import LocalSources, local_layer_variables
+from krug.tensorflow.mpi_ops import Average, global_process_set
 
 
 class _DistributedTapeMixin:
@@ -13,14 +14,12 @@ class _DistributedTapeMixin:
 
     def _krug_setup(self, allreduce_grads, process_set, scale_local_gradients):
         self._krug_allreduce_grads = allreduce_grads
-        self._krug_process_set = process_set
-        self._krug_scale_local = scale_local_gradients
-        self._krug_local_sources = set()
+        self._krug_local_sources = LocalSources(process_set, scale_local_gradients)
 
     def register_local_source(self, source):
         """Marks a variable as local to this rank: its gradient is not reduced (only scaled by
         1/size when scale_local_gradients)."""
-        self._krug_local_sources.add(var_key(source))
+        self._krug_local_sources.register(source)
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
                  **kwargs):
@@ -28,27 +27,20 @@ class _DistributedTapeMixin:
         # gradients either way.
         del use_generic_names
         grads = super().gradient(target, sources, output_gradients, **kwargs)
-        flat_sources = tf.nest.flatten(sources)
-        flat_grads = tf.nest.flatten(grads, expand_composites=False)
-        local = [var_key(s) in self._krug_local_sources for s in flat_sources]
-        shared = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = self._krug_allreduce_grads([flat_grads[i] for i in shared],
-                                             [flat_sources[i] for i in shared])
-        out = list(flat_grads)
-        for i, g in zip(shared, reduced):
-            out[i] = g
-        if self._krug_scale_local and any(local):
-            n = tf.cast(size_op(self._krug_process_set.process_set_id), tf.float32)
-            for i, is_local in enumerate(local):
-                g = out[i]
-                if not is_local or g is None:
-                    continue
-                if isinstance(g, tf.IndexedSlices):
-                    out[i] = tf.IndexedSlices(g.values / tf.cast(n, g.dtype), g.indices,
-                                              g.dense_shape)
-                else:
-                    out[i] = g / tf.cast(n, g.dtype)
+        out = self._krug_local_sources.reduce(self._krug_allreduce_grads,
+                                              tf.nest.flatten(grads, expand_composites=False),
+                                              tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(sources, out)
+
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None,
+                                       use_generic_names=False):
+        """gradient(), split for model-parallel code that treats the two kinds apart (a
+        gradient norm, say): ``(local, global)``, lists of ``(source, gradient)`` pairs in the
+        order of ``sources``: the registered local sources' gradients (this rank's own) and the
+        others' (the same on every rank)."""
+        grads = self.gradient(target, sources, output_gradients, use_generic_names)
+        return self._krug_local_sources.split(tf.nest.flatten(grads, expand_composites=False),
+                                              tf.nest.flatten(sources))
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
@@ -79,11 +71,6 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="",
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    for layer in local_layers:
-        for var in layer.trainable_weights:
-            tape.register_local_source(var)
+    for var in local_layer_variables(local_layers):
+        tape.register_local_source(var)
     return tape

@@ -27,7 +27,7 @@ from krug._keras.collectives import (  # noqa: F401 (Horovod's Keras signatures)
 from krug.tensorflow.sync_batch_norm import make_sync_batch_norm as _make_sync_batch_norm
 from krug._keras.api import make_api as _make_api
 
-DistributedOptimizer, load_model = _make_api(_keras)
+DistributedOptimizer, PartialDistributedOptimizer, load_model = _make_api(_keras)
 SyncBatchNormalization = _make_sync_batch_norm(_keras.layers.BatchNormalization)
 
 from krug.tensorflow.keras import callbacks, elastic  # noqa: E402
