@@ -26,4 +26,26 @@ class WorkerRemoved(RuntimeError):
     status 0 (the job goes on without it, so this is not a failure)."""
 
 
-__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved"]
+def get_version_mismatch_message(name, version, installed_version):
+    """Says that framework ``name`` is here at ``version`` while krug's binding was built
+    against ``installed_version`` (None: built without it), and how to fix that."""
+    built = ("was built without it" if installed_version is None
+             else "was built against {} {}".format(name, installed_version))
+    return ("{} {} is installed, but krug {}: its binding may fail at run time. Rebuild krug "
+            "in this environment (python -m krug.info shows what it was built with)."
+            .format(name, version, built))
+
+
+class HorovodVersionMismatchError(ImportError):
+    """A framework's version differs from the one krug's binding was built against (Horovod's
+    name; raised by ``krug.common.util.check_installed_version``)."""
+
+    def __init__(self, name, version, installed_version):
+        super().__init__(get_version_mismatch_message(name, version, installed_version))
+        self.name = name
+        self.version = version
+        self.installed_version = installed_version
+
+
+__all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "WorkerRemoved",
+           "HorovodVersionMismatchError", "get_version_mismatch_message"]

@@ -23,6 +23,7 @@ from krug.tensorflow.mpi_ops import (
     size_op, rank_op, local_size_op, local_rank_op, process_set_included_op,
     # reduction ops
     Average, Sum, Adasum, Min, Max, Product, handle_average_backwards_compatibility,
+    check_num_rank_power_of_2,
     # collectives
     allgather, grouped_allgather, broadcast, alltoall, join, barrier,
     # process sets
@@ -33,6 +34,8 @@ from krug.tensorflow.gradients import (allreduce, grouped_allreduce, grouped_red
                                        reducescatter)
 from krug.tensorflow.functions import (allgather_object, broadcast_object, broadcast_object_fn,
                                        broadcast_variables)
+from krug.tensorflow.util import (_executing_eagerly, _make_subgraph, _cache, vars_to_refs,
+                                  refs_to_vars)
 from krug.tensorflow.gradient_tape import (DistributedGradientTape,
                                            PartialDistributedGradientTape)
 from krug.tensorflow.optimizer import DistributedOptimizer

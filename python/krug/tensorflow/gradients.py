@@ -3,6 +3,7 @@ gradient-reduction function that DistributedGradientTape and the DistributedOpti
 
 import tensorflow as tf
 
+from krug.common.util import split_list
 from krug.tensorflow.compression import Compression
 from krug.tensorflow.mpi_ops import (Adasum, Average, Sum, _allreduce, _executing_eagerly,
                                      _grouped_allreduce, _grouped_reducescatter, _process_sets,
@@ -103,12 +104,6 @@ def var_key(v):
     return ref() if callable(ref) else ("id", id(v))
 
 
-def _split(items, n):
-    """`items` in n consecutive groups of (nearly) equal length."""
-    k, m = divmod(len(items), n)
-    return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
-
-
 def check_groups(groups, num_groups=0):
     """Horovod's rules for groups= (and the deprecated num_groups=)."""
     if num_groups:
@@ -152,7 +147,7 @@ def make_allreduce_grads_fn(name, compression, sparse_as_dense, op, gradient_pre
                 key = member.get(var_key(variables[i]), ("alone", i)) if variables else ("alone", i)
                 buckets.setdefault(key, []).append(i)
             return tuple(tuple(b) for b in buckets.values())
-        return tuple(tuple(g) for g in _split(present, groups) if g)
+        return tuple(tuple(g) for g in split_list(present, groups) if g)
 
     def reduce_grads(grads, index_groups):
         out = list(grads)

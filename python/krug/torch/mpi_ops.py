@@ -201,6 +201,12 @@ def rocm_built():
     return False
 
 
+def _check_has_gpu():
+    """Whether CUDA tensors can be reduced here: a CUDA build and a visible GPU (Horovod's
+    probe, which krug.common.util.gpu_available runs in a forked process)."""
+    return cuda_built() and torch.cuda.is_available()
+
+
 # ---------------------------------------------------------------------------------------------
 # Names and handles
 
