@@ -1,8 +1,9 @@
-"""The helper modules ported code imports (horovod.tensorflow.util as krug.tensorflow.util,
-horovod.common.util as krug.common.util), run inside every rank of
-`krugrun -np N python -m pytest`."""
+"""Horovod's TF1 graph API (global variables, objects through a session) and the helper modules
+ported code imports (horovod.tensorflow.util as krug.tensorflow.util, horovod.common.util as
+krug.common.util), run inside every rank of `krugrun -np N python -m pytest`."""
 
 import sys
+import threading
 import types
 import warnings
 
@@ -22,6 +23,99 @@ def n():
 
 def r():
     return hvd.rank()
+
+
+# ---- TF1 graphs: global variables ----
+
+def test_broadcast_global_variables_assigns_the_roots_values_in_a_session():
+    root = n() - 1
+    with tf.Graph().as_default():
+        resource = tf.compat.v1.Variable(tf.fill([3], float(r())), name="resource")
+        ref = tf.compat.v1.Variable([[r(), r() + 10]], dtype=tf.int64, use_resource=False,
+                                    name="ref")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            op = hvd.broadcast_global_variables(root)
+            assert isinstance(op, tf.Operation)
+            sess.run(op)
+            np.testing.assert_array_equal(sess.run(resource), [root] * 3)
+            np.testing.assert_array_equal(sess.run(ref), [[root, root + 10]])
+
+
+def test_broadcast_global_variables_without_variables_is_a_no_op():
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        sess.run(hvd.broadcast_global_variables(0))
+
+
+def test_broadcast_global_variables_refuses_eager_mode():
+    with pytest.raises(RuntimeError, match="does not support eager execution"):
+        hvd.broadcast_global_variables(0)
+
+
+def test_broadcast_global_variables_hook_in_a_monitored_session():
+    hook = hvd.BroadcastGlobalVariablesHook(0)
+    for start in (1.0, 5.0):  # a second graph: the hook builds its op again
+        with tf.Graph().as_default():
+            v = tf.compat.v1.Variable(tf.fill([2], start + r()))
+            with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as sess:
+                np.testing.assert_array_equal(sess.run(v), [start, start])
+
+
+# ---- TF1 graphs: Python objects through a session ----
+
+def test_objects_through_a_session():
+    last = n() - 1
+    graph = tf.Graph()
+    with graph.as_default():
+        sess = tf.compat.v1.Session(graph=graph)
+        try:
+            for k in range(2):  # twice in one graph: the second gets new op names
+                got = hvd.broadcast_object({"k": k, "from": r()} if r() == 0 else None,
+                                           root_rank=0, session=sess)
+                assert got == {"k": k, "from": 0}
+            with sess.as_default():
+                assert hvd.allgather_object(("r", r())) == [("r", k) for k in range(n())]
+            fn = hvd.broadcast_object_fn(root_rank=last, session=sess)
+            ops = len(graph.get_operations())
+            for k in range(3):
+                assert fn([k, r()]) == [k, last]
+            assert len(graph.get_operations()) == ops  # its ops are built once
+        finally:
+            sess.close()
+
+
+def test_broadcast_object_fn_uses_the_default_session_when_called():
+    with tf.Graph().as_default():
+        fn = hvd.broadcast_object_fn(root_rank=0, name="fn.default")
+        with tf.compat.v1.Session() as sess, sess.as_default():
+            assert fn("hello" if r() == 0 else None) == "hello"
+
+
+def test_an_unpicklable_object_raises_on_every_rank_in_a_session():
+    lock = threading.Lock()
+    with tf.Graph().as_default(), tf.compat.v1.Session():
+        with pytest.raises(ValueError, match=r"rank\(s\) 0 could not send the object"):
+            hvd.broadcast_object(lock if r() == 0 else None, root_rank=0)
+        assert hvd.broadcast_object("next" if r() == 0 else None) == "next"
+
+
+def test_objects_in_a_graph_need_a_session_and_refuse_tf_function():
+    with tf.Graph().as_default():
+        with pytest.raises(RuntimeError, match="pass session="):
+            hvd.broadcast_object(1)
+        with pytest.raises(RuntimeError, match="pass session="):
+            hvd.allgather_object(1)
+
+    @tf.function
+    def traced():
+        hvd.allgather_object(1)
+    with pytest.raises(RuntimeError, match="inside a tf.function"):
+        traced()
+
+
+def test_objects_eagerly_still_work():
+    assert hvd.broadcast_object_fn(root_rank=0)(r() if r() == 0 else None) == 0
+    assert hvd.allgather_object(r()) == list(range(n()))
 
 
 # ---- krug.tensorflow.util (horovod.tensorflow.util) ----

@@ -10,7 +10,8 @@
     grads = tape.gradient(loss, model.trainable_variables)   # averaged over the ranks
 
 Start the script with ``krugrun -np N python train.py``. The collectives are TensorFlow ops
-(CPU), usable eagerly and inside ``tf.function``, with registered gradients.
+(CPU), usable eagerly, inside ``tf.function`` and in ``tf.compat.v1`` graphs run by a session,
+with registered gradients.
 """
 
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt, WorkerRemoved
@@ -33,7 +34,8 @@ from krug.tensorflow.compression import Compression
 from krug.tensorflow.gradients import (allreduce, grouped_allreduce, grouped_reducescatter,
                                        reducescatter)
 from krug.tensorflow.functions import (allgather_object, broadcast_object, broadcast_object_fn,
-                                       broadcast_variables)
+                                       broadcast_variables, broadcast_global_variables,
+                                       BroadcastGlobalVariablesHook)
 from krug.tensorflow.util import (_executing_eagerly, _make_subgraph, _cache, vars_to_refs,
                                   refs_to_vars)
 from krug.tensorflow.gradient_tape import (DistributedGradientTape,
