@@ -1,6 +1,7 @@
-"""Horovod's TF1 graph API (global variables, objects through a session) and the helper modules
-ported code imports (horovod.tensorflow.util as krug.tensorflow.util, horovod.common.util as
-krug.common.util), run inside every rank of `krugrun -np N python -m pytest`."""
+"""Horovod's TF1 graph API (global variables, objects through a session), its sparse allreduce
+rules, and the helper modules ported code imports (horovod.tensorflow.util as
+krug.tensorflow.util, horovod.common.util as krug.common.util), run inside every rank of
+`krugrun -np N python -m pytest`."""
 
 import sys
 import threading
@@ -116,6 +117,37 @@ def test_objects_in_a_graph_need_a_session_and_refuse_tf_function():
 def test_objects_eagerly_still_work():
     assert hvd.broadcast_object_fn(root_rank=0)(r() if r() == 0 else None) == 0
     assert hvd.allgather_object(r()) == list(range(n()))
+
+
+# ---- IndexedSlices: Horovod's rules ----
+
+def slices():
+    return tf.IndexedSlices(tf.fill([1, 2], float(r() + 1)), tf.constant([r()]),
+                            dense_shape=tf.constant([n(), 2]))
+
+
+@pytest.mark.parametrize("factors", [{"prescale_factor": 2.0}, {"postscale_factor": 0.5}],
+                         ids=["prescale", "postscale"])
+def test_indexed_slices_with_scale_factors_raise_like_horovod(factors):
+    pattern = "Pre/postscale_factor are not supported with tf.IndexedSlices"
+    with pytest.raises(NotImplementedError, match=pattern):
+        hvd.allreduce(slices(), op=hvd.Sum, **factors)
+    with pytest.raises(NotImplementedError, match=pattern):
+        hvd.grouped_allreduce([tf.ones([1]), slices()], **factors)
+    # The gradient tape passes gradient_predivide_factor as scale factors (Horovod raises too).
+    params = tf.Variable(tf.zeros([n(), 2]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(params, [r()]))
+    tape = hvd.DistributedGradientTape(tape, gradient_predivide_factor=2.0)
+    with pytest.raises(NotImplementedError, match=pattern):
+        tape.gradient(loss, [params])
+
+
+def test_indexed_slices_with_unit_factors_are_allgathered():
+    out = hvd.allreduce(slices(), op=hvd.Sum, prescale_factor=1.0, postscale_factor=1.0)
+    np.testing.assert_array_equal(out.indices.numpy(), list(range(n())))
+    np.testing.assert_allclose(tf.convert_to_tensor(out).numpy(),
+                               [[k + 1, k + 1] for k in range(n())])
 
 
 # ---- krug.tensorflow.util (horovod.tensorflow.util) ----

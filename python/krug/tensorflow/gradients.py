@@ -19,7 +19,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
     """The reduction of ``tensor`` over the ranks of ``process_set`` (Average by default).
 
     A ``tf.IndexedSlices`` is allgathered (values and indices; Average divides the values by
-    the set's size) rather than densified. ``compression`` applies to dense tensors."""
+    the set's size) rather than densified; as in Horovod, only Average and Sum and no scale
+    factors (NotImplementedError). ``compression`` applies to dense tensors."""
     op = handle_average_backwards_compatibility(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         if op == Adasum:
@@ -28,15 +29,18 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
         if op not in (Average, Sum):
             raise NotImplementedError("IndexedSlices are reduced by allgather: only Average and "
                                       "Sum are defined for them")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            # Horovod's rule (raised here, before any rank sends anything).
+            raise NotImplementedError("Pre/postscale_factor are not supported with "
+                                      "tf.IndexedSlices (got {}, {}); use sparse_as_dense=True "
+                                      "or scale the values yourself"
+                                      .format(prescale_factor, postscale_factor))
         values = allgather(tensor.values, name=None if name is None else name + ".values",
                            ignore_name_scope=ignore_name_scope, process_set=process_set)
         indices = allgather(tensor.indices, name=None if name is None else name + ".indices",
                             ignore_name_scope=ignore_name_scope, process_set=process_set)
-        scale = prescale_factor * postscale_factor
         if op == Average:
             values = values / tf.cast(size_op(_process_sets.set_id(process_set)), values.dtype)
-        if scale != 1.0:
-            values = values * tf.cast(scale, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     compressed, ctx = compression.compress(tensor)
     reduced = _allreduce(compressed, name=name, op=op, prescale_factor=prescale_factor,
