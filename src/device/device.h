@@ -99,7 +99,7 @@ class DeviceBuffer {
 void copy_async(void* dst, const void* src, size_t bytes, const Stream& stream);
 void zero_async(void* dst, size_t bytes, const Stream& stream);
 // data[i] *= factor for `count` elements of `dtype` in device memory (a CUDA kernel); nothing
-// when factor is 1. Integer types round toward zero as reduce::scale does on the CPU.
+// when factor is 1. Every dtype rounds as reduce::scale does on the CPU.
 void scale_async(DataType dtype, void* data, size_t count, double factor, const Stream& stream);
 
 // The device that owns `ptr`, or -1 for host memory (pageable or pinned). Throws on a CUDA error.

@@ -1,6 +1,6 @@
 // scale_async(): the device twin of reduce::scale (src/reduce/scale.cc), with the same rounding:
-// float32 through double, float16 / bfloat16 through float, integers truncated toward zero and
-// saturated, NaN to 0.
+// float32, float16 and bfloat16 in float with the factor rounded to float (as Horovod's float32
+// kernel), float64 in double, integers truncated toward zero and saturated, NaN to 0.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -31,10 +31,10 @@ __global__ void scale_int_kernel(T* p, size_t n, double factor, T lo, T hi) {
     p[i] = scale_int(p[i], factor, lo, hi);
 }
 
-__global__ void scale_float_kernel(float* p, size_t n, double factor) {
+__global__ void scale_float_kernel(float* p, size_t n, float factor) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    p[i] = static_cast<float>(static_cast<double>(p[i]) * factor);
+    p[i] *= factor;
 }
 
 __global__ void scale_double_kernel(double* p, size_t n, double factor) {
@@ -110,7 +110,7 @@ void scale_async(DataType dtype, void* data, size_t count, double factor, const 
       break;
     case DataType::kFloat32:
       scale_float_kernel<<<blocks_for(count), 256, 0, s>>>(static_cast<float*>(data), count,
-                                                           factor);
+                                                           static_cast<float>(factor));
       break;
     case DataType::kFloat64:
       scale_double_kernel<<<blocks_for(count), 256, 0, s>>>(static_cast<double*>(data), count,

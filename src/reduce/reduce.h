@@ -19,8 +19,10 @@ void reduce_into(DataType dtype, ReduceOp op, void* dst, const void* src, size_t
 // dst[i] = op(a[i], b[i]); dst may be a or b (the same pointer; partial overlap is not supported).
 void reduce(DataType dtype, ReduceOp op, void* dst, const void* a, const void* b, size_t count);
 
-// data[i] *= factor. Integers are computed in double and rounded to nearest (ties to even), then
-// saturated to the type's range (NaN becomes 0); bool is unchanged. factor == 1.0 is a no-op.
+// data[i] *= factor, with Horovod's rounding per dtype: float64 in double; float32, float16 and
+// bfloat16 in float32 with the factor rounded to float32 first; integers in double, converted
+// toward zero and saturated to the type's range (NaN becomes 0); bool is unchanged.
+// factor == 1.0 is a no-op.
 void scale(DataType dtype, void* data, size_t count, double factor);
 
 // IEEE binary16 and bfloat16 conversions (round to nearest even, NaN preserved).

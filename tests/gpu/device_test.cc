@@ -68,7 +68,7 @@ TEST(DeviceScale, MatchesTheCpuKernelBitForBitInEveryDtype) {
   for (DataType dtype :
        {DataType::kUInt8, DataType::kInt8, DataType::kInt16, DataType::kInt32, DataType::kInt64,
         DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64}) {
-    for (double factor : {0.37, 3.0, -1.5}) {
+    for (double factor : {0.37, 3.0, -1.5, 0.1, 1.0 / 3}) {
       const size_t bytes = count * dtype_size(dtype);
       std::vector<uint8_t> host = random_bytes(bytes, static_cast<unsigned>(dtype) + 7);
       if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16 ||

@@ -37,7 +37,10 @@ def ranks_data(shape, dtype, seed, **kw):
 
 
 def scale_ref(t, factor, dtype):
-    """What krug's scale does: float in float64 then rounded; integers truncated."""
+    """What krug's scale does (Horovod's rule): float64 in float64; the other floats in float32,
+    with the factor rounded to float32; integers in float64, truncated."""
+    if dtype.is_floating_point and dtype != torch.float64:
+        return (t.float() * torch.tensor(factor, dtype=torch.float32)).double()
     x = t.to(torch.float64) * factor
     return torch.trunc(x) if not dtype.is_floating_point else x
 

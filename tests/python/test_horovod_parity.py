@@ -235,6 +235,75 @@ def test_half_scaling_is_in_float32_like_horovod(where):
     assert torch.equal(got, want)
 
 
+# ---- float32 and float64 pre/postscale as Horovod, bit for bit ----
+
+def horovod_scaled_float(t, factor):
+    """Horovod's scaling of a float tensor: float64 in float64; float32 in float32, with the
+    factor rounded to float32 first."""
+    if t.dtype == torch.float64:
+        return t * factor
+    return t * torch.tensor(factor, dtype=torch.float32)
+
+
+def disjoint_inputs(dtype, rows, cols=33):
+    """Random values of many magnitudes (no subnormals) and rank k's input: those at flat
+    positions i with i % size == k, zeros elsewhere. Each element is then one rank's scaled
+    value plus exact zeros, so the sum is exact in any order and the scaling alone decides."""
+    g = torch.Generator().manual_seed(2024)
+    base = torch.rand(rows, cols, generator=g, dtype=torch.float64) * 1.9 + 0.1
+    base = base * 10.0 ** torch.randint(-3, 4, (rows, cols), generator=g)
+    base = (base * (torch.randint(0, 2, (rows, cols), generator=g) * 2 - 1)).to(dtype)
+    owner = torch.arange(rows * cols).reshape(rows, cols) % n()
+    return base, [torch.where(owner == k, base, torch.zeros_like(base)) for k in range(n())]
+
+
+def rounded_once_from_double(t, factor):
+    """The route krug took before: the product in float64, rounded once to float32."""
+    return (t.double() * factor).float()
+
+
+def float32_holds(f):
+    return torch.tensor(f, dtype=torch.float32).item() == f
+
+
+# (op, pre, post): factors that float32 does not hold, so that for some elements Horovod's
+# float32 product differs from the product rounded once from double. A plain Average scales by
+# 1/size: such a factor at 3 ranks.
+FLOAT_SCALES = [("sum", 1 / 3, 1.0), ("sum", 0.1, 1.0), ("sum", 1.0, 1 / 7), ("sum", 1.0, 3.3),
+                ("sum", 0.1, 1 / 3), ("average", 1.0, 1.0), ("average", 1.0, 0.1),
+                ("average", 1 / 7, 3.3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("case", range(len(FLOAT_SCALES)))
+def test_float_scaling_is_bitwise_horovods(dtype, case):
+    op, pre, post = FLOAT_SCALES[case]
+    hop = hvd.Sum if op == "sum" else hvd.Average
+    rows = 16 * n()
+    base, inputs = disjoint_inputs(dtype, rows)
+    # Horovod (its torch and TensorFlow bindings alike): an Average is a postscale of
+    # postscale_factor / size, divided in float64, then applied like any other postscale.
+    post_applied = post / n() if op == "average" else post
+    want = horovod_scaled_float(horovod_scaled_float(base, pre), post_applied)
+    if dtype == torch.float32 and not (float32_holds(pre) and float32_holds(post_applied)):
+        # The data must tell the two routes apart, or the comparisons below prove nothing.
+        other = rounded_once_from_double(rounded_once_from_double(base, pre), post_applied)
+        assert not torch.equal(want, other)
+    x = inputs[r()]
+    name = "scale.float.{}.{}".format(str(dtype)[6:], case)
+    scales = {"prescale_factor": pre, "postscale_factor": post}
+    assert torch.equal(hvd.allreduce(x, op=hop, name=name, **scales), want)
+    y = x.clone()
+    hvd.allreduce_(y, op=hop, name=name + ".inplace", **scales)
+    assert torch.equal(y, want)
+    got = hvd.grouped_allreduce([x, x[:3]], op=hop, name=name + ".grouped", **scales)
+    assert torch.equal(got[0], want) and torch.equal(got[1], want[:3])
+    mine = slice(16 * r(), 16 * r() + 16)
+    assert torch.equal(hvd.reducescatter(x, op=hop, name=name + ".rs", **scales), want[mine])
+    got = hvd.grouped_reducescatter([x, x], op=hop, name=name + ".grs", **scales)
+    assert torch.equal(got[0], want[mine]) and torch.equal(got[1], want[mine])
+
+
 # ---- join after names are in the response cache ----
 
 JOIN_DTYPES = [torch.int32, torch.int64, torch.float32, torch.float64]

@@ -90,6 +90,66 @@ def test_allreduce_scale_factors_and_deprecated_average():
         hvd.allreduce(x, average=True, op=hvd.Sum)
 
 
+def disjoint_inputs(dtype, rows, cols=33):
+    """Random values of many magnitudes (no subnormals) and this rank's input: those at flat
+    positions i with i % size == rank, zeros elsewhere. Each element of a sum is then one rank's
+    scaled value plus exact zeros, so the scaling alone decides the result."""
+    rng = np.random.default_rng(2024)
+    base = rng.uniform(0.1, 2.0, (rows, cols)) * 10.0 ** rng.integers(-3, 4, (rows, cols))
+    base = base * rng.choice([-1.0, 1.0], (rows, cols))
+    owner = np.arange(rows * cols).reshape(rows, cols) % n()
+    return tf.constant(base, dtype), tf.constant(np.where(owner == r(), base, 0.0), dtype)
+
+
+# (op, pre, post): factors that float32 does not hold, so that for some elements Horovod's
+# float32 product differs from the product rounded once from double. A plain Average scales by
+# 1/size: such a factor at 3 ranks.
+FLOAT_SCALES = [("sum", 1 / 3, 1.0), ("sum", 0.1, 1.0), ("sum", 1.0, 1 / 7), ("sum", 1.0, 3.3),
+                ("sum", 0.1, 1 / 3), ("average", 1.0, 1.0), ("average", 1.0, 0.1),
+                ("average", 1 / 7, 3.3)]
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("case", range(len(FLOAT_SCALES)))
+def test_float_scaling_is_bitwise_horovods(dtype, case):
+    # Horovod's TensorFlow ops hold the factors as float32 attributes; its core turns an
+    # Average into a postscale of postscale_factor / size (in float64) and multiplies a float32
+    # tensor by the factor rounded to float32, a float64 tensor by the factor in float64.
+    op, pre, post = FLOAT_SCALES[case]
+    pre32, post32 = float(np.float32(pre)), float(np.float32(post))
+    post_applied = post32 / n() if op == "average" else post32
+    rows = 16 * n()
+    base, x = disjoint_inputs(dtype, rows)
+
+    def scaled(t, factor):
+        return t * tf.constant(factor, dtype)  # tf arithmetic in the tensor's dtype
+
+    want = scaled(scaled(base, pre32), post_applied).numpy()
+    if dtype == tf.float32 and float(np.float32(post_applied)) != post_applied:
+        # The factors that reach the core are float32 values, whose products with a float32
+        # are exact in float64: only an Average's post32 / size tells the routes apart. The
+        # data must then do so, or the comparisons below prove nothing.
+        through_double = (base.numpy().astype(np.float64) * pre32).astype(np.float32)
+        through_double = (through_double.astype(np.float64) * post_applied).astype(np.float32)
+        assert not np.array_equal(want, through_double)
+    hop = hvd.Sum if op == "sum" else hvd.Average
+    scales = {"prescale_factor": pre, "postscale_factor": post}
+
+    def same(got, expected):
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got.numpy().view(np.uint8), expected.view(np.uint8))
+
+    same(hvd.allreduce(x, op=hop, **scales), want)
+    same(tf.function(lambda t: hvd.allreduce(t, op=hop, **scales))(x), want)
+    got = hvd.grouped_allreduce([x, x[:3]], op=hop, **scales)
+    same(got[0], want)
+    same(got[1], want[:3])
+    mine = want[16 * r():16 * r() + 16]
+    same(hvd.reducescatter(x, op=hop, **scales), mine)
+    for got in hvd.grouped_reducescatter([x, x], op=hop, **scales):
+        same(got, mine)
+
+
 def test_adasum_of_equal_tensors_is_the_tensor():
     if n() & (n() - 1):
         pytest.skip("Adasum needs a power-of-two number of ranks")

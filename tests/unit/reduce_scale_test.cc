@@ -93,6 +93,30 @@ TEST(ReduceScaleTest, ScalesFloatsExactly) {
   EXPECT_EQ(scaled<uint16_t>(DataType::kFloat16, {float_to_half(60000.0f)}, 2.0)[0], 0x7c00);
 }
 
+// Horovod multiplies a float32 buffer by (float)factor in float32. Through double (x * factor
+// rounded once) these products are one ulp away: 9 * 0.1 would be 0.9f, 5 * (1/3) 1.6666666f.
+TEST(ReduceScaleTest, Float32IsScaledInFloat32ByTheFactorAsFloat32) {
+  EXPECT_EQ(scaled<float>(DataType::kFloat32, {9.0f, -9.0f}, 0.1),
+            (std::vector<float>{0.90000004f, -0.90000004f}));
+  EXPECT_EQ(scaled<float>(DataType::kFloat32, {5.0f}, 1.0 / 3), (std::vector<float>{1.6666667f}));
+  // Many random values and factors: the float32 product, bit for bit, and the data must tell
+  // the two routes apart (else the comparison proves nothing).
+  std::mt19937_64 rng(9);
+  for (double f : {0.1, 1.0 / 3, 1.0 / 7, 3.3}) {
+    std::vector<float> v(4099);
+    for (float& x : v) x = std::uniform_real_distribution<float>(-1e3f, 1e3f)(rng);
+    const auto got = scaled(DataType::kFloat32, v, f);
+    size_t differ = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]),
+                std::bit_cast<uint32_t>(static_cast<float>(f) * v[i]))
+          << v[i] << " factor " << f;
+      differ += got[i] != static_cast<float>(static_cast<double>(v[i]) * f);
+    }
+    EXPECT_GT(differ, 0u) << "factor " << f;
+  }
+}
+
 template <typename T>
 void check_ints(DataType dt, double factor, std::mt19937_64& rng) {
   for (size_t n : {0u, 1u, 7u, 1000u, 4099u}) {
@@ -151,8 +175,8 @@ TEST(ReduceScaleTest, FloatsMatchReference) {
       const auto got = scaled(DataType::kFloat32, v, f);
       const auto gotd = scaled(DataType::kFloat64, d, f);
       for (size_t i = 0; i < n; ++i) {
-        // float32 is scaled in double and rounded once.
-        ASSERT_EQ(got[i], static_cast<float>(static_cast<double>(v[i]) * f)) << v[i];
+        // Horovod's rule: float32 times the factor rounded to float32, in float32.
+        ASSERT_EQ(got[i], static_cast<float>(f) * v[i]) << v[i] << " factor " << f;
         ASSERT_EQ(gotd[i], d[i] * f) << d[i];
       }
     }
