@@ -1,6 +1,8 @@
 """Helpers that make ranks agree on state: parameters, optimizer state, arbitrary objects
 (the horovod.torch.functions API)."""
 
+import collections
+
 import torch
 
 from krug.common import objects as _objects
@@ -119,8 +121,9 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     if len(state_dict['state']) == 0:
         _initialize_optimizer_state(optimizer)
         state_dict = optimizer.state_dict()
-    # The root's state decides which tensors exist: a parameter that had no gradient on some
-    # rank (frozen, or unused in its forward passes) has state there only if it has on the root.
+    # The root's state decides which parameters have state and which keys it holds: a parameter
+    # that had no gradient on some rank (frozen, or unused in its forward passes) has state
+    # there only if it has on the root.
     layout = []
     scalars = {}
     for group in state_dict['param_groups']:
@@ -157,18 +160,25 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
 
 def _state_like_root(optimizer, state_dict, root_layout, root_scalars):
     """Gives this rank's optimizer state the root's structure: per-parameter dicts for the
-    parameters the root has state for (and only those), and a tensor of the root's shape and
-    dtype for each of its state tensors, to be overwritten by the broadcast. Returns the
-    per-parameter state dicts by state_dict id. A state tensor is made on the root's kind of
-    device (a CUDA one on this rank's parameter's device): a broadcast pairs like with like."""
+    parameters the root has state for (and only those), holding the root's keys (and only
+    those), and a tensor of the root's shape and dtype for each of its state tensors, to be
+    overwritten by the broadcast. Returns the per-parameter state dicts by state_dict id. A
+    state tensor is made on the root's kind of device (a CUDA one on this rank's parameter's
+    device): a broadcast pairs like with like."""
     params = {pid: p for sd_group, group in zip(state_dict['param_groups'],
                                                 optimizer.param_groups)
               for pid, p in zip(sd_group['params'], group['params'])}
-    wanted = {pid for pid, _, _, _, _ in root_layout} | {pid for pid, _ in root_scalars}
+    root_keys = collections.defaultdict(set)
+    for pid, key in [entry[:2] for entry in root_layout] + list(root_scalars):
+        root_keys[pid].add(key)
     for pid, p in params.items():
-        if pid not in wanted:
+        if pid not in root_keys:
             optimizer.state.pop(p, None)
-    state = {pid: optimizer.state[params[pid]] for pid in wanted}
+    state = {pid: optimizer.state[params[pid]] for pid in root_keys}
+    # A key only this rank has (a momentum buffer when the root has no momentum, say) goes.
+    for pid, keys in root_keys.items():
+        for key in set(state[pid]) - keys:
+            del state[pid][key]
     for pid, key, shape, dtype, device_type in root_layout:
         value = state[pid].get(key)
         if (not torch.is_tensor(value) or tuple(value.shape) != shape or value.dtype != dtype
