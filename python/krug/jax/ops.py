@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from krug.common import lifecycle as _lifecycle
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
 from krug.common.binding import load_jax_ops
@@ -37,6 +38,7 @@ from krug.common.exceptions import HorovodInternalError
 from krug.common.lifecycle import check_initialized
 
 _basics, _library = load_jax_ops()
+_lifecycle.use_core(_basics)
 _TARGET = "krug_collective"
 jax.ffi.register_ffi_target(
     _TARGET, jax.ffi.pycapsule(ctypes.CDLL(_library).KrugJaxCollective), platform="cpu")

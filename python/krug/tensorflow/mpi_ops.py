@@ -12,6 +12,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
+from krug.common import lifecycle as _lifecycle
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
 from krug.common.binding import load_tensorflow_ops
@@ -24,6 +25,7 @@ from krug.common.util import num_rank_is_power_2 as check_num_rank_power_of_2  #
 from krug.tensorflow.util import _executing_eagerly
 
 _basics, _ops = load_tensorflow_ops()
+_lifecycle.use_core(_basics)
 
 # Reduction ops: the core's names and values, the same for every binding.
 _REDUCE_OPS = _reduce_ops.ReduceOps(_basics)
@@ -34,7 +36,7 @@ global_process_set = _process_sets.global_process_set
 
 
 # ---------------------------------------------------------------------------------------------
-# Lifecycle and topology: krug.common.lifecycle's, shared with krug.jax
+# Lifecycle and topology: krug.common.lifecycle's, shared with the other frontends
 
 
 def _false():
