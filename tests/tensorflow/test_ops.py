@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import krug.tensorflow as hvd
+from krug import info
 from krug_testing import expected_reduction, reduce_ops
 from krug.common.timeline import read_timeline
 
@@ -164,6 +165,15 @@ def test_grouped_allreduce_mixed_dtypes_eager_and_function():
         assert [o.dtype for o in out] == [t.dtype for t in tensors]
         for o in out:
             np.testing.assert_array_equal(as_np(o), expected("sum"))
+
+
+def test_build_flags_are_horovods():
+    # The core's build, as krug.torch reports it: nccl_built() is NCCL's NCCL_VERSION_CODE
+    # (22809 for the NCCL 2.28.9 that krugrun --check-build names), 0 without NCCL.
+    assert type(hvd.nccl_built()) is int and hvd.nccl_built() == info.nccl_version_code()
+    assert type(hvd.cuda_built()) is bool and (hvd.cuda_built() or not hvd.nccl_built())
+    assert [hvd.gloo_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.rocm_built()] == [
+        True, False, False, False]
 
 
 def test_fp16_compression_keeps_the_dtype():

@@ -148,8 +148,10 @@ def gloo_built():
 
 
 def nccl_built():
-    """Whether this krug has the NCCL data plane for CUDA tensors."""
-    return _core.nccl_built()
+    """The version of NCCL this krug's data plane for CUDA tensors was built against, as
+    Horovod's ``hvd.nccl_built()`` gives it: nccl.h's NCCL_VERSION_CODE (22809 for 2.28.9),
+    or 0 when krug was built without NCCL."""
+    return _core.nccl_version_code()
 
 
 def cuda_built():

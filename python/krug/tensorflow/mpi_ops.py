@@ -20,7 +20,8 @@ from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  
 from krug.common.lifecycle import (  # noqa: F401 (krug.tensorflow's API)
     init, shutdown, is_initialized, start_timeline, stop_timeline, size, rank, local_size,
     local_rank, cross_size, cross_rank, is_homogeneous, mpi_threads_supported, mpi_built,
-    mpi_enabled, gloo_built, gloo_enabled, add_process_set, remove_process_set, barrier)
+    mpi_enabled, gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built,
+    rocm_built, add_process_set, remove_process_set, barrier)
 from krug.common.util import num_rank_is_power_2 as check_num_rank_power_of_2  # noqa: F401
 from krug.tensorflow.util import _executing_eagerly
 
@@ -36,16 +37,12 @@ global_process_set = _process_sets.global_process_set
 
 
 # ---------------------------------------------------------------------------------------------
-# Lifecycle and topology: krug.common.lifecycle's, shared with the other frontends
+# Lifecycle and topology: krug.common.lifecycle's, shared with the other frontends.
 
 
-def _false():
+def _check_has_gpu():
+    """krug's TensorFlow ops have CPU kernels only (krug.common.util.gpu_available asks this)."""
     return False
-
-
-nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = _false
-# krug's TensorFlow ops have CPU kernels only (krug.common.util.gpu_available asks this).
-_check_has_gpu = _false
 
 
 # Topology as ops: read when the graph runs, not when it was traced (elastic jobs).
