@@ -121,9 +121,14 @@ def is_homogeneous():
 
 
 def mpi_threads_supported():
-    """Whether krug runs on MPI with MPI_THREAD_MULTIPLE (the program may then make its own MPI
-    calls, e.g. with mpi4py, from any thread)."""
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (the program may then make its own MPI calls,
+    e.g. with mpi4py, from any thread). As Horovod's, a ValueError where krug does not run on
+    MPI: ask mpi_enabled() first."""
     check_initialized()
+    if not mpi_enabled():
+        raise ValueError("mpi_threads_supported(): krug runs on {} here, not on MPI; start the "
+                         "job with mpirun or krugrun --mpi for MPI, or ask hvd.mpi_enabled() "
+                         "first".format(_core.cpu_operations()))
     return _core.mpi_threads_supported()
 
 
