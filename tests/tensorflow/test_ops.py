@@ -7,6 +7,7 @@ Product = 1*3*5*..., exact in every dtype for n <= 3.
 
 import importlib.util
 import os
+import pickle
 import tempfile
 import threading
 
@@ -174,6 +175,16 @@ def test_build_flags_are_horovods():
     assert type(hvd.cuda_built()) is bool and (hvd.cuda_built() or not hvd.nccl_built())
     assert [hvd.gloo_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.rocm_built()] == [
         True, False, False, False]
+
+
+def test_compression_classes_are_horovods_and_pickle():
+    from krug.tensorflow.compression import Compressor, FP16Compressor, NoneCompressor
+
+    assert hvd.Compression.fp16 is FP16Compressor and hvd.Compression.none is NoneCompressor
+    assert issubclass(FP16Compressor, Compressor)
+    assert pickle.loads(pickle.dumps(hvd.Compression.fp16)) is FP16Compressor
+    ints = tf.constant([1, 2], tf.int32)
+    assert hvd.Compression.fp16.compress(ints)[0] is ints
 
 
 def test_fp16_compression_keeps_the_dtype():

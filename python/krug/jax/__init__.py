@@ -29,8 +29,9 @@ from krug.jax.ops import (
     Average, Sum, Adasum, Min, Max, Product,
     allreduce, grouped_allreduce, allgather, broadcast, alltoall, reducescatter, join,
 )
-from krug.jax.functions import (Compression, allgather_object, allreduce_gradients,
-                                broadcast_object, broadcast_parameters)
+from krug.jax.compression import Compression
+from krug.jax.functions import (allgather_object, allreduce_gradients, broadcast_object,
+                                broadcast_parameters)
 from krug.jax.optimizer import DistributedOptimizer
 
 # Last: it builds on the names above (hvd.elastic.run, hvd.elastic.JaxState).
