@@ -251,6 +251,19 @@ def test_horovods_callback_and_tape_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
+def test_keras_frontends_export_krug_tensorflows_calls(flavour):
+    import krug.tensorflow as hvd_tf
+
+    frontend = FLAVOURS[flavour][1]
+    for name in ("init", "rank", "nccl_built", "cuda_built", "mpi_threads_supported",
+                 "Compression", "broadcast_variables", "global_process_set"):
+        assert getattr(frontend, name) is getattr(hvd_tf, name), name
+    assert frontend.BroadcastGlobalVariablesCallback is frontend.callbacks.\
+        BroadcastGlobalVariablesCallback
+    assert frontend.elastic.KerasState.__module__ == "krug._keras.elastic"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
 def test_tensorflow_wraps_keras_optimizers_as_the_keras_frontend(flavour):
     # krug.tensorflow.DistributedOptimizer takes Keras optimizers, as Horovod's does: the
     # result is what krug.keras / krug.tensorflow.keras would make.
