@@ -184,16 +184,22 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                             process_set)
 
 
+def _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set):
+    """Keeps a reducing op's arguments in its autograd ``ctx``: its backward reduces or
+    gathers with them."""
+    ctx.op = op
+    ctx.prescale_factor = prescale_factor
+    ctx.postscale_factor = postscale_factor
+    ctx.process_set = process_set
+
+
 class HorovodAllreduce(torch.autograd.Function):
     """Differentiable allreduce: the gradient is the allreduce of the output's gradient with
     the same op and scale factors."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = op
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
-        ctx.process_set = process_set
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return synchronize(_allreduce_async(tensor, None, name, op, prescale_factor,
                                             postscale_factor, process_set))
 
@@ -262,10 +268,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.op = op
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
-        ctx.process_set = process_set
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return tuple(synchronize(_grouped_allreduce_async(
             tensors, None, name, op, prescale_factor, postscale_factor, process_set)))
 
@@ -529,9 +532,7 @@ def _reducescatter_backward(grad_output, op, prescale_factor, postscale_factor, 
     # Horovod's rule, kept for parity (it matches the gradient of allreduce's Average, where
     # every rank's loss counts once): Sum scales the output's gradient by the set's size,
     # Average does not; both apply the scale factors; then every rank gets every share.
-    if op not in (Sum, Average):
-        raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
-                                  "Average, not {}".format(_REDUCE_OPS.name(op)))
+    _REDUCE_OPS.check_differentiable("reducescatter", op)
     scale = float(prescale_factor) * float(postscale_factor)
     if op == Sum:
         scale *= process_set.size()
@@ -547,10 +548,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = op
-        ctx.process_set = process_set
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
 
@@ -589,10 +587,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
-        ctx.op = op
-        ctx.process_set = process_set
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return tuple(synchronize(grouped_reducescatter_async(
             tensors, name, op, process_set, prescale_factor, postscale_factor)))
 
