@@ -135,6 +135,10 @@ std::string cuda_version();
 // against and the one loaded now ("2.28.9 (loaded: 2.28.9)"; empty when not built).
 bool nccl_built();
 std::string nccl_version();
+// The NCCL version this build was compiled against as nccl.h's NCCL_VERSION_CODE (22809 for
+// 2.28.9: major * 10000 + minor * 100 + patch since NCCL 2.9), 0 without NCCL: what Horovod's
+// hvd.nccl_built() returns.
+int nccl_version_code();
 // How many CUDA devices this process sees (0 without CUDA, a driver or a GPU). Never throws.
 int cuda_device_count();
 // Whether krug runs on MPI and MPI allows calls from several threads at once

@@ -7,6 +7,7 @@ binding was built against and the one here, the same for JAX, then krugrun's bui
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -59,14 +60,36 @@ def report():
     return "\n".join(lines) + "\n"
 
 
+def check_build():
+    """krugrun's build report (``krugrun --check-build``): what the C++ core was built with,
+    e.g. the line ``[X] NCCL (2.28.9 (loaded: 2.28.9))``. Raises OSError or
+    subprocess.CalledProcessError when krugrun does not answer."""
+    return subprocess.run([krugrun_path(), "--check-build"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def nccl_version_code(report=None):
+    """The NCCL version that the build report (``report``, else check_build()'s) names, as
+    nccl.h's NCCL_VERSION_CODE encodes it and Horovod's ``hvd.nccl_built()`` returns it: 22809
+    for 2.28.9 (major * 10000 + minor * 100 + patch since NCCL 2.9; major * 1000 + ... before),
+    0 for a build without NCCL."""
+    found = re.search(r"\[X\] NCCL \((\d+)\.(\d+)\.(\d+)",
+                      check_build() if report is None else report)
+    if found is None:
+        return 0
+    major, minor, patch = (int(part) for part in found.groups())
+    return major * (10000 if (major, minor) >= (2, 9) else 1000) + minor * 100 + patch
+
+
 def main():
     sys.stdout.write(report() + "\n")
     sys.stdout.flush()
     try:
-        return subprocess.call([krugrun_path(), "--check-build"])
-    except OSError as e:
+        sys.stdout.write(check_build())
+    except (OSError, subprocess.CalledProcessError) as e:
         sys.stderr.write("krug.info: cannot run krugrun (%s): %s\n" % (krugrun_path(), e))
         return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -289,6 +289,7 @@ bool mpi_built() { return collectives::mpi::built(); }
 bool cuda_built() { return device::cuda_built(); }
 std::string cuda_version() { return device::cuda_build_version(); }
 bool nccl_built() { return collectives::nccl::built(); }
+int nccl_version_code() { return collectives::nccl::build_version_code(); }
 std::string nccl_version() {
   if (!collectives::nccl::built()) return "";
   const std::string loaded = collectives::nccl::runtime_version();

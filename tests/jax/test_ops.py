@@ -16,6 +16,7 @@ import pytest
 from jax.experimental import io_callback
 
 import krug.jax as hvd
+from krug import info
 from krug_testing import expected_reduction, reduce_ops
 from krug.common.timeline import timeline_events
 
@@ -82,6 +83,13 @@ def test_allreduce_scales_and_the_deprecated_average_argument():
     with pytest.warns(DeprecationWarning):
         out = hvd.allreduce(mine(jnp.float32), average=False)
     np.testing.assert_array_equal(as_np(out), expected("sum"))
+
+
+def test_nccl_built_and_the_other_build_flags_are_horovods():
+    # NCCL's NCCL_VERSION_CODE as krugrun --check-build names the version (22809 for 2.28.9).
+    assert type(hvd.nccl_built()) is int and hvd.nccl_built() == info.nccl_version_code()
+    flags = [hvd.cuda_built(), hvd.mpi_built(), hvd.ddl_built(), hvd.ccl_built()]
+    assert all(type(f) is bool for f in flags) and hvd.gloo_built() and not hvd.rocm_built()
 
 
 def test_grouped_allreduce_keeps_each_tensor_apart():

@@ -2,6 +2,7 @@
 trees, gradients, optax's optimizer and Python objects."""
 
 import importlib.util
+import pickle
 import threading
 
 import jax
@@ -53,6 +54,16 @@ def test_allreduce_gradients_with_fp16_compression():
     np.testing.assert_array_equal(np.asarray(plain["a"]), np.float32(1.0 + 2.0**-12))
     # Integers travel as they are (Average of 1..n, rounded as the engine does for ints).
     np.testing.assert_array_equal(np.asarray(packed["n"]), np.asarray(plain["n"]))
+
+
+def test_compression_is_horovods_and_its_classes_pickle():
+    from krug.jax.compression import Compressor, FP16Compressor
+
+    assert issubclass(hvd.Compression.fp16, Compressor)
+    assert pickle.loads(pickle.dumps(hvd.Compression.fp16)) is FP16Compressor
+    x = jnp.ones((2,), jnp.bfloat16)
+    sent, dtype = hvd.Compression.fp16.compress(x)
+    assert sent.dtype == jnp.float16 and hvd.Compression.fp16.decompress(sent, dtype).dtype == x.dtype
 
 
 def _loss(params, x, y):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import krug.torch as hvd
+from krug import info
 from krug_testing import contribution, expected_reduction, reduce_ops
 
 # torch 2.3 added the wide unsigned dtypes; the torch 1.13 pass runs without them.
@@ -64,17 +65,23 @@ def test_build_flags():
     # The data plane is MPI when mpirun started the ranks, unless KRUG_CPU_OPERATIONS says gloo.
     on_mpi = ("OMPI_COMM_WORLD_SIZE" in os.environ
               and os.environ.get("KRUG_CPU_OPERATIONS", "mpi").lower() == "mpi")
-    assert hvd.gloo_built()
+    assert hvd.gloo_built() is True
     assert hvd.gloo_enabled() == (not on_mpi)
     assert hvd.mpi_enabled() == on_mpi
-    # krug asks for MPI_THREAD_MULTIPLE, which Debian's Open MPI provides.
-    assert hvd.mpi_threads_supported() == on_mpi
     if on_mpi:
-        assert hvd.mpi_built()
-    assert not any([hvd.ddl_built(), hvd.ccl_built(), hvd.rocm_built()])
+        # krug asks for MPI_THREAD_MULTIPLE, which Debian's Open MPI provides.
+        assert hvd.mpi_threads_supported() is True and hvd.mpi_built() is True
+    else:  # Horovod's answer off MPI
+        with pytest.raises(ValueError, match="not on MPI"):
+            hvd.mpi_threads_supported()
+    assert [hvd.ddl_built(), hvd.ccl_built(), hvd.rocm_built()] == [False] * 3
     # CUDA and NCCL are there when the build found them (docs/gpu.md); NCCL only with CUDA.
-    assert isinstance(hvd.cuda_built(), bool) and isinstance(hvd.nccl_built(), bool)
-    assert hvd.cuda_built() or not hvd.nccl_built()
+    assert type(hvd.cuda_built()) is bool and (hvd.cuda_built() or not hvd.nccl_built())
+
+
+def test_nccl_built_is_horovods_nccl_version_code():
+    # 22809 for the NCCL 2.28.9 that krugrun --check-build names, 0 without NCCL.
+    assert type(hvd.nccl_built()) is int and hvd.nccl_built() == info.nccl_version_code()
     init_again = hvd.init  # init() while initialized does nothing
     init_again()
     assert hvd.is_initialized()

@@ -296,6 +296,7 @@ def test_extension_probes_and_build_facts():
     assert not common_util.extension_available("no_such_framework")
     assert common_util.gpu_available("tensorflow") is False  # CPU kernels only
     assert common_util.mpi_built() == hvd.mpi_built()
+    assert common_util.nccl_built() == hvd.nccl_built()  # NCCL's version code, or 0
     assert common_util.gloo_built() is True
     assert common_util.ddl_built() is False and common_util.ccl_built() is False
 

@@ -250,6 +250,32 @@ def test_horovods_callback_and_tape_arguments(tmp_path):
     np.testing.assert_allclose(g.numpy(), [3.0])
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_keras_frontends_export_krug_tensorflows_calls(flavour):
+    import krug.tensorflow as hvd_tf
+
+    frontend = FLAVOURS[flavour][1]
+    for name in ("init", "rank", "nccl_built", "cuda_built", "mpi_threads_supported",
+                 "Compression", "broadcast_variables", "global_process_set"):
+        assert getattr(frontend, name) is getattr(hvd_tf, name), name
+    assert frontend.BroadcastGlobalVariablesCallback is frontend.callbacks.\
+        BroadcastGlobalVariablesCallback
+    assert frontend.elastic.KerasState.__module__ == "krug._keras.elastic"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_tensorflow_wraps_keras_optimizers_as_the_keras_frontend(flavour):
+    # krug.tensorflow.DistributedOptimizer takes Keras optimizers, as Horovod's does: the
+    # result is what krug.keras / krug.tensorflow.keras would make.
+    import krug.tensorflow as hvd_tf
+
+    kmod, frontend = FLAVOURS[flavour]
+    opt = hvd_tf.DistributedOptimizer(kmod.optimizers.SGD(0.1))
+    assert type(opt).__bases__ == type(frontend.DistributedOptimizer(
+        kmod.optimizers.SGD(0.1))).__bases__
+    assert isinstance(opt, kmod.optimizers.SGD)
+
+
 def test_keras_collectives_take_horovods_keras_signatures():
     # horovod.keras.allreduce(value, name=None, ...): the second positional argument is the
     # name, not TensorFlow's `average`.

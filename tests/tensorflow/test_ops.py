@@ -7,6 +7,7 @@ Product = 1*3*5*..., exact in every dtype for n <= 3.
 
 import importlib.util
 import os
+import pickle
 import tempfile
 import threading
 
@@ -15,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import krug.tensorflow as hvd
+from krug import info
 from krug_testing import expected_reduction, reduce_ops
 from krug.common.timeline import read_timeline
 
@@ -164,6 +166,25 @@ def test_grouped_allreduce_mixed_dtypes_eager_and_function():
         assert [o.dtype for o in out] == [t.dtype for t in tensors]
         for o in out:
             np.testing.assert_array_equal(as_np(o), expected("sum"))
+
+
+def test_build_flags_are_horovods():
+    # The core's build, as krug.torch reports it: nccl_built() is NCCL's NCCL_VERSION_CODE
+    # (22809 for the NCCL 2.28.9 that krugrun --check-build names), 0 without NCCL.
+    assert type(hvd.nccl_built()) is int and hvd.nccl_built() == info.nccl_version_code()
+    assert type(hvd.cuda_built()) is bool and (hvd.cuda_built() or not hvd.nccl_built())
+    assert [hvd.gloo_built(), hvd.ddl_built(), hvd.ccl_built(), hvd.rocm_built()] == [
+        True, False, False, False]
+
+
+def test_compression_classes_are_horovods_and_pickle():
+    from krug.tensorflow.compression import Compressor, FP16Compressor, NoneCompressor
+
+    assert hvd.Compression.fp16 is FP16Compressor and hvd.Compression.none is NoneCompressor
+    assert issubclass(FP16Compressor, Compressor)
+    assert pickle.loads(pickle.dumps(hvd.Compression.fp16)) is FP16Compressor
+    ints = tf.constant([1, 2], tf.int32)
+    assert hvd.Compression.fp16.compress(ints)[0] is ints
 
 
 def test_fp16_compression_keeps_the_dtype():

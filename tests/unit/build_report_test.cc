@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <variant>
 
@@ -74,6 +75,12 @@ TEST(BuildReport, ThisBuildIsTheGeneratedConfiguration) {
   EXPECT_EQ(f.mpi, krug::mpi_built());
   EXPECT_EQ(f.cuda_version.empty(), !krug::cuda_built());
   EXPECT_EQ(f.nccl_version.empty(), !krug::nccl_built());
+  EXPECT_EQ(krug::nccl_version_code() == 0, !krug::nccl_built());
+  if (krug::nccl_built()) {  // "2.28.9 (loaded: ...)" is 22809, as nccl.h encodes it since 2.9
+    int major = 0, minor = 0, patch = 0;
+    ASSERT_EQ(std::sscanf(f.nccl_version.c_str(), "%d.%d.%d", &major, &minor, &patch), 3);
+    EXPECT_EQ(krug::nccl_version_code(), major * 10000 + minor * 100 + patch) << f.nccl_version;
+  }
   // A feature not built says why.
   EXPECT_NE(f.cuda_version.empty(), f.cuda_problem.empty());
   EXPECT_NE(f.nccl_version.empty(), f.nccl_problem.empty());

@@ -1,6 +1,6 @@
 """Process sets, shared by every Python frontend (Horovod's ``horovod.common.process_sets``).
 
-A frontend binds the module to its compiled core with :func:`use_core` (any object with
+krug.common.lifecycle.use_core binds the module to a frontend's compiled core (any object with
 ``rank``, ``process_set_ranks``, ``add_process_set`` and ``remove_process_set``: the torch
 module, or ``krug.common._basics``). All frontends of a process share one engine, so they share
 these sets too: a set registered through ``krug.torch`` is usable from ``krug.tensorflow``.

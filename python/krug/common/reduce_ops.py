@@ -41,3 +41,10 @@ class ReduceOps:
         if op not in self._names:
             raise ValueError("unknown reduction op {!r}: use hvd.Average, hvd.Sum, hvd.Min, "
                              "hvd.Max, hvd.Product or hvd.Adasum".format(op))
+
+    def check_differentiable(self, kind, op):
+        """Raises NotImplementedError unless the gradient of ``kind`` ("allreduce",
+        "reducescatter") with ``op`` is defined: Horovod defines it for Sum and Average."""
+        if self._names.get(op) not in ("Sum", "Average"):
+            raise NotImplementedError("the gradient of {} is only defined for Sum and Average, "
+                                      "not {}".format(kind, self.name(op)))

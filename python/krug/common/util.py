@@ -132,7 +132,7 @@ def _built(what, fact, verbose):
     Horovod asks each framework's extension in a forked process and takes the first answer;
     every binding of krug links the same core library, so krug asks that core once, here."""
     core = _core()
-    result = None if core is None else bool(fact(core))
+    result = None if core is None else fact(core)
     if verbose:
         print("krug's core {} built with {}.".format(
             "is not available: cannot tell whether it was" if core is None
@@ -150,12 +150,14 @@ def _build_fact(name, what, fact, doc):
     return built
 
 
-mpi_built = _build_fact("mpi_built", "MPI", lambda core: core.mpi_built(),
+mpi_built = _build_fact("mpi_built", "MPI", lambda core: bool(core.mpi_built()),
                         "Whether krug was built with its MPI data plane.")
 gloo_built = _build_fact("gloo_built", "Gloo", lambda core: True,
                          "Whether krug has Gloo: every build does.")
-nccl_built = _build_fact("nccl_built", "NCCL", lambda core: core.nccl_built(),
-                         "Whether krug was built with its NCCL data plane.")
+nccl_built = _build_fact("nccl_built", "NCCL", lambda core: core.nccl_version_code(),
+                         "The NCCL version krug's NCCL data plane was built against, as "
+                         "nccl.h's NCCL_VERSION_CODE (22809 for 2.28.9), 0 without NCCL "
+                         "(Horovod's value).")
 ddl_built = _build_fact("ddl_built", "DDL", lambda core: False,
                         "IBM DDL: krug has no DDL backend, so False.")
 ccl_built = _build_fact("ccl_built", "CCL", lambda core: False,

@@ -22,15 +22,16 @@ from krug.common.lifecycle import (
     init, shutdown, is_initialized, start_timeline, stop_timeline,
     size, rank, local_size, local_rank, cross_size, cross_rank,
     is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built,
-    add_process_set, remove_process_set, barrier,
+    nccl_built, ddl_built, ccl_built, cuda_built, rocm_built, add_process_set, remove_process_set, barrier,
 )
 from krug.common.process_sets import ProcessSet, global_process_set
 from krug.jax.ops import (
     Average, Sum, Adasum, Min, Max, Product,
     allreduce, grouped_allreduce, allgather, broadcast, alltoall, reducescatter, join,
 )
-from krug.jax.functions import (Compression, allgather_object, allreduce_gradients,
-                                broadcast_object, broadcast_parameters)
+from krug.jax.compression import Compression
+from krug.jax.functions import (allgather_object, allreduce_gradients, broadcast_object,
+                                broadcast_parameters)
 from krug.jax.optimizer import DistributedOptimizer
 
 # Last: it builds on the names above (hvd.elastic.run, hvd.elastic.JaxState).
@@ -41,7 +42,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "start_timeline", "stop_timeline",
     "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
     "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
-    "gloo_built", "add_process_set", "remove_process_set", "barrier",
+    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+    "add_process_set", "remove_process_set", "barrier",
     "ProcessSet", "global_process_set",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",

@@ -1,6 +1,6 @@
 """Whole parameter trees and Python objects: what a JAX training script broadcasts and averages
-(Horovod's ``broadcast_parameters``, ``broadcast_object`` and ``allgather_object``), and the fp16
-wire compression."""
+(Horovod's ``broadcast_parameters``, ``broadcast_object`` and ``allgather_object``), and the
+averaging of gradient trees."""
 
 import jax
 import jax.numpy as jnp
@@ -8,36 +8,12 @@ import numpy as np
 
 from krug.common import objects as _objects
 from krug.common.lifecycle import rank
+from krug.jax.compression import Compression
 from krug.jax.ops import Average, allgather, broadcast, global_process_set, grouped_allreduce
 
 # One fixed name for every unnamed broadcast_object / allgather_object: non-root ranks that
 # pass None must use the root's name (krug.torch's and krug.tensorflow's rule).
 _OBJECT_NAME = "krug.object"
-
-
-class Compression:
-    """``compression=`` of allreduce_gradients and DistributedOptimizer: ``none`` sends arrays
-    as they are; ``fp16`` sends floating-point arrays as float16 and restores their dtype."""
-
-    class none:
-        @staticmethod
-        def compress(x):
-            return x, None
-
-        @staticmethod
-        def decompress(x, dtype):
-            return x
-
-    class fp16:
-        @staticmethod
-        def compress(x):
-            if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != jnp.float16:
-                return x.astype(jnp.float16), x.dtype
-            return x, None
-
-        @staticmethod
-        def decompress(x, dtype):
-            return x if dtype is None else x.astype(dtype)
 
 
 def _on_the_wire(value):

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from krug.common import lifecycle as _lifecycle
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
 from krug.common.binding import load_jax_ops
@@ -37,6 +38,7 @@ from krug.common.exceptions import HorovodInternalError
 from krug.common.lifecycle import check_initialized
 
 _basics, _library = load_jax_ops()
+_lifecycle.use_core(_basics)
 _TARGET = "krug_collective"
 jax.ffi.register_ffi_target(
     _TARGET, jax.ffi.pycapsule(ctypes.CDLL(_library).KrugJaxCollective), platform="cpu")
@@ -272,9 +274,7 @@ def _allreduce_fn(name, op, prescale, postscale, process_set):
     def backward(_, grads):
         # Horovod's rule: the same allreduce of the output's gradient. Integer and bool outputs
         # have none (JAX passes float0 zeros), which go back as they came.
-        if op not in (Sum, Average):
-            raise NotImplementedError("the gradient of allreduce is only defined for Sum and "
-                                      "Average, not {}".format(_REDUCE_OPS.name(op)))
+        _REDUCE_OPS.check_differentiable("allreduce", op)
         grads = list(grads)
         floating = [i for i, g in enumerate(grads) if jnp.issubdtype(g.dtype, jnp.inexact)]
         if floating:
@@ -513,9 +513,7 @@ def _reducescatter_fn(name, op, prescale, postscale, process_set):
         # Horovod's rule (as krug.torch's): the allgather of the output's gradient times the
         # scale factors, and for Sum times the set's size. Each rank's share is known, so the
         # allgather needs no exchange and works under jit with uneven shares too.
-        if op not in (Sum, Average):
-            raise NotImplementedError("the gradient of reducescatter is only defined for Sum "
-                                      "and Average, not {}".format(_REDUCE_OPS.name(op)))
+        _REDUCE_OPS.check_differentiable("reducescatter", op)
         scale = prescale * postscale * (n if op == Sum else 1)
         gather = _allgather_fn(None, process_set, _set_rows(rows_of["rows"], process_set))
         grad = _primal_or_differentiable(gather, grad)

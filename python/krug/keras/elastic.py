@@ -5,13 +5,7 @@ import keras as _keras
 
 from krug._keras.elastic import make_elastic as _make
 
-_api = _make(_keras)
-run = _api.run
-ObjectState = _api.ObjectState
-KerasState = _api.KerasState
-CommitStateCallback = _api.CommitStateCallback
-UpdateBatchStateCallback = _api.UpdateBatchStateCallback
-UpdateEpochStateCallback = _api.UpdateEpochStateCallback
+globals().update(vars(_make(_keras)))
 
 __all__ = ["run", "ObjectState", "KerasState", "CommitStateCallback",
            "UpdateBatchStateCallback", "UpdateEpochStateCallback"]

@@ -12,6 +12,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.framework import ops as _tf_ops
 
+from krug.common import lifecycle as _lifecycle
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
 from krug.common.binding import load_tensorflow_ops
@@ -19,11 +20,13 @@ from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  
 from krug.common.lifecycle import (  # noqa: F401 (krug.tensorflow's API)
     init, shutdown, is_initialized, start_timeline, stop_timeline, size, rank, local_size,
     local_rank, cross_size, cross_rank, is_homogeneous, mpi_threads_supported, mpi_built,
-    mpi_enabled, gloo_built, gloo_enabled, add_process_set, remove_process_set, barrier)
+    mpi_enabled, gloo_built, gloo_enabled, nccl_built, ddl_built, ccl_built, cuda_built,
+    rocm_built, add_process_set, remove_process_set, barrier)
 from krug.common.util import num_rank_is_power_2 as check_num_rank_power_of_2  # noqa: F401
 from krug.tensorflow.util import _executing_eagerly
 
 _basics, _ops = load_tensorflow_ops()
+_lifecycle.use_core(_basics)
 
 # Reduction ops: the core's names and values, the same for every binding.
 _REDUCE_OPS = _reduce_ops.ReduceOps(_basics)
@@ -34,16 +37,12 @@ global_process_set = _process_sets.global_process_set
 
 
 # ---------------------------------------------------------------------------------------------
-# Lifecycle and topology: krug.common.lifecycle's, shared with krug.jax
+# Lifecycle and topology: krug.common.lifecycle's, shared with the other frontends.
 
 
-def _false():
+def _check_has_gpu():
+    """krug's TensorFlow ops have CPU kernels only (krug.common.util.gpu_available asks this)."""
     return False
-
-
-nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = _false
-# krug's TensorFlow ops have CPU kernels only (krug.common.util.gpu_available asks this).
-_check_has_gpu = _false
 
 
 # Topology as ops: read when the graph runs, not when it was traced (elastic jobs).
@@ -95,46 +94,51 @@ def handle_average_backwards_compatibility(op, average):
 # The raw ops (no compression, no IndexedSlices): what the gradients and the helpers use.
 
 
-def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+def _reduction(kind, raw_op, default_op):
+    """One of the reducing ops (``kind``: KrugAllreduce, KrugReducescatter and their grouped
+    forms) as a function of ``inputs``: a tensor, or a list of them for a grouped op. Unnamed
+    inside a graph, the op is named after its (first) tensor."""
+
+    def reduce(inputs, name=None, op=default_op, prescale_factor=1.0, postscale_factor=1.0,
                ignore_name_scope=False, process_set=global_process_set):
-    _check_op(op)
-    return _ops.krug_allreduce(tensor, name=_op_name("KrugAllreduce", tensor, name),
-                               reduce_op=op, prescale_factor=prescale_factor,
-                               postscale_factor=postscale_factor,
-                               ignore_name_scope=ignore_name_scope,
-                               process_set_id=_process_sets.set_id(process_set))
+        _check_op(op)
+        grouped = isinstance(inputs, (list, tuple))
+        if grouped and not inputs:
+            return []
+        return raw_op(inputs, name=_op_name(kind, inputs[0] if grouped else inputs, name),
+                      reduce_op=op, prescale_factor=prescale_factor,
+                      postscale_factor=postscale_factor, ignore_name_scope=ignore_name_scope,
+                      process_set_id=_process_sets.set_id(process_set))
+
+    reduce.__name__ = "_" + kind[len("Krug"):].lower()
+    return reduce
 
 
-def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
-                       ignore_name_scope=False, process_set=global_process_set):
-    _check_op(op)
-    if not tensors:
-        return []
-    name = _op_name("KrugGroupedAllreduce", tensors[0], name)
-    return _ops.krug_grouped_allreduce(tensors, name=name, reduce_op=op,
-                                       prescale_factor=prescale_factor,
-                                       postscale_factor=postscale_factor,
-                                       ignore_name_scope=ignore_name_scope,
-                                       process_set_id=_process_sets.set_id(process_set))
+_allreduce = _reduction("KrugAllreduce", _ops.krug_allreduce, Sum)
+_grouped_allreduce = _reduction("KrugGroupedAllreduce", _ops.krug_grouped_allreduce, Sum)
+_reducescatter = _reduction("KrugReducescatter", _ops.krug_reducescatter, Average)
+_grouped_reducescatter = _reduction("KrugGroupedReducescatter",
+                                    _ops.krug_grouped_reducescatter, Average)
+
+
+def _same_reduction(op):
+    """The arguments of the reducing op ``op`` as _allreduce takes them: its gradient reduces
+    the same way."""
+    return dict(op=op.get_attr("reduce_op"), prescale_factor=op.get_attr("prescale_factor"),
+                postscale_factor=op.get_attr("postscale_factor"),
+                ignore_name_scope=op.get_attr("ignore_name_scope"),
+                process_set=_set_of(op.get_attr("process_set_id")))
 
 
 @_tf_ops.RegisterGradient("KrugAllreduce")
 def _allreduce_grad(op, grad):
     """The gradient of allreduce: allreduce of the output's gradient with the same op."""
-    return _allreduce(grad, op=op.get_attr("reduce_op"),
-                      prescale_factor=op.get_attr("prescale_factor"),
-                      postscale_factor=op.get_attr("postscale_factor"),
-                      ignore_name_scope=op.get_attr("ignore_name_scope"),
-                      process_set=_set_of(op.get_attr("process_set_id")))
+    return _allreduce(grad, **_same_reduction(op))
 
 
 @_tf_ops.RegisterGradient("KrugGroupedAllreduce")
 def _grouped_allreduce_grad(op, *grads):
-    return _grouped_allreduce(list(grads), op=op.get_attr("reduce_op"),
-                              prescale_factor=op.get_attr("prescale_factor"),
-                              postscale_factor=op.get_attr("postscale_factor"),
-                              ignore_name_scope=op.get_attr("ignore_name_scope"),
-                              process_set=_set_of(op.get_attr("process_set_id")))
+    return _grouped_allreduce(list(grads), **_same_reduction(op))
 
 
 def _set_of(process_set_id):
@@ -236,37 +240,11 @@ def _alltoall_grad(op, grad_output, grad_received_splits):
     return [grad, None]
 
 
-def _reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                   ignore_name_scope=False, process_set=global_process_set):
-    _check_op(op)
-    return _ops.krug_reducescatter(tensor, name=_op_name("KrugReducescatter", tensor, name),
-                                   reduce_op=op, prescale_factor=prescale_factor,
-                                   postscale_factor=postscale_factor,
-                                   ignore_name_scope=ignore_name_scope,
-                                   process_set_id=_process_sets.set_id(process_set))
-
-
-def _grouped_reducescatter(tensors, name=None, op=Average, prescale_factor=1.0,
-                           postscale_factor=1.0, ignore_name_scope=False,
-                           process_set=global_process_set):
-    _check_op(op)
-    if not tensors:
-        return []
-    name = _op_name("KrugGroupedReducescatter", tensors[0], name)
-    return _ops.krug_grouped_reducescatter(tensors, name=name, reduce_op=op,
-                                           prescale_factor=prescale_factor,
-                                           postscale_factor=postscale_factor,
-                                           ignore_name_scope=ignore_name_scope,
-                                           process_set_id=_process_sets.set_id(process_set))
-
-
 def _reducescatter_grad_one(grad, op, ignore_name_scope, process_set):
     # Horovod's rule (as krug.torch): the allgather of the output's gradient times the scale
     # factors, and for Sum times the set's size.
     reduce_op = op.get_attr("reduce_op")
-    if reduce_op not in (Sum, Average):
-        raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
-                                  "Average, not {}".format(_REDUCE_OPS.name(reduce_op)))
+    _REDUCE_OPS.check_differentiable("reducescatter", reduce_op)
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     grad = allgather(grad, ignore_name_scope=ignore_name_scope, process_set=process_set)
     if reduce_op == Sum:

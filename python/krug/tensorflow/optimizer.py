@@ -1,5 +1,7 @@
 """DistributedOptimizer for TensorFlow's own (v1) optimizers, and the dispatch of Keras
-optimizers to krug.keras / krug.tensorflow.keras (Horovod's ``hvd.DistributedOptimizer``)."""
+optimizers to krug._keras (Horovod's ``hvd.DistributedOptimizer``)."""
+
+import importlib
 
 import tensorflow as tf
 
@@ -45,8 +47,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          process_set=global_process_set, scale_local_gradients=True):
     """Wraps an optimizer so that gradients are averaged (``op``) over the ranks of
     ``process_set`` before they are applied. A tf.compat.v1.train.Optimizer is wrapped here; a
-    Keras 3 optimizer goes to krug.keras.DistributedOptimizer, a tf_keras one to
-    krug.tensorflow.keras.DistributedOptimizer (with every argument)."""
+    Keras 3 or tf_keras optimizer is wrapped as krug.keras.DistributedOptimizer or
+    krug.tensorflow.keras.DistributedOptimizer would (with every argument)."""
     groups = check_groups(groups, num_groups)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -66,12 +68,22 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                   gradient_predivide_factor=gradient_predivide_factor,
                   average_aggregated_gradients=average_aggregated_gradients, groups=groups,
                   process_set=process_set, scale_local_gradients=scale_local_gradients)
-    module = type(optimizer).__module__
-    if module.startswith("tf_keras"):
-        from krug.tensorflow import keras as hvd_keras
-        return hvd_keras.DistributedOptimizer(optimizer, **kwargs)
-    if module.startswith("keras"):
-        from krug import keras as hvd_keras
-        return hvd_keras.DistributedOptimizer(optimizer, **kwargs)
-    raise ValueError("Provided optimizer doesn't inherit from either legacy TensorFlow or Keras "
-                     "optimizer: %s" % optimizer)
+    keras = _keras_of(optimizer)
+    if keras is None:
+        raise ValueError("Provided optimizer doesn't inherit from either legacy TensorFlow or "
+                         "Keras optimizer: %s" % optimizer)
+    # krug._keras, which krug.keras and krug.tensorflow.keras are made of: krug.tensorflow
+    # never imports those frontends (they import krug.tensorflow).
+    from krug._keras.optimizer import create_distributed_optimizer
+    return create_distributed_optimizer(keras, optimizer, **kwargs)
+
+
+def _keras_of(optimizer):
+    """The Keras package (Keras 3's ``keras`` or ``tf_keras``) whose optimizer class
+    ``optimizer``'s class is or derives from, or None. The package is imported already: it
+    made the object."""
+    for cls in type(optimizer).__mro__:
+        package = cls.__module__.split(".")[0]
+        if package in ("keras", "tf_keras"):
+            return importlib.import_module(package)
+    return None

@@ -12,7 +12,7 @@ from krug.torch.mpi_ops import (
     # lifecycle and topology
     init, shutdown, is_initialized, start_timeline, stop_timeline,
     size, rank, local_size, local_rank, cross_size, cross_rank,
-    mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built,
+    is_homogeneous, mpi_threads_supported, mpi_enabled, mpi_built, gloo_enabled, gloo_built,
     nccl_built, ddl_built, ccl_built, cuda_built, rocm_built,
     # reduction ops
     Average, Sum, Adasum, Min, Max, Product,

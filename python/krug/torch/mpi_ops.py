@@ -6,17 +6,19 @@ the ``*_async`` forms return an integer handle for :func:`poll` and :func:`synch
 Only CPU tensors are supported by this build.
 """
 
-import atexit
-import threading
-
 import torch
 
 from krug.torch.compression import Compression
 from krug.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from krug.common.binding import load_torch_core
+from krug.common import lifecycle as _lifecycle
 from krug.common import process_sets as _process_sets
 from krug.common import reduce_ops as _reduce_ops
-from krug.common.timeline import make_timeline_api
+from krug.common.lifecycle import (  # noqa: F401 (krug.torch's API)
+    init, shutdown, is_initialized, start_timeline, stop_timeline, size, rank, local_size,
+    local_rank, cross_size, cross_rank, is_homogeneous, mpi_threads_supported, mpi_enabled,
+    mpi_built, gloo_enabled, gloo_built, nccl_built, ddl_built, ccl_built, cuda_built,
+    rocm_built, add_process_set, remove_process_set, barrier)
 
 _core = load_torch_core()  # an ImportError that says how to rebuild when it is missing
 
@@ -30,175 +32,21 @@ _NoCompression = Compression.none
 
 
 # ---------------------------------------------------------------------------------------------
-# Process sets
+# Lifecycle, topology, build flags and process sets: krug.common.lifecycle's, shared with the
+# other frontends.
 
 
-_process_sets.use_core(_core)
+def _forget_handles():
+    # After the core's shutdown, which completed every pending operation: dropping the handles
+    # never waits for one (a handle's destructor waits for its operation).
+    _results.clear()
+    _handles.clear()
+
+
+_lifecycle.use_core(_core, on_shutdown=_forget_handles)
 ProcessSet = _process_sets.ProcessSet
 global_process_set = _process_sets.global_process_set
 _set_id = _process_sets.set_id
-_lock = threading.Lock()
-
-
-def add_process_set(process_set):
-    """Registers a process set (a ProcessSet or a list of global ranks) on every rank.
-
-    Collective: every rank must call it with the same ranks, in the same order relative to
-    other add/remove calls. Returns the registered ProcessSet."""
-    _check_initialized()
-    return _process_sets.add_process_set(process_set)
-
-
-def remove_process_set(process_set):
-    """Removes a registered process set on every rank (collective). Returns True if it was
-    removed; the global process set cannot be removed."""
-    _check_initialized()
-    return _process_sets.remove_process_set(process_set)
-
-
-# ---------------------------------------------------------------------------------------------
-# Lifecycle and topology
-
-
-def _check_initialized():
-    if not _core.is_initialized():
-        raise ValueError("krug has not been initialized; use hvd.init().")
-
-
-def init(comm=None, process_sets=None):
-    """Initializes krug from the environment krugrun sets (a job of one without krugrun).
-
-    comm: not supported (MPI communicators; krug always uses every rank of the job): must be
-        None or the list of every rank.
-    process_sets: ProcessSet objects to register now (every rank passes the same list), or
-        "dynamic" (accepted for compatibility: sets can always be added later).
-    Calling init() again while initialized does nothing."""
-    if not _core.is_initialized():
-        _core.init()
-        _register_atexit()
-    if comm is not None and list(comm) != list(range(_core.size())):
-        raise ValueError("init(comm=...) is not supported: krug always uses every rank of the "
-                         "job; use process sets for subsets")
-    _process_sets.on_init(_core.size(), process_sets)
-
-
-_atexit_registered = False
-
-
-def _register_atexit():
-    # Shut down while the interpreter (and torch) are still whole, rather than from a static
-    # destructor after Python has finalized.
-    global _atexit_registered
-    if not _atexit_registered:
-        _atexit_registered = True
-        atexit.register(shutdown)
-
-
-def shutdown():
-    """Drains pending operations and stops krug; init() may follow. Operations that other
-    ranks never submitted fail; their handles are dropped."""
-    # The core first: it completes every pending operation, so dropping the handles below
-    # never waits for one (a handle's destructor waits for its operation). krug is shut down
-    # even when the core raises (Ctrl-C stops its wait), so the cleanup always follows.
-    try:
-        _core.shutdown()
-    finally:
-        _process_sets.on_shutdown()
-        with _lock:
-            _results.clear()
-        _handles.clear()
-
-
-def is_initialized():
-    return _core.is_initialized()
-
-
-start_timeline, stop_timeline = make_timeline_api(_core)
-
-
-def size():
-    """Number of ranks in the job."""
-    _check_initialized()
-    return _core.size()
-
-
-def rank():
-    """This process's rank, 0 .. size()-1."""
-    _check_initialized()
-    return _core.rank()
-
-
-def local_size():
-    """Number of ranks on this host."""
-    _check_initialized()
-    return _core.local_size()
-
-
-def local_rank():
-    """This process's rank among the ranks of its host."""
-    _check_initialized()
-    return _core.local_rank()
-
-
-def cross_size():
-    """Number of hosts."""
-    _check_initialized()
-    return _core.cross_size()
-
-
-def cross_rank():
-    """Index of this process's host."""
-    _check_initialized()
-    return _core.cross_rank()
-
-
-def mpi_threads_supported():
-    """Whether krug runs on MPI with MPI_THREAD_MULTIPLE (the program may then make its own MPI
-    calls, e.g. with mpi4py, from any thread)."""
-    _check_initialized()
-    return _core.mpi_threads_supported()
-
-
-def mpi_enabled():
-    """Whether the data plane is MPI (the job was started by mpirun or krugrun --mpi)."""
-    return _core.is_initialized() and _core.cpu_operations() == "mpi"
-
-
-def mpi_built():
-    """Whether this krug was built with the MPI backend."""
-    return _core.mpi_built()
-
-
-def gloo_enabled():
-    """Whether krug runs in Horovod's "Gloo mode": its own controller and CPU planes (Gloo, or
-    shared memory inside a host), not MPI."""
-    return _core.is_initialized() and _core.cpu_operations() != "mpi"
-
-
-def gloo_built():
-    return True
-
-
-def nccl_built():
-    """Whether this krug has the NCCL data plane for CUDA tensors."""
-    return _core.nccl_built()
-
-
-def ddl_built():
-    return False
-
-
-def ccl_built():
-    return False
-
-
-def cuda_built():
-    """Whether this krug takes CUDA tensors (built with the CUDA toolkit)."""
-    return _core.cuda_built()
-
-
-def rocm_built():
-    return False
 
 
 def _check_has_gpu():
@@ -336,16 +184,22 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                             process_set)
 
 
+def _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set):
+    """Keeps a reducing op's arguments in its autograd ``ctx``: its backward reduces or
+    gathers with them."""
+    ctx.op = op
+    ctx.prescale_factor = prescale_factor
+    ctx.postscale_factor = postscale_factor
+    ctx.process_set = process_set
+
+
 class HorovodAllreduce(torch.autograd.Function):
     """Differentiable allreduce: the gradient is the allreduce of the output's gradient with
     the same op and scale factors."""
 
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
-        ctx.op = op
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
-        ctx.process_set = process_set
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return synchronize(_allreduce_async(tensor, None, name, op, prescale_factor,
                                             postscale_factor, process_set))
 
@@ -414,10 +268,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
-        ctx.op = op
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
-        ctx.process_set = process_set
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return tuple(synchronize(_grouped_allreduce_async(
             tensors, None, name, op, prescale_factor, postscale_factor, process_set)))
 
@@ -681,9 +532,7 @@ def _reducescatter_backward(grad_output, op, prescale_factor, postscale_factor, 
     # Horovod's rule, kept for parity (it matches the gradient of allreduce's Average, where
     # every rank's loss counts once): Sum scales the output's gradient by the set's size,
     # Average does not; both apply the scale factors; then every rank gets every share.
-    if op not in (Sum, Average):
-        raise NotImplementedError("the gradient of reducescatter is only defined for Sum and "
-                                  "Average, not {}".format(_REDUCE_OPS.name(op)))
+    _REDUCE_OPS.check_differentiable("reducescatter", op)
     scale = float(prescale_factor) * float(postscale_factor)
     if op == Sum:
         scale *= process_set.size()
@@ -699,10 +548,7 @@ class HorovodReducescatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):
-        ctx.op = op
-        ctx.process_set = process_set
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                                postscale_factor))
 
@@ -741,10 +587,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 class HorovodGroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
-        ctx.op = op
-        ctx.process_set = process_set
-        ctx.prescale_factor = prescale_factor
-        ctx.postscale_factor = postscale_factor
+        _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
         return tuple(synchronize(grouped_reducescatter_async(
             tensors, name, op, process_set, prescale_factor, postscale_factor)))
 
@@ -767,19 +610,13 @@ def grouped_reducescatter(tensors, name=None, compression=_NoCompression, op=Ave
 
 
 # ---------------------------------------------------------------------------------------------
-# Barrier and join
-
-
-def barrier(process_set=global_process_set):
-    """Returns once every rank of ``process_set`` has called barrier()."""
-    _check_initialized()
-    _core.barrier(_set_id(process_set))
+# Join
 
 
 def join(device=-1):
     """For a rank that ran out of data: until every rank has joined, the other ranks'
     allreduces proceed with this rank contributing zeros. Returns the rank that joined last.
     ``device`` is accepted for compatibility: krug's zeros follow the other ranks' tensors."""
-    _check_initialized()
+    _lifecycle.check_initialized()
     h = _handles.synchronize(_handles.add(_core.join_async()), False)
     return int(h.value())

@@ -88,6 +88,48 @@ def _checked_named_parameters(param_groups, named_parameters):
     return named_parameters
 
 
+def _init_state(opt, named_parameters, compression, backward_passes_per_step):
+    """The state of both distributed optimizers (``opt``, its param groups set): parameter
+    names, the backward passes each gradient waits for, pending handles. Returns the checked
+    (name, parameter) pairs."""
+    opt._compression = compression
+    named_parameters = _checked_named_parameters(opt.param_groups, named_parameters)
+    opt._parameter_names = {p: name for name, p in named_parameters}
+    opt.backward_passes_per_step = backward_passes_per_step
+    opt._allreduce_delay = {p: backward_passes_per_step for _, p in named_parameters}
+    # key (a parameter, or a tuple of parameters for a group) -> (handle, ctx)
+    opt._handles = {}
+    opt._grad_accs = []
+    opt._requires_update = set()
+    opt._synchronized = False
+    opt._should_synchronize = True
+    return named_parameters
+
+
+def _hook_gradient(opt, p):
+    """Calls ``opt._make_hook(p)`` each time a backward pass has accumulated p's gradient."""
+    opt._requires_update.add(p)
+    # torch 1.13 has no register_post_accumulate_grad_hook: reach the parameter's
+    # AccumulateGrad node through a view and hook it (it runs after p.grad is set).
+    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+    acc.register_hook(opt._make_hook(p))
+    opt._grad_accs.append(acc)  # keep the node (and so the hook) alive
+
+
+def _set_backward_passes_per_step(self, passes):
+    self.backward_passes_per_step = passes
+    for p in self._allreduce_delay:
+        self._allreduce_delay[p] = passes
+
+
+def _zero_grad(self, *args, **kwargs):
+    if self._handles:
+        raise AssertionError('optimizer.zero_grad() was called after loss.backward() but '
+                             'before optimizer.step() or optimizer.synchronize(). This is '
+                             'prohibited as it can cause a race condition.')
+    return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     # Attributes of this class body are copied into a subclass of the wrapped optimizer's
     # class (see DistributedOptimizer), so methods use super(self.__class__, self).
@@ -97,24 +139,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  op=Average, gradient_predivide_factor=1.0, groups=None,
                  sparse_as_dense=False, process_set=global_process_set):
         super(self.__class__, self).__init__(params)
-        self._compression = compression
-
-        named_parameters = _checked_named_parameters(self.param_groups, named_parameters)
-
-        self._parameter_names = {p: name for name, p in named_parameters}
-        self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {p: backward_passes_per_step for _, p in named_parameters}
+        _init_state(self, named_parameters, compression, backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-
-        # key (a parameter, or a tuple of parameters for a group) -> (handle, ctx)
-        self._handles = {}
-        self._grad_accs = []
-        self._requires_update = set()
-        self._synchronized = False
-        self._should_synchronize = True
 
         if groups is not None:
             if isinstance(groups, list):
@@ -147,10 +176,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._allreduce_delay[p] = self.backward_passes_per_step
         super(self.__class__, self).load_state_dict(*args, **kwargs)
 
-    def set_backward_passes_per_step(self, passes):
-        self.backward_passes_per_step = passes
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = passes
+    set_backward_passes_per_step = _set_backward_passes_per_step
 
     def synchronize(self):
         """Waits for every gradient's allreduce (submitting those not yet started, e.g. for
@@ -217,12 +243,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError('optimizer.zero_grad() was called after loss.backward() but '
-                                 'before optimizer.step() or optimizer.synchronize(). This is '
-                                 'prohibited as it can cause a race condition.')
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+    zero_grad = _zero_grad
 
     # ----------------------------------------------------------------- internals
 
@@ -259,12 +280,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         for p in self._ordered_params():
             if p.requires_grad:
-                self._requires_update.add(p)
-                # torch 1.13 has no register_post_accumulate_grad_hook: reach the parameter's
-                # AccumulateGrad node through a view and hook it (it runs after p.grad is set).
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                acc.register_hook(self._make_hook(p))
-                self._grad_accs.append(acc)  # keep the node (and so the hook) alive
+                _hook_gradient(self, p)
 
     def _make_hook(self, p):
         def hook(*_):
@@ -346,30 +362,16 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1):
         super(self.__class__, self).__init__(params)
-        self._compression = compression
-        named_parameters = _checked_named_parameters(self.param_groups, named_parameters)
-        self._parameter_names = {p: name for name, p in named_parameters}
-        self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {p: backward_passes_per_step for _, p in named_parameters}
-        self._handles = {}
-        self._grad_accs = []
-        self._requires_update = set()
-        self._synchronized = False
-        self._should_synchronize = True
+        named_parameters = _init_state(self, named_parameters, compression,
+                                       backward_passes_per_step)
         # The model as of the last step, identical on all ranks; deltas are added to it.
         self._starting_models = {p: torch.zeros_like(p.data) for _, p in named_parameters}
         for p in [p for group in self.param_groups for p in group['params']]:
             if p.requires_grad:
                 p.grad = torch.zeros_like(p.data)
-                self._requires_update.add(p)
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                acc.register_hook(self._make_hook(p))
-                self._grad_accs.append(acc)
+                _hook_gradient(self, p)
 
-    def set_backward_passes_per_step(self, passes):
-        self.backward_passes_per_step = passes
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = passes
+    set_backward_passes_per_step = _set_backward_passes_per_step
 
     def _allreduce_grad_async(self, p):
         name = self._parameter_names.get(p)
@@ -421,12 +423,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         return loss
 
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError('optimizer.zero_grad() was called after loss.backward() but '
-                                 'before optimizer.step() or optimizer.synchronize(). This is '
-                                 'prohibited as it can cause a race condition.')
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+    zero_grad = _zero_grad
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,

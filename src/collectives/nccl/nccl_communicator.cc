@@ -337,6 +337,10 @@ std::string build_version() {
   return fmt::format("{}.{}.{}", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
 }
 
+int build_version_code() {
+  return NCCL_VERSION_CODE;
+}
+
 std::string runtime_version() {
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess) return "";

@@ -19,10 +19,12 @@
 
 namespace krug::collectives::nccl {
 
-// Whether this build has the NCCL plane; the NCCL version it was built against ("2.28.9") and
-// the one loaded at run time (empty when not built or not loadable).
+// Whether this build has the NCCL plane; the NCCL version it was built against ("2.28.9", and
+// as nccl.h's NCCL_VERSION_CODE: 22809; 0 when not built) and the one loaded at run time (empty
+// when not built or not loadable).
 bool built();
 std::string build_version();
+int build_version_code();
 std::string runtime_version();
 
 // Whether NCCL reduces `dtype` with `op` itself (it has no int16 or bool, and no Adasum); the

@@ -9,6 +9,9 @@ bool built() {
 std::string build_version() {
   return "";
 }
+int build_version_code() {
+  return 0;
+}
 std::string runtime_version() {
   return "";
 }

@@ -66,7 +66,7 @@ inline void define_basics(pybind11::module_& m) {
   m.def("cpu_operations", &krug::cpu_operations, without_gil);
   m.def("mpi_built", &krug::mpi_built);
   m.def("cuda_built", &krug::cuda_built);
-  m.def("nccl_built", &krug::nccl_built);
+  m.def("nccl_version_code", &krug::nccl_version_code);
   m.def("mpi_threads_supported", &krug::mpi_threads_supported, without_gil);
   m.def("elastic_enabled", &krug::elastic::enabled);
   m.def("elastic_round", [] {

@@ -2,6 +2,7 @@
 krug.spark.run of the framework's trainer, and a Spark ML Model whose transform() adds the
 model's outputs (computed on the executors)."""
 
+import inspect
 import time
 
 from pyspark.ml import Estimator, Model
@@ -17,6 +18,23 @@ class KrugEstimator(Estimator, EstimatorParams):
     ``_create_model(result, run_id, metadata)``."""
 
     _name = "krug.spark"
+    # Keyword arguments of the constructor besides the params, which the subclass handles.
+    _extra_arguments = ()
+
+    def __init__(self, **kwargs):
+        """Horovod's keyword arguments: every param (see ``help`` for the list)."""
+        super().__init__()
+        unknown = sorted(k for k in kwargs
+                         if k not in self._extra_arguments and k not in self._param_defaults)
+        if unknown:
+            raise TypeError("%s() got unexpected keyword arguments: %s"
+                            % (type(self).__name__, ", ".join(unknown)))
+
+    def _set_arguments(self, kwargs):
+        self._set(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def setParams(self, **kwargs):
+        return self._set(**kwargs)
 
     # -- checks ---------------------------------------------------------------------------
     def _check_params(self):
@@ -46,6 +64,29 @@ class KrugEstimator(Estimator, EstimatorParams):
 
     def _run_id(self):
         return self.getRunId() or "%s_%d" % (self._name.rsplit(".", 1)[-1], int(time.time()))
+
+    def _spec(self, run_id, dataset_idx, has_val):
+        """What every framework's trainer takes (krug.spark.<framework>.remote): the run, its
+        data and the training params; a subclass adds the model and the optimizer."""
+        return {
+            "store": self.getStore(), "run_id": run_id, "dataset_idx": dataset_idx,
+            "has_val": has_val, "loss": self.getLoss(), "metrics": self.getMetrics(),
+            "feature_cols": list(self.getFeatureCols()), "label_cols": list(self.getLabelCols()),
+            "input_shapes": self.getInputShapes(), "batch_size": self.getBatchSize(),
+            "val_batch_size": self.getValBatchSize(), "epochs": self.getEpochs(),
+            "random_seed": self.getRandomSeed(), "shuffle": self.getShuffle(),
+            "train_steps_per_epoch": self.getTrainStepsPerEpoch(),
+            "validation_steps_per_epoch": self.getValidationStepsPerEpoch(),
+            "callbacks": self.getCallbacks(), "verbose": self.getVerbose(),
+            "gradient_compression": self.getGradientCompression(), "use_gpu": self.getUseGpu(),
+        }
+
+    def _model_params(self, history, run_id, metadata):
+        """The params of the trained model (a KrugModel) that fit returns, its model aside."""
+        return dict(history=history, feature_columns=self.getFeatureCols(),
+                    label_columns=self.getLabelCols(),
+                    output_cols=self.getOrDefault(self.output_cols),
+                    input_shapes=self.getInputShapes(), run_id=run_id, metadata=metadata)
 
     # -- fit ------------------------------------------------------------------------------
     def _fit(self, df):
@@ -151,6 +192,18 @@ class KrugModel(Model, ModelParams):
                 yield pdf
 
         return df.mapInPandas(predict_partition, schema)
+
+
+def keyword_signature(cls):
+    """Gives ``cls.__init__`` (``**kwargs``) the signature that help() and inspect show:
+    every param of ``cls`` with its default, then the extra arguments."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(name, keyword, default=default)
+               for name, default in cls._param_defaults.items()]
+    params += [inspect.Parameter(name, keyword, default=None) for name in cls._extra_arguments]
+    cls.__init__.__signature__ = inspect.Signature(params)
+    return cls
 
 
 def _pandas_to_numpy(pdf, columns):

@@ -9,8 +9,11 @@ def _camel(name):
 
 
 def _declare(cls, specs):
-    """Adds a Param and its get<Name> / set<Name> for every (name, default, doc) of specs."""
-    for name, _default, doc in specs:
+    """Adds a Param and its get<Name> / set<Name> for every (name, default, doc) of specs, and
+    its default to ``cls._param_defaults`` (a class's own and those it inherits, in order)."""
+    cls._param_defaults = dict(getattr(cls, "_param_defaults", {}))
+    for name, default, doc in specs:
+        cls._param_defaults[name] = default
         setattr(cls, name, Param(Params._dummy(), name, doc))
 
         def getter(self, _name=name):
@@ -68,34 +71,35 @@ ESTIMATOR_PARAMS = [
 UNSUPPORTED = ("backend", "transformation_fn", "sample_weight_col", "loss_weights")
 
 
-class EstimatorParams(Params):
-    """Horovod's estimator params (see ESTIMATOR_PARAMS)."""
+class _DeclaredParams(Params):
+    """Params whose defaults are the declared ones (``_param_defaults``)."""
 
     def __init__(self):
         super().__init__()
-        self._setDefault(**{name: default for name, default, _ in ESTIMATOR_PARAMS})
+        self._setDefault(**self._param_defaults)
+
+
+class EstimatorParams(_DeclaredParams):
+    """Horovod's estimator params (see ESTIMATOR_PARAMS)."""
 
 
 _declare(EstimatorParams, ESTIMATOR_PARAMS)
 
+# (name, doc); a model's params have no default.
 MODEL_PARAMS = [
-    ("model", None, "the trained model"),
-    ("history", None, "per-epoch metrics of the training"),
-    ("feature_columns", None, "columns of the model's inputs"),
-    ("label_columns", None, "columns of the labels"),
-    ("output_cols", None, "columns transform() adds"),
-    ("input_shapes", None, "shapes the inputs are reshaped to"),
-    ("run_id", None, "name of the run in the store"),
-    ("metadata", None, "row counts of the training data"),
+    ("model", "the trained model"),
+    ("history", "per-epoch metrics of the training"),
+    ("feature_columns", "columns of the model's inputs"),
+    ("label_columns", "columns of the labels"),
+    ("output_cols", "columns transform() adds"),
+    ("input_shapes", "shapes the inputs are reshaped to"),
+    ("run_id", "name of the run in the store"),
+    ("metadata", "row counts of the training data"),
 ]
 
 
-class ModelParams(Params):
+class ModelParams(_DeclaredParams):
     """What a trained model carries (Horovod's ModelParams)."""
 
-    def __init__(self):
-        super().__init__()
-        self._setDefault(**{name: default for name, default, _ in MODEL_PARAMS})
 
-
-_declare(ModelParams, MODEL_PARAMS)
+_declare(ModelParams, [(name, None, doc) for name, doc in MODEL_PARAMS])

@@ -2,9 +2,7 @@
 horovod.spark.keras.KerasEstimator), and the KerasModel it returns. Data, Store and params are
 those of TorchEstimator (krug.spark.common)."""
 
-from pyspark import keyword_only
-
-from krug.spark.common.estimator import KrugEstimator, KrugModel
+from krug.spark.common.estimator import KrugEstimator, KrugModel, keyword_signature
 from krug.spark.common.params import _declare
 from krug.spark.keras.remote import make_trainer
 
@@ -20,29 +18,11 @@ class KerasEstimator(KrugEstimator):
 
     _name = "krug.spark.keras.KerasEstimator"
 
-    @keyword_only
-    def __init__(self, num_proc=None, model=None, backend=None, store=None,
-                 custom_objects=None, optimizer=None, loss=None, loss_weights=None,
-                 sample_weight_col=None, gradient_compression=None, metrics=None,
-                 feature_cols=None, label_cols=None, validation=None, callbacks=None,
-                 batch_size=None, val_batch_size=None, epochs=None, verbose=1,
-                 random_seed=None, shuffle_buffer_size=None, partitions_per_process=None,
-                 run_id=None, train_steps_per_epoch=None, validation_steps_per_epoch=None,
-                 transformation_fn=None, train_reader_num_workers=None,
-                 val_reader_num_workers=None, reader_pool_type="thread", label_shapes=None,
-                 checkpoint_callback=None, inmemory_cache_all=False,
-                 backward_passes_per_step=1, shuffle=True, input_shapes=None,
-                 output_cols=None, use_gpu=True, mp_start_method=None):
-        super().__init__()
-        self._setDefault(custom_objects=None, checkpoint_callback=None,
-                         backward_passes_per_step=1)
-        kwargs = dict(self._input_kwargs)
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         # Keras weighs several losses itself.
         self._keras_loss_weights = kwargs.pop("loss_weights", None)
-        self._set(**{k: v for k, v in kwargs.items() if v is not None})
-
-    def setParams(self, **kwargs):
-        return self._set(**kwargs)
+        self._set_arguments(kwargs)
 
     def _check_model(self):
         import keras
@@ -60,22 +40,11 @@ class KerasEstimator(KrugEstimator):
         import keras
 
         model = self.getModel()
-        spec = {
-            "store": self.getStore(), "run_id": run_id, "dataset_idx": dataset_idx,
-            "has_val": has_val, "model_json": model.to_json(), "weights": model.get_weights(),
-            "optimizer": keras.optimizers.serialize(self.getOptimizer()),
-            "custom_objects": self.getCustomObjects(), "loss": self.getLoss(),
-            "loss_weights": self._keras_loss_weights, "metrics": self.getMetrics(),
-            "feature_cols": list(self.getFeatureCols()), "label_cols": list(self.getLabelCols()),
-            "input_shapes": self.getInputShapes(), "batch_size": self.getBatchSize(),
-            "val_batch_size": self.getValBatchSize(), "epochs": self.getEpochs(),
-            "random_seed": self.getRandomSeed(), "shuffle": self.getShuffle(),
-            "train_steps_per_epoch": self.getTrainStepsPerEpoch(),
-            "validation_steps_per_epoch": self.getValidationStepsPerEpoch(),
-            "callbacks": self.getCallbacks(), "verbose": self.getVerbose(),
-            "gradient_compression": self.getGradientCompression(),
-            "use_gpu": self.getUseGpu(),
-        }
+        spec = self._spec(run_id, dataset_idx, has_val)
+        spec.update(model_json=model.to_json(), weights=model.get_weights(),
+                    optimizer=keras.optimizers.serialize(self.getOptimizer()),
+                    custom_objects=self.getCustomObjects(),
+                    loss_weights=self._keras_loss_weights)
         return make_trainer(spec)
 
     def _create_model(self, result, run_id, metadata):
@@ -85,11 +54,8 @@ class KerasEstimator(KrugEstimator):
         model = keras.models.model_from_json(self.getModel().to_json(),
                                              custom_objects=self.getCustomObjects())
         model.set_weights(weights)
-        return KerasModel(model=model, history=history, feature_columns=self.getFeatureCols(),
-                          label_columns=self.getLabelCols(),
-                          output_cols=self.getOrDefault(self.output_cols),
-                          input_shapes=self.getInputShapes(), run_id=run_id, metadata=metadata,
-                          custom_objects=self.getCustomObjects())
+        return KerasModel(model=model, custom_objects=self.getCustomObjects(),
+                          **self._model_params(history, run_id, metadata))
 
 
 _declare(KerasEstimator, [
@@ -98,6 +64,7 @@ _declare(KerasEstimator, [
                                   "weights to the store"),
     ("backward_passes_per_step", 1, "gradient accumulation steps (only 1 is supported)"),
 ])
+keyword_signature(KerasEstimator)
 
 
 class KerasModel(KrugModel):

@@ -4,9 +4,7 @@ horovod.spark.torch.TorchEstimator), and the TorchModel it returns."""
 import copy
 import io
 
-from pyspark import keyword_only
-
-from krug.spark.common.estimator import KrugEstimator, KrugModel
+from krug.spark.common.estimator import KrugEstimator, KrugModel, keyword_signature
 from krug.spark.torch.remote import make_trainer
 
 
@@ -24,31 +22,18 @@ class TorchEstimator(KrugEstimator):
 
     _name = "krug.spark.torch.TorchEstimator"
 
-    @keyword_only
-    def __init__(self, num_proc=None, model=None, backend=None, store=None, optimizer=None,
-                 loss=None, loss_constructors=None, metrics=None, loss_weights=None,
-                 sample_weight_col=None, gradient_compression=None, feature_cols=None,
-                 input_shapes=None, validation=None, label_cols=None, callbacks=None,
-                 batch_size=None, val_batch_size=None, epochs=None, verbose=1,
-                 random_seed=None, shuffle_buffer_size=None, shuffle=True,
-                 partitions_per_process=None, run_id=None, train_minibatch_fn=None,
-                 train_steps_per_epoch=None, validation_steps_per_epoch=None,
-                 transformation_fn=None, train_reader_num_workers=None,
-                 val_reader_num_workers=None, reader_pool_type="thread", label_shapes=None,
-                 inmemory_cache_all=False, use_gpu=True, mp_start_method=None,
-                 output_cols=None):
-        super().__init__()
-        kwargs = dict(self._input_kwargs)
-        if kwargs.pop("loss_constructors", None) is not None:
+    _extra_arguments = ("loss_constructors", "train_minibatch_fn")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        loss_constructors = kwargs.pop("loss_constructors", None)
+        if loss_constructors is not None:
             if "loss" in kwargs:
                 raise ValueError("%s: give loss or loss_constructors, not both" % self._name)
             kwargs["loss"] = [make() for make in loss_constructors]
         if kwargs.pop("train_minibatch_fn", None) is not None:
             raise ValueError("%s: train_minibatch_fn is not supported by krug" % self._name)
-        self._set(**{k: v for k, v in kwargs.items() if v is not None})
-
-    def setParams(self, **kwargs):
-        return self._set(**kwargs)
+        self._set_arguments(kwargs)
 
     def _check_model(self):
         import torch
@@ -64,21 +49,10 @@ class TorchEstimator(KrugEstimator):
 
     def _train_fn(self, run_id, dataset_idx, has_val):
         optimizer = self.getOptimizer()
-        spec = {
-            "store": self.getStore(), "run_id": run_id, "dataset_idx": dataset_idx,
-            "has_val": has_val, "model": copy.deepcopy(self.getModel()),
-            "optimizer_cls": type(optimizer), "optimizer_defaults": dict(optimizer.defaults),
-            "optimizer_state": optimizer.state_dict(), "loss": self.getLoss(),
-            "metrics": self.getMetrics(), "feature_cols": list(self.getFeatureCols()),
-            "label_cols": list(self.getLabelCols()), "input_shapes": self.getInputShapes(),
-            "label_shapes": self.getLabelShapes(), "batch_size": self.getBatchSize(),
-            "val_batch_size": self.getValBatchSize(), "epochs": self.getEpochs(),
-            "random_seed": self.getRandomSeed(), "shuffle": self.getShuffle(),
-            "train_steps_per_epoch": self.getTrainStepsPerEpoch(),
-            "validation_steps_per_epoch": self.getValidationStepsPerEpoch(),
-            "callbacks": self.getCallbacks(), "verbose": self.getVerbose(),
-            "gradient_compression": self.getGradientCompression(), "use_gpu": self.getUseGpu(),
-        }
+        spec = self._spec(run_id, dataset_idx, has_val)
+        spec.update(model=copy.deepcopy(self.getModel()), optimizer_cls=type(optimizer),
+                    optimizer_defaults=dict(optimizer.defaults),
+                    optimizer_state=optimizer.state_dict(), label_shapes=self.getLabelShapes())
         return make_trainer(spec)
 
     def _create_model(self, result, run_id, metadata):
@@ -88,10 +62,10 @@ class TorchEstimator(KrugEstimator):
         model = copy.deepcopy(self.getModel())
         model.load_state_dict(torch.load(io.BytesIO(state), map_location="cpu"))
         model.eval()
-        return TorchModel(model=model, history=history, feature_columns=self.getFeatureCols(),
-                          label_columns=self.getLabelCols(),
-                          output_cols=self.getOrDefault(self.output_cols),
-                          input_shapes=self.getInputShapes(), run_id=run_id, metadata=metadata)
+        return TorchModel(model=model, **self._model_params(history, run_id, metadata))
+
+
+keyword_signature(TorchEstimator)
 
 
 class TorchModel(KrugModel):

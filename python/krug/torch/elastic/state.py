@@ -37,72 +37,60 @@ class ObjectState(common.ObjectState):
         super().__init__(**_BINDINGS, **kwargs)
 
 
-class _ModelHandler:
-    def __init__(self, model):
-        self.model = model
+class _StateDictHandler:
+    """Saves a tracked object's ``state_dict()`` on commit and loads it back on restore; a
+    subclass says how the object is synced from rank 0."""
+
+    def __init__(self, obj):
+        self.obj = obj
         self.save()
 
     def save(self):
-        self.saved = copy.deepcopy(self.model.state_dict())
-
-    def restore(self):
-        self.model.load_state_dict(self.saved)  # copies into the parameters
-
-    def sync(self, local_commits):
-        broadcast_parameters(self.model.state_dict(), root_rank=0)
-
-    def on_reset(self):
-        pass
-
-
-class _OptimizerHandler:
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-        self.save()
-
-    def save(self):
-        self.saved = copy.deepcopy(self.optimizer.state_dict())
+        self.saved = copy.deepcopy(self.obj.state_dict())
 
     def restore(self):
         # A copy: some torch versions keep the loaded tensors, which the next step would
         # update in place, changing the saved state.
-        self.optimizer.load_state_dict(copy.deepcopy(self.saved))
-
-    def sync(self, local_commits):
-        broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self.obj.load_state_dict(copy.deepcopy(self.saved))
 
     def on_reset(self):
         pass
 
 
-class _SamplerHandler:
+class _ModelHandler(_StateDictHandler):
+    def restore(self):
+        self.obj.load_state_dict(self.saved)  # copies into the parameters
+
+    def sync(self, local_commits):
+        broadcast_parameters(self.obj.state_dict(), root_rank=0)
+
+
+class _OptimizerHandler(_StateDictHandler):
+    def sync(self, local_commits):
+        broadcast_optimizer_state(self.obj, root_rank=0)
+
+
+class _SamplerHandler(_StateDictHandler):
     def __init__(self, name, sampler):
         self.name = name
-        self.sampler = sampler
-        self.save()
-
-    def save(self):
-        self.saved = copy.deepcopy(self.sampler.state_dict())
-
-    def restore(self):
-        self.sampler.load_state_dict(copy.deepcopy(self.saved))
+        super().__init__(sampler)
 
     def sync(self, local_commits):
         # The union of the ranks' processed indices (record_indices records on one rank
         # only), taken over the ranks at rank 0's epoch and commit: a rank that got one
         # commit further than rank 0 before a failure must not skip rank 0's next batch.
-        gathered = allgather_object((local_commits, self.sampler.state_dict()),
+        gathered = allgather_object((local_commits, self.obj.state_dict()),
                                     name="krug.elastic.sampler.%s" % self.name)
         root_commits, root = gathered[0]
         processed = set(root["processed_indices"])
         for commits, theirs in gathered[1:]:
             if commits == root_commits and theirs["epoch"] == root["epoch"]:
                 processed.update(theirs["processed_indices"])
-        self.sampler.load_state_dict({"epoch": root["epoch"],
-                                      "processed_indices": sorted(processed)})
+        self.obj.load_state_dict({"epoch": root["epoch"],
+                                  "processed_indices": sorted(processed)})
 
     def on_reset(self):
-        self.sampler.reset()  # the new rank and size; no collective (new workers sync first)
+        self.obj.reset()  # the new rank and size; no collective (new workers sync first)
 
 
 def _handler_for(name, value):
