@@ -8,15 +8,15 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <charconv>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
+#include "common/strict_parse.h"
 #include "krug/types.h"
 #include "run/knob_flags.h"
 
@@ -65,22 +65,18 @@ class Reader {
 
   int integer(const YAML::Node& n, std::string_view key, int min, int max = INT32_MAX) const {
     std::string s = text(n, key, "a whole number");
-    int v = 0;
-    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (s.empty() || ec != std::errc() || end != s.data() + s.size())
-      fail(n, key, fmt::format("'{}' is not a whole number", s));
-    if (v < min || v > max) fail(n, key, fmt::format("{} is not in {}..{}", v, min, max));
-    return v;
+    const std::optional<int64_t> v = parse_int64_strict(s);
+    if (!v) fail(n, key, fmt::format("'{}' is not a whole number", s));
+    if (*v < min || *v > max) fail(n, key, fmt::format("{} is not in {}..{}", *v, min, max));
+    return static_cast<int>(*v);
   }
 
   double positive_number(const YAML::Node& n, std::string_view key) const {
-    std::string s = text(n, key, "a number");
-    double v = 0;
-    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (s.empty() || ec != std::errc() || end != s.data() + s.size() || !std::isfinite(v))
-      fail(n, key, fmt::format("'{}' is not a number", s));
-    if (v <= 0) fail(n, key, fmt::format("{} must be greater than 0", s));
-    return v;
+    try {
+      return parse_number_at_least(text(n, key, "a number"), 0, false);
+    } catch (const Error& e) {
+      fail(n, key, e.what());
+    }
   }
 
   bool boolean(const YAML::Node& n, std::string_view key) const {

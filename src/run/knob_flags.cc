@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <charconv>
-#include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "common/log.h"
+#include "common/strict_parse.h"
 #include "krug/types.h"
 
 namespace krug::run {
@@ -42,28 +42,17 @@ constexpr std::array kFlags{
              Kind::kNumber, 0, false, "KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"},
 };
 
-void check_bound(const KnobFlag& flag, std::string_view text, double v) {
-  if (flag.min_allowed ? v < flag.min : v <= flag.min)
-    throw Error(fmt::format("{} must be {} {}", text,
-                            flag.min_allowed ? "at least" : "greater than", flag.min));
+void check_bound(std::string_view text, double v, double min, bool min_allowed) {
+  if (min_allowed ? v < min : v <= min)
+    throw Error(
+        fmt::format("{} must be {} {}", text, min_allowed ? "at least" : "greater than", min));
 }
 
 int64_t parse_integer(const KnobFlag& flag, std::string_view text) {
-  int64_t v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    throw Error(fmt::format("'{}' is not a whole number", text));
-  check_bound(flag, text, static_cast<double>(v));
-  return v;
-}
-
-double parse_number(const KnobFlag& flag, std::string_view text) {
-  double v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(v))
-    throw Error(fmt::format("'{}' is not a number", text));
-  check_bound(flag, text, v);
-  return v;
+  const std::optional<int64_t> v = parse_int64_strict(text);
+  if (!v) throw Error(fmt::format("'{}' is not a whole number", text));
+  check_bound(text, static_cast<double>(*v), flag.min, flag.min_allowed);
+  return *v;
 }
 
 }  // namespace
@@ -88,13 +77,20 @@ std::string knob_value(const KnobFlag& flag, std::string_view text) {
     case Kind::kInteger:
       return std::to_string(parse_integer(flag, text));
     case Kind::kNumber:
-      return fmt::format("{}", parse_number(flag, text));
+      return fmt::format("{}", parse_number_at_least(text, flag.min, flag.min_allowed));
     case Kind::kLogLevel:  // the engine's spelling: "WARN" -> "warning"
       return std::string(log::level_name(log::parse_level(text)));
     case Kind::kText:
       return std::string(text);
   }
   throw Error("unknown knob kind");  // unreachable: every kind is handled above
+}
+
+double parse_number_at_least(std::string_view text, double min, bool min_allowed) {
+  const std::optional<double> v = parse_double_strict(text);
+  if (!v) throw Error(fmt::format("'{}' is not a number", text));
+  check_bound(text, *v, min, min_allowed);
+  return *v;
 }
 
 }  // namespace krug::run

@@ -37,4 +37,10 @@ std::string flag_name(std::string_view key);
 // krug::Error saying what is wrong with the value (callers add where it came from).
 std::string knob_value(const KnobFlag& flag, std::string_view text);
 
+// A decimal number and nothing else, at least `min` (greater than `min` unless `min_allowed`):
+// the check of every number krugrun takes (knob flags, --start-timeout and its kin, the job spec
+// file). Throws krug::Error saying what is wrong ("'x' is not a number", "0 must be greater
+// than 0"); callers add where the text came from.
+double parse_number_at_least(std::string_view text, double min, bool min_allowed);
+
 }  // namespace krug::run

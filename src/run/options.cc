@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "common/config.h"
 #include "krug/types.h"
 #include "run/build_report.h"
 #include "run/horovod_config.h"
@@ -30,16 +31,11 @@ using KnobText = std::map<std::string_view, std::string>;
 CLI::Validator number_at_least(double min, bool inclusive) {
   return CLI::Validator(
       [=](std::string& value) -> std::string {
-        double v = 0;
-        size_t used = 0;
         try {
-          v = std::stod(value, &used);
-        } catch (const std::exception&) {
+          parse_number_at_least(value, min, inclusive);
+        } catch (const Error& e) {
+          return e.what();
         }
-        if (used != value.size() || value.empty()) return "'" + value + "' is not a number";
-        if (inclusive ? v < min : v <= min)
-          return fmt::format("{} must be {} {}", value, inclusive ? "at least" : "greater than",
-                             min);
         return {};
       },
       inclusive ? "NONNEGATIVE" : "POSITIVE");
@@ -86,24 +82,9 @@ struct RawFlags {
 };
 
 // --start-timeout's default from the environment, as horovodrun reads HOROVOD_START_TIMEOUT
-// (krug's KRUG_START_TIMEOUT first).
+// (krug's KRUG_START_TIMEOUT first): the knob table's KRUG_START_TIMEOUT.
 void start_timeout_from_environment(LaunchOptions& o) {
-  const EnvMap env = current_environment();
-  for (const char* name : {"KRUG_START_TIMEOUT", "HOROVOD_START_TIMEOUT"}) {
-    auto it = env.find(name);
-    if (it == env.end() || it->second.empty()) continue;
-    size_t used = 0;
-    double seconds = 0;
-    try {
-      seconds = std::stod(it->second, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != it->second.size() || !(seconds > 0))
-      throw Error(fmt::format("krugrun: {}='{}' is not a number of seconds above 0", name,
-                              it->second));
-    o.start_timeout_s = seconds;
-    return;
-  }
+  o.start_timeout_s = load_knobs({"KRUG_START_TIMEOUT"}).start_timeout.count();
 }
 
 // horovodrun's --config-file, under the flags given: a knob set by a flag keeps the flag's value.
