@@ -151,29 +151,7 @@ namespace krug::collectives {
 
 void GlooCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
                                 void* recv_data, size_t recv_bytes, int recv_from) {
-  auto describe = [&] {
-    std::string what;
-    if (send_to >= 0) what = fmt::format("send of {} bytes to rank {}", send_bytes, send_to);
-    if (recv_from >= 0)
-      what += fmt::format("{}receive of {} bytes from rank {}", what.empty() ? "" : " and ",
-                          recv_bytes, recv_from);
-    return what;
-  };
-  if (send_to < -1 || send_to >= size_ || recv_from < -1 || recv_from >= size_)
-    throw Error(fmt::format("gloo point-to-point {} on rank {} of {}: peer out of range",
-                            describe(), rank_, size_));
-  if ((send_to == rank_) != (recv_from == rank_))
-    throw Error(fmt::format("gloo point-to-point {} on rank {} of {}: a rank can exchange with "
-                            "itself only in both directions",
-                            describe(), rank_, size_));
-  if (send_to == rank_) {
-    if (send_bytes != recv_bytes)
-      throw Error(fmt::format("gloo point-to-point on rank {}: sends {} bytes to itself but "
-                              "expects {}",
-                              rank_, send_bytes, recv_bytes));
-    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
-    return;
-  }
+  if (sendrecv_with_self(send_data, send_bytes, send_to, recv_data, recv_bytes, recv_from)) return;
   // Slots advance even for empty messages: both sides of a pair agree on every byte count, so
   // they skip the same messages and stay in step.
   const uint64_t send_slot = send_to >= 0 ? kP2PSlotBase + sent_to_[send_to]++ : 0;
@@ -194,9 +172,11 @@ void GlooCommunicator::sendrecv(const void* send_data, size_t send_bytes, int se
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(fmt::format("gloo point-to-point {} failed on rank {} of {} (ranks of this "
-                            "process set; timeout {} ms): {}",
-                            describe(), rank_, size_, timeout_.count(), e.what()));
+    throw Error(
+        fmt::format("gloo point-to-point {} failed on rank {} of {} (ranks of this "
+                    "process set; timeout {} ms): {}",
+                    describe_sendrecv(send_bytes, send_to, recv_bytes, recv_from), rank_, size_,
+                    timeout_.count(), e.what()));
   }
 }
 

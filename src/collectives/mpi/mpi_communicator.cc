@@ -125,32 +125,9 @@ void MpiCommunicator::barrier() {
 
 void MpiCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
                                void* recv_data, size_t recv_bytes, int recv_from) {
-  auto describe = [&] {
-    std::string what;
-    if (send_to >= 0) what = fmt::format("send of {} bytes to rank {}", send_bytes, send_to);
-    if (recv_from >= 0)
-      what += fmt::format("{}receive of {} bytes from rank {}", what.empty() ? "" : " and ",
-                          recv_bytes, recv_from);
-    return what;
-  };
-  if (send_to < -1 || send_to >= size_ || recv_from < -1 || recv_from >= size_)
-    throw Error(fmt::format("mpi point-to-point {} on rank {} of {}: peer out of range", describe(),
-                            rank_, size_));
-  if ((send_to == rank_) != (recv_from == rank_))
-    throw Error(
-        fmt::format("mpi point-to-point {} on rank {} of {}: a rank can exchange with "
-                    "itself only in both directions",
-                    describe(), rank_, size_));
-  if (send_to == rank_) {
-    if (send_bytes != recv_bytes)
-      throw Error(
-          fmt::format("mpi point-to-point on rank {}: sends {} bytes to itself but "
-                      "expects {}",
-                      rank_, send_bytes, recv_bytes));
-    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
-    return;
-  }
-  const std::string what = "point-to-point " + describe();
+  if (sendrecv_with_self(send_data, send_bytes, send_to, recv_data, recv_bytes, recv_from)) return;
+  const std::string what =
+      "point-to-point " + describe_sendrecv(send_bytes, send_to, recv_bytes, recv_from);
   guarded(what.c_str(), [&] {
     Requests requests(comm_, options_.max_message_bytes);
     if (recv_from >= 0 && recv_bytes > 0)
