@@ -12,6 +12,7 @@
 
 #include "krug/types.h"
 #include "run/cli/knob_flags.h"
+#include "run/cli/yaml_text.h"
 
 namespace krug::run {
 namespace {
@@ -129,13 +130,7 @@ void read_section(const Section& section, const YAML::Node& body, const std::str
 }  // namespace
 
 HorovodConfig parse_horovod_config(const std::string& text, const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw Error(fmt::format("krugrun: {}:{}:{}: not valid YAML: {}", path, e.mark.line + 1,
-                            e.mark.column + 1, e.msg));
-  }
+  const YAML::Node root = parse_yaml(text, path);
   HorovodConfig c;
   if (root.IsNull()) return c;
   if (!root.IsMap())

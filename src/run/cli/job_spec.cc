@@ -19,6 +19,7 @@
 #include "common/strict_parse.h"
 #include "krug/types.h"
 #include "run/cli/knob_flags.h"
+#include "run/cli/yaml_text.h"
 
 namespace krug::run {
 namespace {
@@ -316,13 +317,7 @@ void read_entry(const Reader& r, const std::string& key, const YAML::Node& k, co
 }  // namespace
 
 JobSpec parse_job_spec(const std::string& text, const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::ParserException& e) {
-    throw Error(fmt::format("krugrun: {}:{}:{}: not valid YAML: {}", path, e.mark.line + 1,
-                            e.mark.column + 1, e.msg));
-  }
+  const YAML::Node root = parse_yaml(text, path);
   if (root.IsNull())
     throw Error(
         fmt::format("krugrun: {}: the job spec is empty; it needs at least "

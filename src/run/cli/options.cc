@@ -95,6 +95,13 @@ void apply_horovod_config(const CLI::App& app, const std::string& path, LaunchOp
     o.mpi = *config.use_mpi;
 }
 
+// A switch that sets one knob to `value` in every rank's environment.
+void add_knob_switch(CLI::App& app, LaunchOptions& o, const std::string& flag, const char* knob,
+                     const char* value, const std::string& help) {
+  app.add_flag_callback(
+      flag, [&o, knob, value] { o.knob_env[knob] = value; }, help);
+}
+
 // horovodrun's flags that change nothing in krugrun, accepted so its command lines run as they
 // are: ranks over TCP are Gloo's already, krugrun caches no host checks, and krug's log lines
 // carry no timestamp.
@@ -105,12 +112,10 @@ void add_horovodrun_no_ops(CLI::App& app, LaunchOptions& o) {
   app.add_flag("--disable-cache")->description("horovodrun's: krugrun caches no host checks");
   app.add_flag("--log-without-timestamp,--log-hide-timestamp")
       ->description("horovodrun's: krug's log lines have no timestamp");
-  app.add_flag_callback(
-      "--no-stall-check", [&o] { o.knob_env["KRUG_STALL_CHECK_DISABLE"] = "1"; },
-      "KRUG_STALL_CHECK_DISABLE=1: turn the stall inspector off");
-  app.add_flag_callback(
-      "--timeline-mark-cycles", [&o] { o.knob_env["KRUG_TIMELINE_MARK_CYCLES"] = "1"; },
-      "KRUG_TIMELINE_MARK_CYCLES=1 (the default)");
+  add_knob_switch(app, o, "--no-stall-check", "KRUG_STALL_CHECK_DISABLE", "1",
+                  "KRUG_STALL_CHECK_DISABLE=1: turn the stall inspector off");
+  add_knob_switch(app, o, "--timeline-mark-cycles", "KRUG_TIMELINE_MARK_CYCLES", "1",
+                  "KRUG_TIMELINE_MARK_CYCLES=1 (the default)");
 }
 
 void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& raw) {
@@ -164,15 +169,13 @@ void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& raw) {
         ->check(knob_check(flag))
         ->type_name(knob_type_name(flag.kind));
   // Not a value knob: two switches for one KRUG_HIERARCHICAL_ALLREDUCE (neither = auto).
-  app.add_flag_callback(
-      "--hierarchical-allreduce", [&o] { o.knob_env["KRUG_HIERARCHICAL_ALLREDUCE"] = "1"; },
-      "KRUG_HIERARCHICAL_ALLREDUCE=1 (default: auto)");
-  app.add_flag_callback(
-      "--no-hierarchical-allreduce", [&o] { o.knob_env["KRUG_HIERARCHICAL_ALLREDUCE"] = "0"; },
-      "KRUG_HIERARCHICAL_ALLREDUCE=0");
-  app.add_flag_callback(
-      "--autotune", [&o] { o.knob_env["KRUG_AUTOTUNE"] = "1"; },
-      "KRUG_AUTOTUNE=1: tune the fusion threshold and cycle time online (docs/autotune.md)");
+  add_knob_switch(app, o, "--hierarchical-allreduce", "KRUG_HIERARCHICAL_ALLREDUCE", "1",
+                  "KRUG_HIERARCHICAL_ALLREDUCE=1 (default: auto)");
+  add_knob_switch(app, o, "--no-hierarchical-allreduce", "KRUG_HIERARCHICAL_ALLREDUCE", "0",
+                  "KRUG_HIERARCHICAL_ALLREDUCE=0");
+  add_knob_switch(app, o, "--autotune", "KRUG_AUTOTUNE", "1",
+                  "KRUG_AUTOTUNE=1: tune the fusion threshold and cycle time online "
+                  "(docs/autotune.md)");
   // Elastic mode (docs/elastic.md)
   ElasticOptions& e = o.elastic;
   app.add_option("--host-discovery-script", e.discovery_script,
