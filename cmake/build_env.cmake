@@ -74,9 +74,25 @@ function(krug_query_python python script out_json out_rc)
     execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH
       --unset=PYTHONNOUSERSITE ${python} ${script}
       OUTPUT_VARIABLE json ERROR_QUIET RESULT_VARIABLE rc)
+    string(JSON error ERROR_VARIABLE none GET "${json}" error)
+    if(rc EQUAL 0 AND NOT error)
+      get_filename_component(name ${script} NAME)
+      message(STATUS "krug: ${name} found its framework outside the build's isolated environment")
+    endif()
   endif()
   set(${out_json} "${json}" PARENT_SCOPE)
   set(${out_rc} ${rc} PARENT_SCOPE)
+endfunction()
+
+# Fails with a message that names the version found and the supported range.
+function(krug_check_framework_version framework version min limit out_problem)
+  if(version VERSION_LESS min OR NOT version VERSION_LESS limit)
+    string(CONCAT problem_text "${framework} ${version} is not supported: krug supports "
+      "${framework} ${min} or newer, older than ${limit}")
+    set(${out_problem} "${problem_text}" PARENT_SCOPE)
+  else()
+    set(${out_problem} "" PARENT_SCOPE)
+  endif()
 endfunction()
 
 # The parts krug has no choice about: Gloo is always built; bindings that do not exist yet.

@@ -1,6 +1,6 @@
 # What this build contains, written once at configure time from CMake's own variables:
 #   generated/include/krug/version.h  public: KRUG_VERSION_* (installed with the headers)
-#   generated/run/build_config.h      krugrun --check-build: the bindings built and why not
+#   generated/run/cli/build_config.h  krugrun --check-build: the bindings built and why not
 #   python/krug/_build_info.py        krug.__version__, python -m krug.info and krug.torch's
 #                                     import error (a second copy, with install paths, is
 #                                     installed by cmake/install.cmake)
@@ -25,7 +25,7 @@ else()
   set(KRUG_JAX_BUILT_VERSION "")
 endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/templates/build_config.h.in
-  ${KRUG_GENERATED_DIR}/run/build_config.h @ONLY)
+  ${KRUG_GENERATED_DIR}/run/cli/build_config.h @ONLY)
 target_include_directories(krugrun_lib PRIVATE ${KRUG_GENERATED_DIR})
 
 # The Python build information: in the build tree krugrun and libkrug.so are in build/, next to

@@ -14,47 +14,11 @@
 set(KRUG_TORCH_MIN_VERSION 1.13)
 set(KRUG_TORCH_VERSION_LIMIT 3.0)
 
-# Fails with a message that names the version found and the supported range.
-function(krug_check_framework_version framework version min limit out_problem)
-  if(version VERSION_LESS min OR NOT version VERSION_LESS limit)
-    string(CONCAT problem_text "${framework} ${version} is not supported: krug supports "
-      "${framework} ${min} or newer, older than ${limit}")
-    set(${out_problem} "${problem_text}" PARENT_SCOPE)
-  else()
-    set(${out_problem} "" PARENT_SCOPE)
-  endif()
-endfunction()
-
-# Runs cmake/query_torch.py with the interpreter; the JSON it prints goes to out_json.
-# Under pip's build isolation the interpreter is the target environment's, but PYTHONPATH hides
-# its site-packages (where torch is) behind the isolated build environment; when torch is not
-# importable as is, the query runs again without pip's PYTHONPATH and PYTHONNOUSERSITE.
-function(krug_query_torch python out_json)
-  set(script ${CMAKE_CURRENT_LIST_DIR}/query_torch.py)
-  execute_process(COMMAND ${python} ${script} OUTPUT_VARIABLE json ERROR_QUIET
-    RESULT_VARIABLE rc)
-  if(rc EQUAL 0)
-    string(JSON error ERROR_VARIABLE none GET "${json}" error)
-  endif()
-  if(NOT rc EQUAL 0 OR error)
-    execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE
-      ${python} ${script} OUTPUT_VARIABLE outer_json ERROR_QUIET RESULT_VARIABLE outer_rc)
-    if(outer_rc EQUAL 0)
-      string(JSON outer_error ERROR_VARIABLE none GET "${outer_json}" error)
-      if(NOT outer_error)
-        set(json "${outer_json}")
-        message(STATUS "krug: torch found outside the build's isolated environment")
-      endif()
-    endif()
-  endif()
-  set(${out_json} "${json}" PARENT_SCOPE)
-endfunction()
-
 function(krug_find_torch python)
   set(KRUG_TORCH_VERSION "" PARENT_SCOPE)
-  krug_query_torch(${python} json)
+  krug_query_python(${python} ${CMAKE_CURRENT_LIST_DIR}/query_torch.py json rc)
   string(JSON error ERROR_VARIABLE none GET "${json}" error)
-  if(json STREQUAL "" OR error)
+  if(NOT rc EQUAL 0 OR json STREQUAL "" OR error)
     string(CONCAT problem_text "torch is not importable by ${python} (${error}); install "
       "torch into that environment first (pip install torch, or Debian's python3-torch)")
     set(KRUG_TORCH_PROBLEM "${problem_text}" PARENT_SCOPE)

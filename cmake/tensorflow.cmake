@@ -14,56 +14,13 @@
 set(KRUG_TENSORFLOW_MIN_VERSION 2.16)
 set(KRUG_TENSORFLOW_VERSION_LIMIT 3.0)
 
-set(KRUG_TENSORFLOW_ENABLED OFF)
-set(KRUG_TENSORFLOW_VERSION "")
-set(KRUG_TENSORFLOW_PROBLEM "")
 krug_build_choice(KRUG_BUILD_TENSORFLOW TENSORFLOW)
-
-if(KRUG_BUILD_TENSORFLOW STREQUAL "AUTO" AND KRUG_SANITIZE)
-  set(KRUG_TENSORFLOW_PROBLEM "not built with KRUG_SANITIZE=${KRUG_SANITIZE}")
-elseif(KRUG_BUILD_TENSORFLOW STREQUAL "OFF")
-  set(KRUG_TENSORFLOW_PROBLEM "disabled (KRUG_BUILD_TENSORFLOW=OFF or KRUG_WITHOUT_TENSORFLOW)")
-else()
-  find_package(Python 3 QUIET COMPONENTS Interpreter Development.Module)
-  if(NOT Python_FOUND)
-    set(KRUG_TENSORFLOW_PROBLEM "Python 3 development files (python3-dev) not found")
-  else()
-    krug_query_python(${Python_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/query_tensorflow.py
-      _tf_json _tf_rc)
-    string(JSON _tf_error ERROR_VARIABLE _tf_none GET "${_tf_json}" error)
-    if(NOT _tf_rc EQUAL 0)
-      set(KRUG_TENSORFLOW_PROBLEM "${Python_EXECUTABLE} cannot run cmake/query_tensorflow.py")
-    elseif(_tf_error)
-      set(KRUG_TENSORFLOW_PROBLEM "TensorFlow is not importable by ${Python_EXECUTABLE} "
-        "(${_tf_error})")
-    else()
-      string(JSON KRUG_TENSORFLOW_VERSION GET "${_tf_json}" version)
-      krug_check_framework_version(TensorFlow ${KRUG_TENSORFLOW_VERSION}
-        ${KRUG_TENSORFLOW_MIN_VERSION} ${KRUG_TENSORFLOW_VERSION_LIMIT} KRUG_TENSORFLOW_PROBLEM)
-      string(JSON _tf_pybind11 ERROR_VARIABLE _tf_none GET "${_tf_json}" pybind11_cmake_dir)
-      set(PYBIND11_FINDPYTHON ON)
-      find_package(pybind11 CONFIG QUIET HINTS ${_tf_pybind11})
-      if(NOT KRUG_TENSORFLOW_PROBLEM AND NOT pybind11_FOUND)
-        set(KRUG_TENSORFLOW_PROBLEM "pybind11 not found (pip install pybind11, or Debian's "
-          "pybind11-dev)")
-      endif()
-    endif()
-  endif()
-  if(KRUG_TENSORFLOW_PROBLEM AND KRUG_BUILD_TENSORFLOW STREQUAL "ON")
-    message(FATAL_ERROR "krug: the TensorFlow binding was required (KRUG_BUILD_TENSORFLOW=ON "
-      "or KRUG_WITH_TENSORFLOW=1) but cannot be built: ${KRUG_TENSORFLOW_PROBLEM}.")
-  endif()
-  if(NOT KRUG_TENSORFLOW_PROBLEM)
-    set(KRUG_TENSORFLOW_ENABLED ON)
-  endif()
-endif()
-
+krug_find_python_binding(TENSORFLOW TensorFlow query_tensorflow.py ${KRUG_TENSORFLOW_MIN_VERSION}
+  ${KRUG_TENSORFLOW_VERSION_LIMIT} _tf_json)
+krug_settle_python_binding(TENSORFLOW TensorFlow)
 if(NOT KRUG_TENSORFLOW_ENABLED)
-  message(STATUS "krug: TensorFlow frontend not built: ${KRUG_TENSORFLOW_PROBLEM}")
   return()
 endif()
-message(STATUS "krug: TensorFlow frontend enabled (TensorFlow ${KRUG_TENSORFLOW_VERSION}, "
-  "Python ${Python_VERSION}: ${Python_EXECUTABLE})")
 
 # TensorFlow's flags, split into include directories (SYSTEM: its headers' warnings are not
 # ours), definitions (the C++ ABI, Eigen's alignment) and link options. Its -std is dropped:
@@ -97,20 +54,9 @@ if("_GLIBCXX_USE_CXX11_ABI=0" IN_LIST _tf_definitions)
     "KRUG_BUILD_TENSORFLOW=OFF or against a TensorFlow of the new ABI (2.9 or newer)")
 endif()
 
-krug_layer_view(frameworks_tensorflow frameworks/tensorflow)
 file(GLOB KRUG_TENSORFLOW_SOURCES CONFIGURE_DEPENDS src/frameworks/tensorflow/*.cc)
-add_library(_tensorflow_ops MODULE ${KRUG_TENSORFLOW_SOURCES})
+krug_add_binding_module(_tensorflow_ops tensorflow ${KRUG_TENSORFLOW_SOURCES})
 target_include_directories(_tensorflow_ops SYSTEM PRIVATE ${_tf_includes})
 target_compile_definitions(_tensorflow_ops PRIVATE ${_tf_definitions})
-# Like the torch binding, no core layer: the frontend seam (include/krug/frontend.h) only.
-target_link_libraries(_tensorflow_ops PRIVATE krug krug_frameworks_tensorflow_headers fmt::fmt
-  ${_tf_link})
-set_target_properties(_tensorflow_ops PROPERTIES PREFIX ""
-  LIBRARY_OUTPUT_DIRECTORY ${KRUG_PYTHON_DIR}/krug/tensorflow
-  BUILD_RPATH "$ORIGIN/../../..;${CMAKE_BINARY_DIR};${KRUG_TENSORFLOW_LIBRARY_DIR}"
-  INSTALL_RPATH "$ORIGIN/../../..")
-
-krug_add_python_basics()
-if(TARGET krug_python)
-  add_dependencies(_tensorflow_ops krug_python)
-endif()
+target_link_libraries(_tensorflow_ops PRIVATE ${_tf_link})
+set_property(TARGET _tensorflow_ops APPEND PROPERTY BUILD_RPATH ${KRUG_TENSORFLOW_LIBRARY_DIR})

@@ -48,28 +48,32 @@ void combine(V* out, const V* a, const V* b, size_t n, double ca, double cb) {
 using ToFloat = void (*)(const uint16_t*, float*, size_t);
 using FromFloat = void (*)(const float*, uint16_t*, size_t);
 
-void accumulate16(ToFloat widen, const uint16_t* a, const uint16_t* b, size_t n, Partial& p) {
+// Calls f(fa, fb, m, i) for each block of at most kBlock elements from i, with fa and fb the
+// block of `a` and of `b` widened to float32.
+template <typename F>
+void in_float_blocks(ToFloat widen, const uint16_t* a, const uint16_t* b, size_t n, F&& f) {
   alignas(64) float fa[kBlock];
   alignas(64) float fb[kBlock];
   for (size_t i = 0; i < n; i += kBlock) {
     const size_t m = std::min(kBlock, n - i);
     widen(a + i, fa, m);
     widen(b + i, fb, m);
-    accumulate(fa, fb, m, p);
+    f(fa, fb, m, i);
   }
+}
+
+void accumulate16(ToFloat widen, const uint16_t* a, const uint16_t* b, size_t n, Partial& p) {
+  in_float_blocks(widen, a, b, n, [&](const float* fa, const float* fb, size_t m, size_t) {
+    accumulate(fa, fb, m, p);
+  });
 }
 
 void combine16(ToFloat widen, FromFloat narrow, uint16_t* out, const uint16_t* a, const uint16_t* b,
                size_t n, double ca, double cb) {
-  alignas(64) float fa[kBlock];
-  alignas(64) float fb[kBlock];
-  for (size_t i = 0; i < n; i += kBlock) {
-    const size_t m = std::min(kBlock, n - i);
-    widen(a + i, fa, m);
-    widen(b + i, fb, m);
+  in_float_blocks(widen, a, b, n, [&](float* fa, const float* fb, size_t m, size_t i) {
     combine(fa, fa, fb, m, ca, cb);
     narrow(fa, out + i, m);
-  }
+  });
 }
 
 void accumulate_any(DataType t, const void* a, const void* b, size_t n, Partial& p) {

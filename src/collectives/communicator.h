@@ -73,6 +73,18 @@ class Communicator {
   // NCCL communicator or host staging made on first use). It lives and dies with this
   // communicator, so it never outlives its process set.
   std::shared_ptr<void> device_plane;
+
+ protected:
+  // The part of sendrecv that host-memory backends share: checks that each peer is a rank of
+  // this set or -1 and that this rank is both peers or neither (throwing krug::Error that names
+  // the backend and the exchange, before any message), then does an exchange with itself, a
+  // copy. Returns true when that was the whole exchange.
+  bool sendrecv_with_self(const void* send_data, size_t send_bytes, int send_to, void* recv_data,
+                          size_t recv_bytes, int recv_from) const;
 };
+
+// "send of 8 bytes to rank 1 and receive of 8 bytes from rank 2": a sendrecv, for errors (a
+// direction with peer -1 is left out).
+std::string describe_sendrecv(size_t send_bytes, int send_to, size_t recv_bytes, int recv_from);
 
 }  // namespace krug::collectives

@@ -51,6 +51,35 @@ void allgatherv(Exchange& exchange, const void* in, void* out,
   allgather_in_place(exchange, out, bytes_per_rank);
 }
 
+std::pair<std::vector<size_t>, std::vector<size_t>> copy_own_part(
+    int rank, const void* in, const std::vector<size_t>& send_bytes, void* out,
+    const std::vector<size_t>& recv_bytes) {
+  auto offsets = std::make_pair(prefix_offsets(send_bytes), prefix_offsets(recv_bytes));
+  if (send_bytes[rank] > 0)
+    reduce::move(static_cast<uint8_t*>(out) + offsets.second[rank],
+                 static_cast<const uint8_t*>(in) + offsets.first[rank], send_bytes[rank]);
+  return offsets;
+}
+
+void alltoallv(Exchange& exchange, const void* in, const std::vector<size_t>& send_bytes, void* out,
+               const std::vector<size_t>& recv_bytes) {
+  const int rank = exchange.rank(), size = exchange.size();
+  const auto [send_offsets, recv_offsets] = copy_own_part(rank, in, send_bytes, out, recv_bytes);
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  // Only buffers with bytes in them: a transport may not register an empty one.
+  std::vector<Region> regions;
+  if (send_offsets[size] > 0) regions.push_back({in, send_offsets[size]});
+  if (recv_offsets[size] > 0) regions.push_back({out, recv_offsets[size]});
+  exchange.begin(regions, 1);
+  for (int p = 0; p < size; ++p)
+    if (p != rank && recv_bytes[p] > 0) exchange.recv(dst + recv_offsets[p], recv_bytes[p], p, 0);
+  for (int p = 0; p < size; ++p)
+    if (p != rank && send_bytes[p] > 0) exchange.send(src + send_offsets[p], send_bytes[p], p, 0);
+  exchange.wait_recvs(0);
+  exchange.wait_sends();
+}
+
 uint8_t* OrderedReducer::scratch_for(size_t bytes) {
   // Reused across calls and never zero-filled: every byte read was received first.
   if (scratch_size_ < bytes) {

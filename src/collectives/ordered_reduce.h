@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "krug/types.h"
@@ -56,6 +57,19 @@ void allgather_in_place(Exchange& exchange, void* data, const std::vector<size_t
 // allgatherv: places this rank's `in` at its offset in `out`, then allgather_in_place.
 void allgatherv(Exchange& exchange, const void* in, void* out,
                 const std::vector<size_t>& bytes_per_rank);
+
+// alltoallv's own part: copies the send_bytes[rank] bytes this rank sends itself from `in` to
+// their place in `out` (in rank order, both). Returns the prefix offsets of send_bytes and of
+// recv_bytes.
+std::pair<std::vector<size_t>, std::vector<size_t>> copy_own_part(
+    int rank, const void* in, const std::vector<size_t>& send_bytes, void* out,
+    const std::vector<size_t>& recv_bytes);
+
+// alltoallv: send_bytes[r] bytes of `in` (consecutive, in rank order) go to rank r, and
+// recv_bytes[r] bytes from rank r land in `out` (the same). All receives are posted before any
+// send; one step, which every rank takes, whatever its byte counts.
+void alltoallv(Exchange& exchange, const void* in, const std::vector<size_t>& send_bytes, void* out,
+               const std::vector<size_t>& recv_bytes);
 
 // Holds the scratch memory of the reduce-scatter across calls; one per communicator.
 class OrderedReducer {

@@ -19,30 +19,40 @@ namespace {
 
 using knobs::Knob;
 
-// A knob's value as found in the environment, with the variable it came from (KRUG_* or the
+// A knob's value as found in the environment, with the variable it came from (KRUG_* or a
 // HOROVOD_* alias) so errors name what the user actually set.
 struct Setting {
   std::string_view var;
   std::string value;
+  bool from_alias = false;
 };
 // Canonical knob name -> variable the value was read from, for cross-knob checks.
 using Sources = std::map<std::string_view, std::string_view>;
 
 std::optional<Setting> lookup(const Knob& knob, const GetEnv& getenv) {
-  for (std::string_view var : {knob.name, knob.alias}) {
-    if (var.empty()) continue;
-    if (const char* value = getenv(std::string(var).c_str())) return Setting{var, value};
-  }
+  if (const char* value = getenv(std::string(knob.name).c_str())) return Setting{knob.name, value};
+  for (std::string_view alias : knob.aliases)
+    if (const char* value = getenv(std::string(alias).c_str())) return Setting{alias, value, true};
   return std::nullopt;
 }
 
 [[noreturn]] void reject(const Knob& knob, const Setting& setting) {
   throw Error(fmt::format("{}='{}' is invalid: expected {}", setting.var, setting.value,
-                          knobs::accepted_text(knob)));
+                          knobs::accepted_text(knob, setting.from_alias)));
 }
 
-bool in_bounds(double value, const knobs::Bounds& b) {
-  return (b.min_exclusive ? value > b.min : value >= b.min) && value <= b.max;
+// An enum knob's value in krug's spelling: one of its choices, or where its aliases take
+// Horovod's own values, the choice the alias's value means.
+std::string choice(const Knob& knob, const Setting& setting) {
+  const std::string lower = to_lower(setting.value);
+  if (setting.from_alias && !knob.alias_values.empty()) {
+    for (const knobs::AliasValue& v : knob.alias_values)
+      if (lower == v.horovod) return std::string(v.krug);
+    reject(knob, setting);
+  }
+  if (std::find(knob.choices.begin(), knob.choices.end(), lower) == knob.choices.end())
+    reject(knob, setting);
+  return lower;
 }
 
 // Parses `setting` according to the type of the Config member it lands in.
@@ -63,14 +73,7 @@ void assign(const Knob& knob, const Setting& setting, Config& config) {
           if (!value) reject(knob, setting);
           config.*member = *value;
         } else if constexpr (std::is_same_v<T, std::string>) {
-          if (knob.choices.empty()) {
-            config.*member = setting.value;
-            return;
-          }
-          std::string lower = to_lower(setting.value);
-          if (std::find(knob.choices.begin(), knob.choices.end(), lower) == knob.choices.end())
-            reject(knob, setting);
-          config.*member = lower;
+          config.*member = knob.choices.empty() ? setting.value : choice(knob, setting);
         } else if constexpr (std::is_same_v<T, DataPlane>) {
           auto plane = parse_data_plane(to_lower(setting.value));
           if (!plane) reject(knob, setting);
@@ -79,24 +82,24 @@ void assign(const Knob& knob, const Setting& setting, Config& config) {
           // A number in the knob's unit (T's period): an integer where T counts whole units.
           if constexpr (std::is_integral_v<typename T::rep>) {
             auto value = parse_int64_strict(setting.value);
-            if (!value || !in_bounds(static_cast<double>(*value), knob.bounds))
+            if (!value || !knobs::in_bounds(static_cast<double>(*value), knob.bounds))
               reject(knob, setting);
             config.*member = T(*value);
           } else {
             auto value = parse_double_strict(setting.value);
-            if (!value || !in_bounds(*value, knob.bounds)) reject(knob, setting);
+            if (!value || !knobs::in_bounds(*value, knob.bounds)) reject(knob, setting);
             config.*member = T(*value);
           }
         } else if constexpr (std::is_integral_v<T>) {
           auto value = parse_int64_strict(setting.value);
           if (!value || *value < std::numeric_limits<T>::min() ||
               *value > std::numeric_limits<T>::max() ||
-              !in_bounds(static_cast<double>(*value), knob.bounds))
+              !knobs::in_bounds(static_cast<double>(*value), knob.bounds))
             reject(knob, setting);
           config.*member = static_cast<T>(*value);
         } else {
           auto value = parse_double_strict(setting.value);
-          if (!value || !in_bounds(*value, knob.bounds)) reject(knob, setting);
+          if (!value || !knobs::in_bounds(*value, knob.bounds)) reject(knob, setting);
           config.*member = *value;
         }
       },
@@ -115,6 +118,18 @@ std::string local_hostname() {
   char buffer[256] = {};
   if (gethostname(buffer, sizeof(buffer) - 1) != 0) return {};
   return buffer;
+}
+
+GetEnv or_process_environment(const GetEnv& getenv) {
+  return getenv ? getenv : GetEnv([](const char* name) { return std::getenv(name); });
+}
+
+// Reads `knob` into `config` if it is set, noting where it came from in `sources`.
+void read(const Knob& knob, const GetEnv& getenv, Config& config, Sources& sources) {
+  auto setting = lookup(knob, getenv);
+  if (!setting) return;
+  assign(knob, *setting, config);
+  sources[knob.name] = setting->var;
 }
 
 }  // namespace
@@ -140,15 +155,10 @@ std::optional<DataPlane> parse_data_plane(std::string_view name) {
 }
 
 Config load_config(const GetEnv& getenv) {
-  const GetEnv& env = getenv ? getenv : GetEnv([](const char* name) { return std::getenv(name); });
+  const GetEnv env = or_process_environment(getenv);
   Config config;
   Sources sources;
-  for (const Knob& knob : knobs::table()) {
-    auto setting = lookup(knob, env);
-    if (!setting) continue;
-    assign(knob, *setting, config);
-    sources[knob.name] = setting->var;
-  }
+  for (const Knob& knob : knobs::table()) read(knob, env, config, sources);
   check_rank_below_size(sources, "KRUG_RANK", config.rank, "KRUG_SIZE", config.size);
   check_rank_below_size(sources, "KRUG_LOCAL_RANK", config.local_rank, "KRUG_LOCAL_SIZE",
                         config.local_size);
@@ -158,11 +168,21 @@ Config load_config(const GetEnv& getenv) {
   return config;
 }
 
+Config load_knobs(std::initializer_list<std::string_view> names, const GetEnv& getenv) {
+  const GetEnv env = or_process_environment(getenv);
+  Config config;
+  Sources sources;
+  for (const Knob& knob : knobs::table())
+    if (std::find(names.begin(), names.end(), knob.name) != names.end())
+      read(knob, env, config, sources);
+  return config;
+}
+
 std::vector<KnobDoc> knob_docs() {
   std::vector<KnobDoc> docs;
   for (const Knob& knob : knobs::table()) {
     KnobDoc doc{.name = std::string(knob.name),
-                .alias = std::string(knob.alias),
+                .aliases = {knob.aliases.begin(), knob.aliases.end()},
                 .type = std::string(knob.unit),
                 .default_value = knobs::default_text(knob),
                 .doc = std::string(knob.doc)};

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -67,6 +68,9 @@ struct Config {
   // KRUG_HIERARCHICAL_ALLREDUCE: true / false, or nullopt for "auto" (the engine decides per
   // process set from the hosts its ranks are on).
   std::optional<bool> hierarchical_allreduce;
+  // KRUG_GPU_OPERATIONS: "host", "nccl", or "" (nccl in a build with NCCL, else host).
+  std::string gpu_operations;
+  bool gpu_share_device = false;  // KRUG_GPU_SHARE_DEVICE: several ranks on one GPU (testing)
   // Topology, set by krugrun (KRUG_RANK ...); -1 = not set
   int rank = -1, size = -1, local_rank = -1, local_size = -1, cross_rank = -1, cross_size = -1;
   std::string hostname;         // KRUG_HOSTNAME (default: gethostname)
@@ -79,6 +83,8 @@ struct Config {
   bool elastic = false;            // KRUG_ELASTIC
   std::string elastic_worker_id;   // KRUG_ELASTIC_WORKER_ID
   Seconds elastic_timeout{600.0};  // KRUG_ELASTIC_TIMEOUT
+  // krugrun's own
+  Seconds start_timeout{30.0};  // KRUG_START_TIMEOUT: reaching each remote host over ssh
   // Not a knob: the address this rank advertises to its peers (control and data planes),
   // picked by init() from KRUG_GLOO_IFACE or the route to the rendezvous server. Empty: the
   // engine falls back to 127.0.0.1 on one host and the host name otherwise.
@@ -89,11 +95,14 @@ struct Config {
 // variable, the bad value and what is accepted.
 using GetEnv = std::function<const char*(const char*)>;
 Config load_config(const GetEnv& getenv = {});
+// Reads only the knobs named (KRUG_* names), the others keeping their defaults: for krugrun,
+// which reads its own knobs and passes the workers' on without judging them.
+Config load_knobs(std::initializer_list<std::string_view> names, const GetEnv& getenv = {});
 
 struct KnobDoc {
-  std::string name;   // KRUG_FUSION_THRESHOLD
-  std::string alias;  // HOROVOD_FUSION_THRESHOLD, or empty
-  std::string type;   // "bytes", "milliseconds", "bool", ...
+  std::string name;                  // KRUG_FUSION_THRESHOLD
+  std::vector<std::string> aliases;  // HOROVOD_FUSION_THRESHOLD, or none
+  std::string type;                  // "bytes", "milliseconds", "bool", ...
   std::string default_value;
   std::string doc;
 };

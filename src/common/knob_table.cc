@@ -16,75 +16,78 @@ constexpr Bounds kPort{.min = 0, .max = 65535};
 std::vector<Knob> make_table() {
   return {
       // Engine
-      {.name = "KRUG_FUSION_THRESHOLD", .alias = "HOROVOD_FUSION_THRESHOLD", .unit = "bytes",
+      {.name = "KRUG_FUSION_THRESHOLD", .aliases = {"HOROVOD_FUSION_THRESHOLD"}, .unit = "bytes",
        .field = &Config::fusion_threshold_bytes, .bounds = kNonNegative,
        .doc = "Largest fusion buffer: tensors are batched into one collective up to this many "
               "bytes. 0 disables fusion."},
-      {.name = "KRUG_CYCLE_TIME", .alias = "HOROVOD_CYCLE_TIME", .unit = "milliseconds",
+      {.name = "KRUG_CYCLE_TIME", .aliases = {"HOROVOD_CYCLE_TIME"}, .unit = "milliseconds",
        .field = &Config::cycle_time, .bounds = kPositive,
        .doc = "Longest the background loop waits for more work before negotiating a cycle; an "
               "enqueue wakes it earlier (or, with busy polling on, within this time unless a "
               "thread that waits for the operation runs it first)."},
-      {.name = "KRUG_CACHE_CAPACITY", .alias = "HOROVOD_CACHE_CAPACITY", .unit = "count",
+      {.name = "KRUG_CACHE_CAPACITY", .aliases = {"HOROVOD_CACHE_CAPACITY"}, .unit = "count",
        .field = &Config::cache_capacity, .bounds = kNonNegative,
        .doc = "Entries in the response cache (the bit-vector fast path of negotiation). 0 "
               "disables the cache."},
-      {.name = "KRUG_BUSY_POLL_MICROSECONDS", .alias = "", .unit = "microseconds",
+      {.name = "KRUG_BUSY_POLL_MICROSECONDS", .aliases = {}, .unit = "microseconds",
        .field = &Config::busy_poll, .bounds = kNonNegative,
        .doc = "While a rank has operations in flight, the thread running its loop (the "
               "background thread, or a thread waiting for a handle) polls for the answer this "
               "long after the last message before it sleeps; with it on, waiting threads run the "
               "loop themselves. Only when this host has a core per rank. 0 turns it off."},
-      {.name = "KRUG_TIMEOUT_SECONDS", .alias = "HOROVOD_GLOO_TIMEOUT_SECONDS", .unit = "seconds",
+      {.name = "KRUG_TIMEOUT_SECONDS", .aliases = {"HOROVOD_GLOO_TIMEOUT_SECONDS"},
+       .unit = "seconds",
        .field = &Config::timeout, .bounds = kPositive,
        .doc = "Deadline of every blocking step (rendezvous, connect, collective); a peer silent "
               "for this long is reported dead."},
       // Autotuner (observe/autotuner.h)
-      {.name = "KRUG_AUTOTUNE", .alias = "HOROVOD_AUTOTUNE", .unit = "bool",
+      {.name = "KRUG_AUTOTUNE", .aliases = {"HOROVOD_AUTOTUNE"}, .unit = "bool",
        .field = &Config::autotune,
        .doc = "Tune the fusion threshold and the cycle time online (Bayesian optimization of the "
               "bytes per second of real steps), then keep the best. See docs/autotune.md."},
-      {.name = "KRUG_AUTOTUNE_LOG", .alias = "HOROVOD_AUTOTUNE_LOG", .unit = "path",
+      {.name = "KRUG_AUTOTUNE_LOG", .aliases = {"HOROVOD_AUTOTUNE_LOG"}, .unit = "path",
        .field = &Config::autotune_log, .default_text = "unset (no log)",
        .doc = "CSV file (written by rank 0) with every autotuning sample and the settled choice."},
-      {.name = "KRUG_AUTOTUNE_WARMUP_SAMPLES", .alias = "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+      {.name = "KRUG_AUTOTUNE_WARMUP_SAMPLES", .aliases = {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES"},
        .unit = "count", .field = &Config::autotune_warmup_samples, .bounds = kNonNegative,
        .doc = "Samples discarded before tuning starts."},
-      {.name = "KRUG_AUTOTUNE_STEPS_PER_SAMPLE", .alias = "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+      {.name = "KRUG_AUTOTUNE_STEPS_PER_SAMPLE", .aliases = {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"},
        .unit = "count", .field = &Config::autotune_steps_per_sample, .bounds = kAtLeastOne,
        .doc = "Cycles that executed collectives per sample."},
       {.name = "KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-       .alias = "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", .unit = "count",
+       .aliases = {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}, .unit = "count",
        .field = &Config::autotune_max_samples, .bounds = kAtLeastOne,
        .doc = "Scored samples after which the best parameters are fixed."},
       {.name = "KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
-       .alias = "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", .unit = "number",
+       .aliases = {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}, .unit = "number",
        .field = &Config::autotune_gp_noise, .bounds = kPositive,
        .doc = "Noise variance the Gaussian process assumes, relative to the spread of the "
               "scores: larger trusts single samples less."},
       // Observability
-      {.name = "KRUG_TIMELINE", .alias = "HOROVOD_TIMELINE", .unit = "path",
+      {.name = "KRUG_TIMELINE", .aliases = {"HOROVOD_TIMELINE"}, .unit = "path",
        .field = &Config::timeline_path, .default_text = "unset (off)",
        .doc = "Write a Chrome trace (chrome://tracing, Perfetto) of every tensor's phases to this "
               "file (rank 0). DYNAMIC (Horovod's value): no file until start_timeline()."},
-      {.name = "KRUG_TIMELINE_MARK_CYCLES", .alias = "HOROVOD_TIMELINE_MARK_CYCLES",
+      {.name = "KRUG_TIMELINE_MARK_CYCLES", .aliases = {"HOROVOD_TIMELINE_MARK_CYCLES"},
        .unit = "bool", .field = &Config::timeline_mark_cycles,
        .doc = "Mark the start of each background cycle in the timeline."},
-      {.name = "KRUG_STALL_CHECK_TIME_SECONDS", .alias = "HOROVOD_STALL_CHECK_TIME_SECONDS",
+      {.name = "KRUG_STALL_CHECK_TIME_SECONDS", .aliases = {"HOROVOD_STALL_CHECK_TIME_SECONDS"},
        .unit = "seconds", .field = &Config::stall_check_time, .bounds = kNonNegative,
        .doc = "Warn, naming the missing ranks, when a tensor has waited this long for other "
               "ranks."},
-      {.name = "KRUG_STALL_SHUTDOWN_TIME_SECONDS", .alias = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+      {.name = "KRUG_STALL_SHUTDOWN_TIME_SECONDS",
+       .aliases = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
        .unit = "seconds", .field = &Config::stall_shutdown_time, .bounds = kNonNegative,
        .doc = "Fail the stalled operations after this long. 0 never does."},
-      {.name = "KRUG_STALL_CHECK_DISABLE", .alias = "HOROVOD_STALL_CHECK_DISABLE", .unit = "bool",
+      {.name = "KRUG_STALL_CHECK_DISABLE", .aliases = {"HOROVOD_STALL_CHECK_DISABLE"},
+       .unit = "bool",
        .field = &Config::stall_check_disable, .doc = "Turn the stall inspector off."},
-      {.name = "KRUG_LOG_LEVEL", .alias = "HOROVOD_LOG_LEVEL", .unit = "enum",
+      {.name = "KRUG_LOG_LEVEL", .aliases = {"HOROVOD_LOG_LEVEL"}, .unit = "enum",
        .field = &Config::log_level,
        .choices = {"trace", "debug", "info", "warning", "error", "fatal"},
        .doc = "Least severe message written to stderr."},
       // Data plane
-      {.name = "KRUG_CPU_OPERATIONS", .alias = "HOROVOD_CPU_OPERATIONS", .unit = "enum",
+      {.name = "KRUG_CPU_OPERATIONS", .aliases = {"HOROVOD_CPU_OPERATIONS"}, .unit = "enum",
        .field = &Config::data_plane, .choices = {"gloo", "mpi", "shm"},
        .default_text = "shm for a process set on one host, gloo across hosts; mpi when mpirun "
                        "started the job",
@@ -93,66 +96,92 @@ std::vector<Knob> make_table() {
               "mpirun (krugrun --mpi, or mpirun directly; needs a build with Open MPI). Unset, "
               "each process set whose ranks share a host uses shm and the others gloo; gloo "
               "forces TCP everywhere."},
-      {.name = "KRUG_GLOO_IFACE", .alias = "HOROVOD_GLOO_IFACE", .unit = "string",
+      {.name = "KRUG_GLOO_IFACE", .aliases = {"HOROVOD_GLOO_IFACE"}, .unit = "string",
        .field = &Config::iface, .default_text = "unset (Gloo picks one)",
        .doc = "Network interface the data plane binds to (e.g. eth0)."},
-      {.name = "KRUG_HIERARCHICAL_ALLREDUCE", .alias = "HOROVOD_HIERARCHICAL_ALLREDUCE",
+      {.name = "KRUG_HIERARCHICAL_ALLREDUCE", .aliases = {"HOROVOD_HIERARCHICAL_ALLREDUCE"},
        .unit = "bool or auto", .field = &Config::hierarchical_allreduce,
        .doc = "Allreduce in three steps: reduce inside each host, allreduce across hosts, "
               "spread inside each host, so only 1/(ranks on the host) of the data crosses the "
               "network per rank. auto (and 1) use it for a process set whose ranks are on "
               "several hosts with more than one rank on some host; 0 never does. See "
               "docs/architecture.md for how its float sums are associated."},
+      {.name = "KRUG_GPU_OPERATIONS",
+       .aliases = {"HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE"}, .unit = "enum",
+       .field = &Config::gpu_operations, .choices = {"host", "nccl"},
+       .alias_values = {{"nccl", "nccl"}, {"mpi", "host"}, {"gloo", "host"}},
+       .default_text = "nccl in a build with NCCL, else host",
+       .doc = "Data plane for CUDA tensors: nccl, or host (staging through pinned host buffers "
+              "and the CPU data plane). Horovod's names take NCCL, or MPI and GLOO for host. "
+              "nccl in a build without NCCL is an error at the first CUDA operation. Must be the "
+              "same on every rank."},
+      {.name = "KRUG_GPU_SHARE_DEVICE", .aliases = {}, .unit = "bool",
+       .field = &Config::gpu_share_device,
+       .doc = "Testing only: several ranks on one GPU over NCCL; each rank sets its own "
+              "NCCL_HOSTID."},
       // Topology, set by krugrun for each worker.
-      {.name = "KRUG_RANK", .alias = "HOROVOD_RANK", .unit = "int", .field = &Config::rank,
+      {.name = "KRUG_RANK", .aliases = {"HOROVOD_RANK"}, .unit = "int", .field = &Config::rank,
        .bounds = kNonNegative, .default_text = "unset",
        .doc = "This process's rank in the job; less than KRUG_SIZE. Set by krugrun."},
-      {.name = "KRUG_SIZE", .alias = "HOROVOD_SIZE", .unit = "int", .field = &Config::size,
+      {.name = "KRUG_SIZE", .aliases = {"HOROVOD_SIZE"}, .unit = "int", .field = &Config::size,
        .bounds = kAtLeastOne, .default_text = "unset",
        .doc = "Number of processes in the job. Set by krugrun."},
-      {.name = "KRUG_LOCAL_RANK", .alias = "HOROVOD_LOCAL_RANK", .unit = "int",
+      {.name = "KRUG_LOCAL_RANK", .aliases = {"HOROVOD_LOCAL_RANK"}, .unit = "int",
        .field = &Config::local_rank, .bounds = kNonNegative, .default_text = "unset",
        .doc = "Rank among the processes on this host; less than KRUG_LOCAL_SIZE. Set by krugrun."},
-      {.name = "KRUG_LOCAL_SIZE", .alias = "HOROVOD_LOCAL_SIZE", .unit = "int",
+      {.name = "KRUG_LOCAL_SIZE", .aliases = {"HOROVOD_LOCAL_SIZE"}, .unit = "int",
        .field = &Config::local_size, .bounds = kAtLeastOne, .default_text = "unset",
        .doc = "Number of processes on this host. Set by krugrun."},
-      {.name = "KRUG_CROSS_RANK", .alias = "HOROVOD_CROSS_RANK", .unit = "int",
+      {.name = "KRUG_CROSS_RANK", .aliases = {"HOROVOD_CROSS_RANK"}, .unit = "int",
        .field = &Config::cross_rank, .bounds = kNonNegative, .default_text = "unset",
        .doc = "Index of this host among the hosts that have a process with this local rank; less "
               "than KRUG_CROSS_SIZE. Set by krugrun."},
-      {.name = "KRUG_CROSS_SIZE", .alias = "HOROVOD_CROSS_SIZE", .unit = "int",
+      {.name = "KRUG_CROSS_SIZE", .aliases = {"HOROVOD_CROSS_SIZE"}, .unit = "int",
        .field = &Config::cross_size, .bounds = kAtLeastOne, .default_text = "unset",
        .doc = "Number of hosts that have a process with this local rank. Set by krugrun."},
-      {.name = "KRUG_HOSTNAME", .alias = "HOROVOD_HOSTNAME", .unit = "string",
+      {.name = "KRUG_HOSTNAME", .aliases = {"HOROVOD_HOSTNAME"}, .unit = "string",
        .field = &Config::hostname, .default_text = "gethostname()",
        .doc = "Name of this host as other ranks reach it and as errors report it."},
-      {.name = "KRUG_RENDEZVOUS_ADDR", .alias = "HOROVOD_GLOO_RENDEZVOUS_ADDR", .unit = "string",
+      {.name = "KRUG_RENDEZVOUS_ADDR", .aliases = {"HOROVOD_GLOO_RENDEZVOUS_ADDR"},
+       .unit = "string",
        .field = &Config::rendezvous_addr, .default_text = "unset",
        .doc = "Address of krugrun's rendezvous server. Set by krugrun."},
-      {.name = "KRUG_RENDEZVOUS_PORT", .alias = "HOROVOD_GLOO_RENDEZVOUS_PORT", .unit = "port",
+      {.name = "KRUG_RENDEZVOUS_PORT", .aliases = {"HOROVOD_GLOO_RENDEZVOUS_PORT"}, .unit = "port",
        .field = &Config::rendezvous_port, .bounds = kPort, .default_text = "unset (0)",
        .doc = "Port of krugrun's rendezvous server. Set by krugrun."},
-      {.name = "KRUG_SECRET", .alias = "" /* none: krugrun-only */, .unit = "string", .field = &Config::secret,
+      {.name = "KRUG_SECRET", .aliases = {} /* none: krugrun-only */, .unit = "string",
+       .field = &Config::secret,
        .default_text = "unset",
        .doc = "Per-job secret that authenticates workers to the rendezvous server and to each "
               "other (HMAC). Set by krugrun; never logged."},
-      {.name = "KRUG_JOB_ID", .alias = "" /* none: krugrun-only */, .unit = "string",
+      {.name = "KRUG_JOB_ID", .aliases = {} /* none: krugrun-only */, .unit = "string",
        .field = &Config::job_id, .default_text = "unset",
        .doc = "Identifies the job's shared-memory segments (/dev/shm/krug-<id>-*), which krugrun "
               "removes when the job ends. Set by krugrun."},
       // Elastic mode (docs/elastic.md), set by krugrun's elastic driver for each worker.
-      {.name = "KRUG_ELASTIC", .alias = "HOROVOD_ELASTIC", .unit = "bool",
+      {.name = "KRUG_ELASTIC", .aliases = {"HOROVOD_ELASTIC"}, .unit = "bool",
        .field = &Config::elastic,
        .doc = "Elastic worker: init() asks krugrun's driver for this worker's rank in the next "
               "rendezvous round instead of reading KRUG_RANK / KRUG_SIZE. Set by krugrun."},
-      {.name = "KRUG_ELASTIC_WORKER_ID", .alias = "", .unit = "string",
+      {.name = "KRUG_ELASTIC_WORKER_ID", .aliases = {}, .unit = "string",
        .field = &Config::elastic_worker_id, .default_text = "unset",
        .doc = "This worker's name in the elastic driver's rendezvous. Set by krugrun."},
-      {.name = "KRUG_ELASTIC_TIMEOUT", .alias = "HOROVOD_ELASTIC_TIMEOUT", .unit = "seconds",
+      {.name = "KRUG_ELASTIC_TIMEOUT", .aliases = {"HOROVOD_ELASTIC_TIMEOUT"}, .unit = "seconds",
        .field = &Config::elastic_timeout, .bounds = kPositive,
        .doc = "How long an elastic worker's init() waits for the driver to form the next round "
               "(krugrun --elastic-timeout)."},
+      // krugrun's own.
+      {.name = "KRUG_START_TIMEOUT", .aliases = {"HOROVOD_START_TIMEOUT"}, .unit = "seconds",
+       .field = &Config::start_timeout, .bounds = kPositive,
+       .doc = "krugrun: how long to reach each remote host over ssh, when --start-timeout is "
+              "not given."},
   };
+}
+
+}  // namespace
+
+bool in_bounds(double value, const Bounds& b) {
+  return (b.min_exclusive ? value > b.min : value >= b.min) && value <= b.max;
 }
 
 std::string bounds_text(const Bounds& b) {
@@ -163,8 +192,6 @@ std::string bounds_text(const Bounds& b) {
   if (has_max) return fmt::format(" <= {}", b.max);
   return "";
 }
-
-}  // namespace
 
 const std::vector<Knob>& table() {
   static const std::vector<Knob> knobs = make_table();
@@ -193,7 +220,13 @@ std::string default_text(const Knob& knob) {
   return text.empty() ? "unset" : text;
 }
 
-std::string accepted_text(const Knob& knob) {
+std::string accepted_text(const Knob& knob, bool from_alias) {
+  if (from_alias && !knob.alias_values.empty()) {
+    std::vector<std::string> meanings;
+    for (const AliasValue& v : knob.alias_values)
+      meanings.push_back(fmt::format("{} ({})", v.horovod, v.krug));
+    return fmt::format("one of {}", fmt::join(meanings, ", "));
+  }
   if (!knob.choices.empty()) return fmt::format("one of {}", fmt::join(knob.choices, ", "));
   return std::visit(
       [&](auto member) -> std::string {

@@ -34,14 +34,26 @@ struct Bounds {
   double max = std::numeric_limits<double>::infinity();
 };
 
+// Whether `value` is inside `bounds`, and the bounds in words (" >= 0", " from 0 to 65535").
+bool in_bounds(double value, const Bounds& bounds);
+std::string bounds_text(const Bounds& bounds);
+
+// A Horovod spelling of an enum knob's value, read from its aliases: "mpi" -> "host".
+struct AliasValue {
+  std::string_view horovod;  // lower case
+  std::string_view krug;     // one of the knob's choices
+};
+
 struct Knob {
-  std::string_view name;   // KRUG_FUSION_THRESHOLD
-  std::string_view alias;  // HOROVOD_FUSION_THRESHOLD, or empty
-  std::string_view unit;   // "bytes", "milliseconds", "bool", ... (shown in docs and errors)
+  std::string_view name;                  // KRUG_FUSION_THRESHOLD
+  std::vector<std::string_view> aliases;  // HOROVOD_FUSION_THRESHOLD; the first set wins
+  std::string_view unit;  // "bytes", "milliseconds", "bool", ... (shown in docs and errors)
   Field field;
   Bounds bounds = {};
   std::vector<std::string_view> choices = {};  // non-empty: an enum (string field), lower case
-  std::string_view default_text = {};          // overrides the default shown from Config{}
+  // Non-empty: the aliases accept these values only (Horovod's, which differ from krug's).
+  std::vector<AliasValue> alias_values = {};
+  std::string_view default_text = {};  // overrides the default shown from Config{}
   std::string_view doc = {};
 };
 
@@ -49,7 +61,8 @@ const std::vector<Knob>& table();
 
 // The default as shown to users: default_text, else the value in a default Config.
 std::string default_text(const Knob& knob);
-// What the knob accepts, in words: "an integer >= 0 (bytes)".
-std::string accepted_text(const Knob& knob);
+// What the knob accepts, in words: "an integer >= 0 (bytes)"; `from_alias`: what its aliases
+// accept, where that differs (alias_values).
+std::string accepted_text(const Knob& knob, bool from_alias = false);
 
 }  // namespace krug::knobs

@@ -9,40 +9,65 @@ namespace {
 constexpr uint32_t kRequestMagic = 0x4b520002;   // "KR" v2
 constexpr uint32_t kResponseMagic = 0x4b530002;  // "KS" v2
 
+// A list on the wire: its length, then each element as `put` writes it.
+template <typename T, typename Put>
+void put_list(net::Writer& w, const std::vector<T>& items, Put put) {
+  w.u32(static_cast<uint32_t>(items.size()));
+  for (const T& item : items) put(w, item);
+}
+
+template <typename T, typename Get>
+std::vector<T> get_list(net::Reader& r, Get get) {
+  std::vector<T> items(r.u32());
+  for (T& item : items) item = get(r);
+  return items;
+}
+
 template <typename T>
 void put_ints(net::Writer& w, const std::vector<T>& v) {
-  w.u32(static_cast<uint32_t>(v.size()));
-  for (T x : v) w.i64(static_cast<int64_t>(x));
+  put_list(w, v, [](net::Writer& w, T x) { w.i64(static_cast<int64_t>(x)); });
 }
 
 template <typename T>
 std::vector<T> get_ints(net::Reader& r) {
-  std::vector<T> v(r.u32());
-  for (T& x : v) x = static_cast<T>(r.i64());
-  return v;
+  return get_list<T>(r, [](net::Reader& r) { return static_cast<T>(r.i64()); });
 }
 
 // Cache ids: a steady-state list is little else, so four bytes each.
 void put_ids(net::Writer& w, const std::vector<uint32_t>& ids) {
-  w.u32(static_cast<uint32_t>(ids.size()));
-  for (uint32_t id : ids) w.u32(id);
+  put_list(w, ids, [](net::Writer& w, uint32_t id) { w.u32(id); });
 }
 
 std::vector<uint32_t> get_ids(net::Reader& r) {
-  std::vector<uint32_t> ids(r.u32());
-  for (uint32_t& id : ids) id = r.u32();
-  return ids;
+  return get_list<uint32_t>(r, [](net::Reader& r) { return r.u32(); });
+}
+
+// The parameters a request and its response share (copy_terms), in one order on the wire.
+template <typename Message>
+void put_terms(net::Writer& w, const Message& m) {
+  w.u8(static_cast<uint8_t>(m.op));
+  w.u8(static_cast<uint8_t>(m.dtype));
+  w.u8(static_cast<uint8_t>(m.reduce_op));
+  w.i64(m.process_set);
+  w.i64(m.root);
+  w.f64(m.prescale);
+  w.f64(m.postscale);
+}
+
+template <typename Message>
+void get_terms(net::Reader& r, Message& m) {
+  m.op = static_cast<OpType>(r.u8());
+  m.dtype = static_cast<DataType>(r.u8());
+  m.reduce_op = static_cast<ReduceOp>(r.u8());
+  m.process_set = static_cast<int32_t>(r.i64());
+  m.root = static_cast<int32_t>(r.i64());
+  m.prescale = r.f64();
+  m.postscale = r.f64();
 }
 
 void put_request(net::Writer& w, const Request& q) {
   w.str(q.name);
-  w.u8(static_cast<uint8_t>(q.op));
-  w.u8(static_cast<uint8_t>(q.dtype));
-  w.u8(static_cast<uint8_t>(q.reduce_op));
-  w.i64(q.process_set);
-  w.i64(q.root);
-  w.f64(q.prescale);
-  w.f64(q.postscale);
+  put_terms(w, q);
   put_ints(w, q.shape);
   put_ints(w, q.splits);
   put_ints(w, q.set_ranks);
@@ -55,13 +80,7 @@ void put_request(net::Writer& w, const Request& q) {
 Request get_request(net::Reader& r) {
   Request q;
   q.name = r.str();
-  q.op = static_cast<OpType>(r.u8());
-  q.dtype = static_cast<DataType>(r.u8());
-  q.reduce_op = static_cast<ReduceOp>(r.u8());
-  q.process_set = static_cast<int32_t>(r.i64());
-  q.root = static_cast<int32_t>(r.i64());
-  q.prescale = r.f64();
-  q.postscale = r.f64();
+  get_terms(r, q);
   q.shape = get_ints<int64_t>(r);
   q.splits = get_ints<int64_t>(r);
   q.set_ranks = get_ints<int32_t>(r);
@@ -77,17 +96,9 @@ void put_response(net::Writer& w, const Response& p) {
   put_ids(w, p.cache_ids);
   if (p.from_cache) return;  // the receiver's cache holds everything else
   w.u8(static_cast<uint8_t>(p.type));
-  w.u8(static_cast<uint8_t>(p.op));
-  w.u8(static_cast<uint8_t>(p.dtype));
-  w.u8(static_cast<uint8_t>(p.reduce_op));
-  w.i64(p.process_set);
-  w.i64(p.root);
-  w.f64(p.prescale);
-  w.f64(p.postscale);
-  w.u32(static_cast<uint32_t>(p.names.size()));
-  for (const auto& n : p.names) w.str(n);
-  w.u32(static_cast<uint32_t>(p.shapes.size()));
-  for (const auto& s : p.shapes) put_ints(w, s);
+  put_terms(w, p);
+  put_list(w, p.names, [](net::Writer& w, const std::string& n) { w.str(n); });
+  put_list(w, p.shapes, put_ints<int64_t>);
   put_ints(w, p.rank_dims);
   put_ints(w, p.set_ranks);
   w.i64(p.last_joined_rank);
@@ -101,17 +112,9 @@ Response get_response(net::Reader& r) {
   p.cache_ids = get_ids(r);
   if (p.from_cache) return p;
   p.type = static_cast<ResponseType>(r.u8());
-  p.op = static_cast<OpType>(r.u8());
-  p.dtype = static_cast<DataType>(r.u8());
-  p.reduce_op = static_cast<ReduceOp>(r.u8());
-  p.process_set = static_cast<int32_t>(r.i64());
-  p.root = static_cast<int32_t>(r.i64());
-  p.prescale = r.f64();
-  p.postscale = r.f64();
-  p.names.resize(r.u32());
-  for (auto& n : p.names) n = r.str();
-  p.shapes.resize(r.u32());
-  for (auto& s : p.shapes) s = get_ints<int64_t>(r);
+  get_terms(r, p);
+  p.names = get_list<std::string>(r, [](net::Reader& r) { return r.str(); });
+  p.shapes = get_list<std::vector<int64_t>>(r, get_ints<int64_t>);
   p.rank_dims = get_ints<int64_t>(r);
   p.set_ranks = get_ints<int32_t>(r);
   p.last_joined_rank = static_cast<int32_t>(r.i64());
@@ -174,8 +177,7 @@ std::vector<uint8_t> encode(const RequestList& list) {
   w.data().reserve(64 + 4 * list.cache_hits.size() + 96 * list.requests.size());
   w.u32(kRequestMagic);
   w.i64(list.rank);
-  w.u32(static_cast<uint32_t>(list.requests.size()));
-  for (const auto& q : list.requests) put_request(w, q);
+  put_list(w, list.requests, put_request);
   put_ids(w, list.cache_hits);
   w.u8(list.shutdown ? 1 : 0);
   w.str(list.fatal_error);
@@ -187,8 +189,7 @@ RequestList decode_request_list(const std::vector<uint8_t>& bytes) {
   expect_magic(r, kRequestMagic, "request list");
   RequestList list;
   list.rank = static_cast<int32_t>(r.i64());
-  list.requests.resize(r.u32());
-  for (auto& q : list.requests) q = get_request(r);
+  list.requests = get_list<Request>(r, get_request);
   list.cache_hits = get_ids(r);
   list.shutdown = r.u8() != 0;
   list.fatal_error = r.str();
@@ -201,8 +202,7 @@ std::vector<uint8_t> encode(const ResponseList& list) {
   for (const auto& p : list.responses) ids += p.cache_ids.size();
   w.data().reserve(64 + 4 * ids + 64 * list.responses.size());
   w.u32(kResponseMagic);
-  w.u32(static_cast<uint32_t>(list.responses.size()));
-  for (const auto& p : list.responses) put_response(w, p);
+  put_list(w, list.responses, put_response);
   w.u8(list.shutdown ? 1 : 0);
   w.str(list.shutdown_reason);
   w.u8(list.fatal ? 1 : 0);
@@ -215,8 +215,7 @@ ResponseList decode_response_list(const std::vector<uint8_t>& bytes) {
   net::Reader r(bytes);
   expect_magic(r, kResponseMagic, "response list");
   ResponseList list;
-  list.responses.resize(r.u32());
-  for (auto& p : list.responses) p = get_response(r);
+  list.responses = get_list<Response>(r, get_response);
   list.shutdown = r.u8() != 0;
   list.shutdown_reason = r.str();
   list.fatal = r.u8() != 0;

@@ -2,10 +2,7 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cctype>
 #include <chrono>
-#include <cstdlib>
 
 #include "collectives/hierarchical/hierarchical_communicator.h"
 #include "collectives/nccl/nccl_plane.h"
@@ -15,12 +12,6 @@
 
 namespace krug::engine {
 namespace {
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 std::chrono::steady_clock::time_point deadline_after(double seconds) {
   return std::chrono::steady_clock::now() +
@@ -96,63 +87,24 @@ std::string_view gpu_operations_name(GpuOperations ops) {
   return ops == GpuOperations::kNccl ? "nccl" : "host";
 }
 
-GpuOperations gpu_operations(const EnvLookup& getenv, bool nccl_built) {
-  auto set = [&](const char* name) -> std::string {
-    const char* v = getenv(name);
-    return v ? std::string(v) : std::string();
-  };
-  std::string krug = lower(set("KRUG_GPU_OPERATIONS"));
-  GpuOperations ops = nccl_built ? GpuOperations::kNccl : GpuOperations::kHost;
-  std::string source;
-  if (!krug.empty()) {
-    if (krug == "nccl")
-      ops = GpuOperations::kNccl;
-    else if (krug == "host")
-      ops = GpuOperations::kHost;
-    else
-      throw Error(
-          fmt::format("KRUG_GPU_OPERATIONS='{}': expected host (pinned host buffers and "
-                      "the CPU data plane) or nccl",
-                      krug));
-    source = "KRUG_GPU_OPERATIONS";
-  } else {
-    for (const char* name : {"HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE"}) {
-      std::string v = lower(set(name));
-      if (v.empty()) continue;
-      if (v == "nccl")
-        ops = GpuOperations::kNccl;
-      else if (v == "mpi" || v == "gloo")
-        ops = GpuOperations::kHost;
-      else
-        throw Error(
-            fmt::format("{}='{}': krug accepts NCCL, or MPI / GLOO (GPU tensors through "
-                        "the CPU data plane)",
-                        name, v));
-      source = name;
-      break;
-    }
-  }
-  if (ops == GpuOperations::kNccl && !nccl_built && !source.empty())
+GpuOperations gpu_operations(const std::string& configured, bool nccl_built) {
+  if (configured == "host") return GpuOperations::kHost;
+  if (configured.empty()) return nccl_built ? GpuOperations::kNccl : GpuOperations::kHost;
+  if (!nccl_built)
     throw Error(
-        fmt::format("{} asks for NCCL, but this krug was built without NCCL; set "
-                    "KRUG_GPU_OPERATIONS=host or rebuild with KRUG_WITH_NCCL=1",
-                    source));
-  return ops;
+        "KRUG_GPU_OPERATIONS (or Horovod's HOROVOD_GPU_OPERATIONS / HOROVOD_GPU_ALLREDUCE) asks "
+        "for NCCL, but this krug was built without NCCL; set KRUG_GPU_OPERATIONS=host or "
+        "rebuild with KRUG_WITH_NCCL=1");
+  return GpuOperations::kNccl;
 }
 
-std::string nccl_host_id(const EnvLookup& getenv, const std::string& hostname, int rank) {
-  const char* v = getenv("KRUG_GPU_SHARE_DEVICE");
-  const std::string s = v ? lower(v) : "";
-  if (s.empty() || s == "0" || s == "false") return "";
-  if (s != "1" && s != "true")
-    throw Error(fmt::format("KRUG_GPU_SHARE_DEVICE='{}': expected 1 or 0", v));
-  return fmt::format("{}-krug-rank-{}", hostname, rank);
+std::string nccl_host_id(bool share_device, const std::string& hostname, int rank) {
+  return share_device ? fmt::format("{}-krug-rank-{}", hostname, rank) : "";
 }
 
 DevicePlanes::DevicePlanes(const DeviceOptions& options)
     : options_(options),
-      operations_(gpu_operations([](const char* n) { return std::getenv(n); },
-                                 collectives::nccl::built())) {}
+      operations_(gpu_operations(options.gpu_operations, collectives::nccl::built())) {}
 
 DevicePlanes::~DevicePlanes() = default;
 
@@ -190,8 +142,7 @@ DevicePlanes::Plane DevicePlanes::plane(collectives::Communicator& cpu, int devi
     if (!set.nccl) {
       collectives::nccl::Options o;
       o.timeout_seconds = options_.timeout_seconds;
-      o.host_id = nccl_host_id([](const char* n) { return std::getenv(n); }, options_.hostname,
-                               options_.rank);
+      o.host_id = nccl_host_id(options_.share_device, options_.hostname, options_.rank);
       set.nccl = hierarchical_or_flat(cpu, collectives::nccl::make_communicator(cpu, d.stream, o),
                                       d.stream, o, options_.rank);
     }

@@ -23,24 +23,23 @@ namespace krug::engine {
 enum class GpuOperations : uint8_t { kHost = 0, kNccl = 1 };
 std::string_view gpu_operations_name(GpuOperations ops);
 
-using EnvLookup = std::function<const char*(const char*)>;
+// The plane KRUG_GPU_OPERATIONS names ("host", "nccl"; the knob table maps Horovod's names
+// onto these), or where it is unset ("") nccl when this build has NCCL, else host. Throws
+// krug::Error for nccl in a build without NCCL.
+GpuOperations gpu_operations(const std::string& configured, bool nccl_built);
 
-// KRUG_GPU_OPERATIONS (host or nccl, any case); else Horovod's HOROVOD_GPU_OPERATIONS or
-// HOROVOD_GPU_ALLREDUCE (NCCL means nccl; MPI and GLOO mean host staging through the CPU plane);
-// unset: nccl when this build has NCCL, else host. Throws krug::Error for another value, or for
-// nccl in a build without NCCL.
-GpuOperations gpu_operations(const EnvLookup& getenv, bool nccl_built);
-
-// The NCCL_HOSTID this rank sets before making NCCL communicators: with KRUG_GPU_SHARE_DEVICE=1
+// The NCCL_HOSTID this rank sets before making NCCL communicators: with KRUG_GPU_SHARE_DEVICE
 // (testing several ranks on one GPU) one per rank, so that NCCL 2.28, which refuses two ranks of
 // a communicator on one GPU of one host, takes each rank for its own host; else empty (NCCL's
-// own host detection). Throws for a malformed KRUG_GPU_SHARE_DEVICE.
-std::string nccl_host_id(const EnvLookup& getenv, const std::string& hostname, int rank);
+// own host detection).
+std::string nccl_host_id(bool share_device, const std::string& hostname, int rank);
 
 struct DeviceOptions {
   double timeout_seconds = 30.0;  // KRUG_TIMEOUT_SECONDS: every wait for the GPU or a peer
   int rank = 0;                   // global rank (NCCL_HOSTID in test mode)
   std::string hostname;
+  std::string gpu_operations;  // KRUG_GPU_OPERATIONS: "host", "nccl" or "" (the default)
+  bool share_device = false;   // KRUG_GPU_SHARE_DEVICE
 };
 
 class DevicePlanes {

@@ -113,7 +113,9 @@ void Engine::Impl::start_observers(std::vector<std::shared_ptr<CycleObserver>> o
   for (auto& observer : observers) observers_.add(std::move(observer));
   executor_ = Executor(nullptr, DeviceOptions{.timeout_seconds = config_.timeout.count(),
                                               .rank = config_.rank,
-                                              .hostname = config_.hostname});
+                                              .hostname = config_.hostname,
+                                              .gpu_operations = config_.gpu_operations,
+                                              .share_device = config_.gpu_share_device});
   if (config_.rank == 0 && !config_.timeline_path.empty() &&
       config_.timeline_path != kTimelineAtRunTime)
     swap_timeline(

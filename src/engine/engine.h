@@ -8,7 +8,6 @@
 #pragma once
 
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <span>
 #include <stop_token>
@@ -19,33 +18,10 @@
 #include "controller/message.h"
 #include "engine/handle_state.h"
 #include "engine/observer.h"
+#include "engine/tensor_args.h"
 #include "rendezvous/store.h"
 
 namespace krug::engine {
-
-// One tensor of an operation as the user handed it in.
-struct TensorArgs {
-  controller::Request request;  // name, op, dtype, shape, ... (group fields set by enqueue)
-  const void* input = nullptr;
-  void* output = nullptr;  // allreduce/broadcast: may equal input; unused for sized-later ops
-  // Ops whose output size is known only after negotiation (allgather, alltoall, reducescatter)
-  // call this with the output shape to get memory for it (a framework tensor, say). Without it
-  // the output lives in the handle's OpResult::data.
-  std::function<void*(const std::vector<int64_t>& shape)> allocate_output;
-  // Blocks until the input is written (a device binding's ready event); called once, before
-  // the engine reads the input. Empty: ready at enqueue.
-  std::function<void()> ready;
-  // The CUDA device input and output are on, or -1: host memory.
-  int32_t device = -1;
-};
-
-// Runs and clears `args.ready`, if any.
-inline void wait_ready(TensorArgs& args) {
-  if (!args.ready) return;
-  auto ready = std::move(args.ready);
-  args.ready = nullptr;
-  ready();
-}
 
 // One allreduce or broadcast tensor, described by reference: the engine copies it into storage
 // it reuses from finished operations, so submitting a step's gradients allocates nothing for
@@ -63,14 +39,6 @@ struct TensorView {
   const void* input = nullptr;
   void* output = nullptr;
 };
-
-inline TensorArgs tensor_args(controller::Request request, const void* input, void* output) {
-  TensorArgs args;
-  args.request = std::move(request);
-  args.input = input;
-  args.output = output;
-  return args;
-}
 
 class Engine {
  public:

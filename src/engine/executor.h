@@ -20,9 +20,9 @@
 
 #include "collectives/communicator.h"
 #include "engine/device_planes.h"
-#include "engine/engine.h"
 #include "engine/handle_state.h"
 #include "engine/memory.h"
+#include "engine/tensor_args.h"
 #include "krug/types.h"
 
 namespace krug::observe {

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/engine.h"
 #include "engine/handle_state.h"
+#include "engine/tensor_args.h"
 #include "engine/wakeup.h"
 
 namespace krug::engine {

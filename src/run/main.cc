@@ -11,19 +11,19 @@
 #include "krug/types.h"
 #include "net/address.h"
 #include "rendezvous/server.h"
-#include "run/elastic_driver.h"
-#include "run/external_rounds.h"
-#include "run/hosts.h"
-#include "run/mpi_run.h"
-#include "run/options.h"
-#include "run/rank_env.h"
-#include "run/remote_exec.h"
-#include "run/rendezvous_serve.h"
-#include "run/signals.h"
-#include "run/srun_starter.h"
-#include "run/ssh.h"
-#include "run/starter.h"
-#include "run/supervisor.h"
+#include "run/cli/hosts.h"
+#include "run/cli/options.h"
+#include "run/elastic/driver.h"
+#include "run/elastic/external_rounds.h"
+#include "run/hpc/mpi_run.h"
+#include "run/hpc/srun_starter.h"
+#include "run/launch/rank_env.h"
+#include "run/launch/remote_exec.h"
+#include "run/launch/rendezvous_serve.h"
+#include "run/launch/signals.h"
+#include "run/launch/ssh.h"
+#include "run/launch/starter.h"
+#include "run/launch/supervisor.h"
 #include "transport/shm_segment.h"
 
 namespace krug::run {
@@ -229,13 +229,13 @@ int launch(LaunchOptions options) {
 }  // namespace krug::run
 
 int main(int argc, char** argv) {
-  // The remote half of an ssh-started rank (run/remote_exec.h): not a user-facing command.
+  // The remote half of an ssh-started rank (run/launch/remote_exec.h): not a user-facing command.
   if (argc > 1 && std::strcmp(argv[1], "__remote-exec") == 0)
     return krug::run::remote_exec_main(argc, argv);
-  // The rendezvous server alone, for krug.spark and krug.ray (run/rendezvous_serve.h).
+  // The rendezvous server alone, for krug.spark and krug.ray (run/launch/rendezvous_serve.h).
   if (argc > 1 && std::strcmp(argv[1], "__rendezvous-server") == 0)
     return krug::run::rendezvous_serve_main(argc, argv);
-  // ... with elastic rounds for workers the launcher starts (run/external_rounds.h).
+  // ... with elastic rounds for workers the launcher starts (run/elastic/external_rounds.h).
   if (argc > 1 && std::strcmp(argv[1], "__elastic-rendezvous") == 0)
     return krug::run::elastic_rendezvous_main(argc, argv);
   // Before any thread starts (the rendezvous server has one), so all threads inherit the mask.

@@ -239,6 +239,36 @@ void sendrecv_around_the_ring(Communicator& comm, const Association&) {
   }
 }
 
+// An exchange with itself is a copy. A peer outside the set, or this rank in one direction only,
+// is an error naming the exchange, found before any message (each member checks its own
+// arguments), so the communicator stays usable.
+void sendrecv_with_itself_and_bad_peers(Communicator& comm, const Association&) {
+  const int n = comm.size(), me = comm.rank();
+  std::vector<uint8_t> out(100, static_cast<uint8_t>(me + 1)), in(100, 0);
+  comm.sendrecv(out.data(), out.size(), me, in.data(), in.size(), me);
+  expect_same(in, out, 1, where(comm, "sendrecv with itself"));
+  const auto error_of = [&](int send_to, size_t recv_bytes, int recv_from) -> std::string {
+    try {
+      comm.sendrecv(out.data(), out.size(), send_to, in.data(), recv_bytes, recv_from);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {error_of(n, 0, -1), fmt::format("send of 100 bytes to rank {} on rank {} of {}: peer "
+                                       "out of range",
+                                       n, me, n)},
+      {error_of(-1, 100, -2), "receive of 100 bytes from rank -2"},
+      {error_of(me, 100, -1), "itself only in both directions"},
+      {error_of(me, 50, me), "sends 100 bytes to itself but expects 50"},
+  };
+  for (const auto& [message, want] : cases)
+    EXPECT_NE(message.find(want), std::string::npos) << where(comm, message);
+  comm.sendrecv(out.data(), out.size(), me, in.data(), in.size(), me);
+  expect_same(in, out, 1, where(comm, "sendrecv with itself after the errors"));
+}
+
 // Collectives of different kinds back to back, each member's calls in the same order, with
 // barriers between: nothing of one call is taken for the next.
 void mixed_sequence_stays_paired(Communicator& comm, const Association& association) {
@@ -331,6 +361,7 @@ const std::vector<Case>& cases() {
       {"BroadcastFromEveryRoot", broadcast_from_every_root},
       {"AlltoallvUnevenSplits", alltoallv_uneven_splits},
       {"SendrecvAroundTheRing", sendrecv_around_the_ring},
+      {"SendrecvWithItselfAndBadPeers", sendrecv_with_itself_and_bad_peers},
       {"MixedSequenceStaysPaired", mixed_sequence_stays_paired},
   };
   return all;

@@ -8,13 +8,13 @@
 #include <variant>
 
 #include "krug/types.h"
-#include "run/discovery.h"
-#include "run/env_block.h"
-#include "run/hosts.h"
-#include "run/options.h"
-#include "run/output.h"
-#include "run/rank_env.h"
-#include "run/ssh.h"
+#include "run/cli/hosts.h"
+#include "run/cli/options.h"
+#include "run/elastic/discovery.h"
+#include "run/launch/env_block.h"
+#include "run/launch/output.h"
+#include "run/launch/rank_env.h"
+#include "run/launch/ssh.h"
 
 namespace krug::run {
 namespace {

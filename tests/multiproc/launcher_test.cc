@@ -293,9 +293,9 @@ TEST(Launcher, CheckHostsReportsEveryHost) {
   EXPECT_EQ(local.wait(), 0) << local.err();
 }
 
-// What krugrun writes into a remote wrapper's stdin (src/run/env_block.h): the byte count on a
-// line, then NAME=value entries each ended by a NUL. Spelled out here so the test checks the
-// format, not the launcher's own encoder.
+// What krugrun writes into a remote wrapper's stdin (src/run/launch/env_block.h): the byte count
+// on a line, then NAME=value entries each ended by a NUL. Spelled out here so the test checks
+// the format, not the launcher's own encoder.
 std::string env_block(const std::vector<std::string>& entries) {
   std::string body;
   for (const auto& e : entries) body += e + '\0';

@@ -1,6 +1,6 @@
 // Unit tests of `krugrun --mpi`'s pure parts: the mpirun command line and environment, the
 // rewriting of mpirun's output tags, and where the rendezvous server listens. No processes.
-#include "run/mpi_launch.h"
+#include "run/hpc/mpi_launch.h"
 
 #include <gtest/gtest.h>
 
@@ -11,9 +11,9 @@
 #include <variant>
 #include <vector>
 
-#include "run/options.h"
-#include "run/output.h"
-#include "run/rank_env.h"
+#include "run/cli/options.h"
+#include "run/launch/output.h"
+#include "run/launch/rank_env.h"
 
 namespace krug::run {
 namespace {

@@ -1,6 +1,6 @@
 // krugrun --check-build and --version: the report's layout (horovodrun's), and that the
 // command line answers both without a command to run.
-#include "run/build_report.h"
+#include "run/cli/build_report.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "krug/krug.h"
 #include "krug/version.h"
-#include "run/options.h"
+#include "run/cli/options.h"
 
 namespace krug::run {
 namespace {

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "krug/types.h"
 
@@ -89,6 +90,9 @@ TEST(ConfigTest, EveryTypeParses) {
       {"KRUG_RENDEZVOUS_ADDR", "10.0.0.1"},
       {"KRUG_RENDEZVOUS_PORT", "29500"},
       {"KRUG_SECRET", "s3cr3t"},
+      {"KRUG_GPU_OPERATIONS", "Host"},
+      {"KRUG_GPU_SHARE_DEVICE", "true"},
+      {"KRUG_START_TIMEOUT", "4.5"},
   });
   EXPECT_EQ(c.fusion_threshold_bytes, 4096);
   EXPECT_DOUBLE_EQ(c.cycle_time.count(), 2.5);
@@ -116,6 +120,9 @@ TEST(ConfigTest, EveryTypeParses) {
   EXPECT_EQ(c.rendezvous_addr, "10.0.0.1");
   EXPECT_EQ(c.rendezvous_port, 29500);
   EXPECT_EQ(c.secret, "s3cr3t");
+  EXPECT_EQ(c.gpu_operations, "host");
+  EXPECT_TRUE(c.gpu_share_device);
+  EXPECT_DOUBLE_EQ(c.start_timeout.count(), 4.5);
 }
 
 TEST(ConfigTest, BadValuesNameTheVariableTheValueAndWhatIsAccepted) {
@@ -135,6 +142,11 @@ TEST(ConfigTest, BadValuesNameTheVariableTheValueAndWhatIsAccepted) {
       {"KRUG_BUSY_POLL_MICROSECONDS", "-1"},
       {"KRUG_HIERARCHICAL_ALLREDUCE", "2"},  {"KRUG_HIERARCHICAL_ALLREDUCE", ""},
       {"KRUG_HIERARCHICAL_ALLREDUCE", "automatic"},
+      {"KRUG_GPU_OPERATIONS", "rccl"},   {"KRUG_GPU_OPERATIONS", "mpi"},
+      {"KRUG_GPU_OPERATIONS", ""},       {"KRUG_GPU_SHARE_DEVICE", "yes please"},
+      {"KRUG_START_TIMEOUT", "0"},       {"KRUG_START_TIMEOUT", "soon"},
+      {"HOROVOD_START_TIMEOUT", "30s"},  {"HOROVOD_GPU_ALLREDUCE", "DDL"},
+      {"HOROVOD_GPU_OPERATIONS", "host"},
   };
   for (const auto& [var, value] : cases) {
     SCOPED_TRACE(var + "=" + value);
@@ -189,6 +201,42 @@ TEST(ConfigTest, HierarchicalAllreduceIsABooleanOrAuto) {
   }
 }
 
+// Horovod's names of KRUG_GPU_OPERATIONS take Horovod's values: NCCL, or MPI and GLOO, which
+// krug runs as host staging through the CPU data plane.
+TEST(ConfigTest, GpuOperationsTakesHorovodsValuesFromItsAliases) {
+  EXPECT_EQ(load({}).gpu_operations, "") << "unset: the engine picks by build";
+  EXPECT_EQ(load({{"KRUG_GPU_OPERATIONS", "NCCL"}}).gpu_operations, "nccl");
+  EXPECT_EQ(load({{"HOROVOD_GPU_OPERATIONS", "NCCL"}}).gpu_operations, "nccl");
+  EXPECT_EQ(load({{"HOROVOD_GPU_OPERATIONS", "MPI"}}).gpu_operations, "host");
+  EXPECT_EQ(load({{"HOROVOD_GPU_ALLREDUCE", "gloo"}}).gpu_operations, "host");
+  EXPECT_EQ(load({{"KRUG_GPU_OPERATIONS", "host"}, {"HOROVOD_GPU_OPERATIONS", "NCCL"}})
+                .gpu_operations,
+            "host");
+  EXPECT_EQ(load({{"HOROVOD_GPU_OPERATIONS", "MPI"}, {"HOROVOD_GPU_ALLREDUCE", "NCCL"}})
+                .gpu_operations,
+            "host")
+      << "the first alias set wins";
+  const std::string message = error_of({{"HOROVOD_GPU_ALLREDUCE", "DDL"}});
+  EXPECT_NE(message.find("HOROVOD_GPU_ALLREDUCE='DDL' is invalid: expected one of nccl (nccl), "
+                         "mpi (host), gloo (host)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(error_of({{"KRUG_GPU_OPERATIONS", "gloo"}}).find("expected one of host, nccl"),
+            std::string::npos);
+}
+
+// krugrun reads its own knobs without judging the workers', which it only passes on.
+TEST(ConfigTest, LoadKnobsReadsOnlyTheNamedOnes) {
+  const Env env = {{"HOROVOD_START_TIMEOUT", "45"}, {"KRUG_RANK", "bogus"}};
+  const Config c = load_knobs({"KRUG_START_TIMEOUT"}, [&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+  EXPECT_DOUBLE_EQ(c.start_timeout.count(), 45);
+  EXPECT_EQ(c.rank, -1);
+  EXPECT_THROW(load(env), Error);
+}
+
 TEST(ConfigTest, ErrorNamesTheAliasThatWasSet) {
   const std::string message = error_of({{"HOROVOD_CYCLE_TIME", "fast"}});
   EXPECT_NE(message.find("HOROVOD_CYCLE_TIME='fast'"), std::string::npos) << message;
@@ -208,49 +256,52 @@ TEST(ConfigTest, KrugNameWinsOverHorovodAlias) {
 }
 
 TEST(ConfigTest, EveryHorovodAliasIsDeclared) {
-  std::map<std::string, std::string> alias_of;
-  for (const KnobDoc& k : knob_docs()) alias_of[k.name] = k.alias;
-  const std::pair<const char*, const char*> expected[] = {
-      {"KRUG_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD"},
-      {"KRUG_CYCLE_TIME", "HOROVOD_CYCLE_TIME"},
-      {"KRUG_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY"},
-      {"KRUG_BUSY_POLL_MICROSECONDS", ""},
-      {"KRUG_AUTOTUNE", "HOROVOD_AUTOTUNE"},
-      {"KRUG_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG"},
-      {"KRUG_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"},
-      {"KRUG_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"},
-      {"KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"},
-      {"KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"},
-      {"KRUG_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS"},
-      {"KRUG_TIMELINE", "HOROVOD_TIMELINE"},
-      {"KRUG_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES"},
-      {"KRUG_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS"},
-      {"KRUG_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
-      {"KRUG_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE"},
-      {"KRUG_LOG_LEVEL", "HOROVOD_LOG_LEVEL"},
-      {"KRUG_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS"},
-      {"KRUG_GLOO_IFACE", "HOROVOD_GLOO_IFACE"},
-      {"KRUG_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE"},
-      {"KRUG_RANK", "HOROVOD_RANK"},
-      {"KRUG_SIZE", "HOROVOD_SIZE"},
-      {"KRUG_LOCAL_RANK", "HOROVOD_LOCAL_RANK"},
-      {"KRUG_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE"},
-      {"KRUG_CROSS_RANK", "HOROVOD_CROSS_RANK"},
-      {"KRUG_CROSS_SIZE", "HOROVOD_CROSS_SIZE"},
-      {"KRUG_HOSTNAME", "HOROVOD_HOSTNAME"},
-      {"KRUG_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_ADDR"},
-      {"KRUG_RENDEZVOUS_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT"},
-      {"KRUG_SECRET", ""},
-      {"KRUG_JOB_ID", ""},
-      {"KRUG_ELASTIC", "HOROVOD_ELASTIC"},
-      {"KRUG_ELASTIC_WORKER_ID", ""},
-      {"KRUG_ELASTIC_TIMEOUT", "HOROVOD_ELASTIC_TIMEOUT"},
+  std::map<std::string, std::vector<std::string>> aliases_of;
+  for (const KnobDoc& k : knob_docs()) aliases_of[k.name] = k.aliases;
+  const std::pair<const char*, std::vector<std::string>> expected[] = {
+      {"KRUG_FUSION_THRESHOLD", {"HOROVOD_FUSION_THRESHOLD"}},
+      {"KRUG_CYCLE_TIME", {"HOROVOD_CYCLE_TIME"}},
+      {"KRUG_CACHE_CAPACITY", {"HOROVOD_CACHE_CAPACITY"}},
+      {"KRUG_BUSY_POLL_MICROSECONDS", {}},
+      {"KRUG_AUTOTUNE", {"HOROVOD_AUTOTUNE"}},
+      {"KRUG_AUTOTUNE_LOG", {"HOROVOD_AUTOTUNE_LOG"}},
+      {"KRUG_AUTOTUNE_WARMUP_SAMPLES", {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES"}},
+      {"KRUG_AUTOTUNE_STEPS_PER_SAMPLE", {"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"}},
+      {"KRUG_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"}},
+      {"KRUG_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE"}},
+      {"KRUG_TIMEOUT_SECONDS", {"HOROVOD_GLOO_TIMEOUT_SECONDS"}},
+      {"KRUG_TIMELINE", {"HOROVOD_TIMELINE"}},
+      {"KRUG_TIMELINE_MARK_CYCLES", {"HOROVOD_TIMELINE_MARK_CYCLES"}},
+      {"KRUG_STALL_CHECK_TIME_SECONDS", {"HOROVOD_STALL_CHECK_TIME_SECONDS"}},
+      {"KRUG_STALL_SHUTDOWN_TIME_SECONDS", {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"}},
+      {"KRUG_STALL_CHECK_DISABLE", {"HOROVOD_STALL_CHECK_DISABLE"}},
+      {"KRUG_LOG_LEVEL", {"HOROVOD_LOG_LEVEL"}},
+      {"KRUG_CPU_OPERATIONS", {"HOROVOD_CPU_OPERATIONS"}},
+      {"KRUG_GLOO_IFACE", {"HOROVOD_GLOO_IFACE"}},
+      {"KRUG_HIERARCHICAL_ALLREDUCE", {"HOROVOD_HIERARCHICAL_ALLREDUCE"}},
+      {"KRUG_RANK", {"HOROVOD_RANK"}},
+      {"KRUG_SIZE", {"HOROVOD_SIZE"}},
+      {"KRUG_LOCAL_RANK", {"HOROVOD_LOCAL_RANK"}},
+      {"KRUG_LOCAL_SIZE", {"HOROVOD_LOCAL_SIZE"}},
+      {"KRUG_CROSS_RANK", {"HOROVOD_CROSS_RANK"}},
+      {"KRUG_CROSS_SIZE", {"HOROVOD_CROSS_SIZE"}},
+      {"KRUG_HOSTNAME", {"HOROVOD_HOSTNAME"}},
+      {"KRUG_RENDEZVOUS_ADDR", {"HOROVOD_GLOO_RENDEZVOUS_ADDR"}},
+      {"KRUG_RENDEZVOUS_PORT", {"HOROVOD_GLOO_RENDEZVOUS_PORT"}},
+      {"KRUG_SECRET", {}},
+      {"KRUG_JOB_ID", {}},
+      {"KRUG_ELASTIC", {"HOROVOD_ELASTIC"}},
+      {"KRUG_ELASTIC_WORKER_ID", {}},
+      {"KRUG_ELASTIC_TIMEOUT", {"HOROVOD_ELASTIC_TIMEOUT"}},
+      {"KRUG_GPU_OPERATIONS", {"HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE"}},
+      {"KRUG_GPU_SHARE_DEVICE", {}},
+      {"KRUG_START_TIMEOUT", {"HOROVOD_START_TIMEOUT"}},
   };
-  for (const auto& [name, alias] : expected) {
-    ASSERT_TRUE(alias_of.count(name)) << name;
-    EXPECT_EQ(alias_of[name], alias) << name;
+  for (const auto& [name, aliases] : expected) {
+    ASSERT_TRUE(aliases_of.count(name)) << name;
+    EXPECT_EQ(aliases_of[name], aliases) << name;
   }
-  EXPECT_EQ(alias_of.size(), std::size(expected)) << "a knob without a test of its alias";
+  EXPECT_EQ(aliases_of.size(), std::size(expected)) << "a knob without a test of its alias";
 }
 
 TEST(ConfigTest, BoolSpellings) {
@@ -286,7 +337,7 @@ TEST(ConfigTest, DocTableIsComplete) {
   for (const KnobDoc& k : knob_docs()) {
     EXPECT_TRUE(names.insert(k.name).second) << "duplicate " << k.name;
     EXPECT_EQ(k.name.rfind("KRUG_", 0), 0u) << k.name;
-    EXPECT_TRUE(k.alias.empty() || k.alias.rfind("HOROVOD_", 0) == 0) << k.alias;
+    for (const std::string& alias : k.aliases) EXPECT_EQ(alias.rfind("HOROVOD_", 0), 0u) << alias;
     EXPECT_FALSE(k.type.empty()) << k.name;
     EXPECT_FALSE(k.default_value.empty()) << k.name;
     EXPECT_GT(k.doc.size(), 10u) << k.name;
@@ -320,9 +371,8 @@ TEST(ConfigTest, EveryKnobIsInDocsConfigurationMd) {
     SCOPED_TRACE(k.name);
     ASSERT_TRUE(rows.count(k.name)) << "no row for " << k.name << " in " << path;
     const std::string& row = rows[k.name];
-    if (!k.alias.empty()) {
-      EXPECT_NE(row.find("`" + k.alias + "`"), std::string::npos) << row;
-    }
+    for (const std::string& alias : k.aliases)
+      EXPECT_NE(row.find("`" + alias + "`"), std::string::npos) << row;
     EXPECT_NE(row.find("`" + k.type + "`"), std::string::npos) << row;
     EXPECT_NE(row.find("`" + k.default_value + "`"), std::string::npos) << row;
     rows.erase(k.name);

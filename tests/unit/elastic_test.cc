@@ -8,9 +8,9 @@
 #include "controller/readiness_stats.h"
 #include "krug/types.h"
 #include "rendezvous/elastic_protocol.h"
-#include "run/discovery.h"
-#include "run/elastic_plan.h"
-#include "run/options.h"
+#include "run/cli/options.h"
+#include "run/elastic/discovery.h"
+#include "run/elastic/plan.h"
 
 namespace krug {
 namespace {

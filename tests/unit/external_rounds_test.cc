@@ -1,7 +1,7 @@
-// Elastic rounds for workers another engine starts (run/external_rounds.h): the launcher's
+// Elastic rounds for workers another engine starts (run/elastic/external_rounds.h): the launcher's
 // add/exit events and the workers' joins in an in-memory store become rounds, removals and the
 // end of the job, as krugrun's own elastic driver forms them.
-#include "run/external_rounds.h"
+#include "run/elastic/external_rounds.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The job spec file of `krugrun --config`: a full file, each class of error with the location
 // and key it must name, the workers shorthand, and the merge in which flags win.
-#include "run/job_spec.h"
+#include "run/cli/job_spec.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "krug/types.h"
-#include "run/options.h"
-#include "run/rank_env.h"
+#include "run/cli/options.h"
+#include "run/launch/rank_env.h"
 
 namespace krug::run {
 namespace {

@@ -1,6 +1,6 @@
 // krugrun's reading of a Slurm allocation: hostlist expressions, per-node counts, the
 // environment of a batch script, -np against the allocation, and the srun command line.
-#include "run/slurm.h"
+#include "run/hpc/slurm.h"
 
 #include <gtest/gtest.h>
 

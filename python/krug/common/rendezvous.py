@@ -125,8 +125,8 @@ class ElasticRendezvous(RendezvousServer):
 
 
 def elastic_worker_environment(worker_id, host, addr, port, secret, job_id, timeout=7 * 24 * 3600):
-    """What an elastic worker needs (src/run/rank_env.cc, elastic_worker_environment): no rank;
-    init() asks the elastic rendezvous for one every round."""
+    """What an elastic worker needs (src/run/launch/rank_env.cc, elastic_worker_environment): no
+    rank; init() asks the elastic rendezvous for one every round."""
     env = {
         "KRUG_ELASTIC": "1", "HOROVOD_ELASTIC": "1", "KRUG_ELASTIC_WORKER_ID": worker_id,
         "KRUG_ELASTIC_TIMEOUT": str(timeout), "KRUG_HOSTNAME": host, "HOROVOD_HOSTNAME": host,
@@ -187,8 +187,8 @@ def interface_environment(nics):
 
 
 def rank_environment(slot, addr, port, secret, job_id):
-    """The environment variables krugrun gives a rank (src/run/rank_env.cc), for ``slot`` of a
-    job whose rendezvous server listens on addr:port."""
+    """The environment variables krugrun gives a rank (src/run/launch/rank_env.cc), for ``slot``
+    of a job whose rendezvous server listens on addr:port."""
     env = {}
     for name, value in (("RANK", slot.rank), ("SIZE", slot.size),
                         ("LOCAL_RANK", slot.local_rank), ("LOCAL_SIZE", slot.local_size),

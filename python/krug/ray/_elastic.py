@@ -53,96 +53,138 @@ class ElasticJob:
 
     def _run(self, fn, args, kwargs):
         import ray
-        from ray.exceptions import RayTaskError
 
-        addr = ray.util.get_node_ip_address()
-        placing, running = {}, {}
-        results, failures, finished = [], [], False
+        self.call = (fn, args, kwargs)
+        self.addr = ray.util.get_node_ip_address()
+        self.placing = {}  # actor.node() ref -> worker id, until Ray placed the actor
+        self.running = {}  # run_elastic() ref -> (worker id, host)
+        self.results, self.failures, self.finished = [], [], False
+        self.started = 0
         deadline = time.monotonic() + self.ex.settings.placement_group_timeout_s
-        started = 0
         none_running_since = None
         for _ in range(self.limits["max_np"]):
-            worker, ref = self._new_actor()
-            placing[ref] = worker
-        while running or (placing and not finished and not results):
-            self._events(failures)
-            if started < self.limits["min_np"] and time.monotonic() > deadline:
-                raise TimeoutError(
-                    "krug.ray: only %d of min_workers=%d workers could be placed within "
-                    "placement_group_timeout_s=%s s; resources available now: %s"
-                    % (started, self.limits["min_np"], self.ex.settings.placement_group_timeout_s,
-                       ray.available_resources()))
-            if running:
-                none_running_since = None
-            elif none_running_since is None:
-                none_running_since = time.monotonic()
-            elif time.monotonic() - none_running_since > self.limits["elastic_timeout"]:
-                # No survivor waits in a round whose timeout would end the job: bound it here.
-                raise TimeoutError(
-                    "krug.ray: every worker was lost and no replacement could be placed within "
-                    "elastic_timeout=%s s (%s); resources available now: %s"
-                    % (self.limits["elastic_timeout"], "; ".join(failures[-3:]),
-                       ray.available_resources()))
-            ready, _ = ray.wait(list(placing) + list(running), num_returns=1, timeout=0.2)
+            self._request_actor()
+        while self.running or (self.placing and not self._done()):
+            self._events(self.failures)
+            self._check_placement(deadline)
+            none_running_since = self._check_survivors(none_running_since)
+            ready, _ = ray.wait(list(self.placing) + list(self.running), num_returns=1,
+                                timeout=0.2)
             for ref in ready:
-                if ref in placing:
-                    worker = placing.pop(ref)
-                    try:
-                        ip, node_id, _ = ray.get(ref)
-                    except Exception as e:  # noqa: B902 - the actor died before it started
-                        failures.append("worker %s died before starting: %s" % (worker, e))
-                        continue
-                    host = "%s/%s" % (ip, node_id[:8])
-                    env = elastic_worker_environment(worker, host, addr, self.rdv.port,
-                                                     self.rdv.secret, self.rdv.job_id)
-                    env.update(self.ex._settings_env())
-                    env.update(self.extra_env)
-                    actor = self.actors[worker]
-                    try:
-                        ray.get([actor.update_env_vars.remote(env),
-                                 actor.start_executable.remote(*self.executable)])
-                    except RayTaskError as e:
-                        raise RuntimeError("krug.ray: executable_cls failed on worker %s (host "
-                                           "%s):\n%s" % (worker, host, e)) from None
-                    except Exception as e:  # noqa: B902 - the actor died while starting
-                        failures.append("worker %s died while starting: %s" % (worker, e))
-                        ray.kill(self.actors.pop(worker), no_restart=True)
-                        new_worker, new_ref = self._new_actor()
-                        placing[new_ref] = new_worker
-                        continue
-                    self.rdv.add(worker, host)
-                    started += 1
-                    self.log.append("started %s on %s" % (worker, host))
-                    running[actor.run_elastic.remote(fn, args, kwargs)] = (worker, host)
-                    continue
-                worker, host = running.pop(ref)
-                try:
-                    tag, value, rank = ray.get(ref)
-                except RayTaskError as e:  # fn raised: a replacement would only repeat it
-                    self.rdv.exited(worker, 1)
-                    raise RuntimeError("krug.ray: the training function raised on worker %s "
-                                       "(host %s); the job stops:\n%s"
-                                       % (worker, host, e)) from None
-                except Exception as e:  # noqa: B902 - the actor died (killed, node lost)
-                    self.rdv.exited(worker, 1)
-                    failures.append("worker %s on host %s failed: %s" % (worker, host, e))
-                    self.log.append("lost %s" % worker)
-                    ray.kill(self.actors.pop(worker), no_restart=True)
-                    if not finished and not results:
-                        new_worker, new_ref = self._new_actor()
-                        placing[new_ref] = new_worker
-                        self.log.append("replacing %s with %s" % (worker, new_worker))
-                    continue
-                self.rdv.exited(worker, 0)
-                if tag == "ok":
-                    finished = True
-                    results.append((rank if rank is not None else len(results), value))
-        for ref, worker in placing.items():  # never placed before the job ended
+                if ref in self.placing:
+                    self._start(self.placing.pop(ref), ref)
+                else:
+                    self._collect(ref)
+        for worker in self.placing.values():  # never placed before the job ended
             ray.kill(self.actors.pop(worker), no_restart=True)
-        if results:
-            return [value for _, value in sorted(results, key=lambda r: r[0])]
+        if self.results:
+            return [value for _, value in sorted(self.results, key=lambda r: r[0])]
         raise RuntimeError("krug.ray: no elastic worker finished training: %s"
-                           % ("; ".join(failures) or "no worker could be placed"))
+                           % ("; ".join(self.failures) or "no worker could be placed"))
+
+    def _done(self):
+        """Whether a worker's training function has returned: the job is over."""
+        return self.finished or bool(self.results)
+
+    def _request_actor(self):
+        worker, ref = self._new_actor()
+        self.placing[ref] = worker
+        return worker
+
+    def _check_placement(self, deadline):
+        import ray
+
+        if self.started < self.limits["min_np"] and time.monotonic() > deadline:
+            raise TimeoutError(
+                "krug.ray: only %d of min_workers=%d workers could be placed within "
+                "placement_group_timeout_s=%s s; resources available now: %s"
+                % (self.started, self.limits["min_np"],
+                   self.ex.settings.placement_group_timeout_s, ray.available_resources()))
+
+    def _check_survivors(self, none_running_since):
+        """Since when no worker has been running (None: one is), raising once that is longer
+        than elastic_timeout: no survivor waits in a round whose timeout would end the job."""
+        import ray
+
+        if self.running:
+            return None
+        if none_running_since is None:
+            return time.monotonic()
+        if time.monotonic() - none_running_since > self.limits["elastic_timeout"]:
+            raise TimeoutError(
+                "krug.ray: every worker was lost and no replacement could be placed within "
+                "elastic_timeout=%s s (%s); resources available now: %s"
+                % (self.limits["elastic_timeout"], "; ".join(self.failures[-3:]),
+                   ray.available_resources()))
+        return none_running_since
+
+    def _environment(self, worker, host):
+        env = elastic_worker_environment(worker, host, self.addr, self.rdv.port,
+                                         self.rdv.secret, self.rdv.job_id)
+        env.update(self.ex._settings_env())
+        env.update(self.extra_env)
+        return env
+
+    def _start(self, worker, ref):
+        """Makes the placed actor of `worker` (`ref`: its node()) an elastic worker: its
+        environment, the executable, then the training function."""
+        import ray
+        from ray.exceptions import RayTaskError
+
+        try:
+            ip, node_id, _ = ray.get(ref)
+        except Exception as e:  # noqa: B902 - the actor died before it started
+            self.failures.append("worker %s died before starting: %s" % (worker, e))
+            return
+        host = "%s/%s" % (ip, node_id[:8])
+        actor = self.actors[worker]
+        try:
+            ray.get([actor.update_env_vars.remote(self._environment(worker, host)),
+                     actor.start_executable.remote(*self.executable)])
+        except RayTaskError as e:
+            raise RuntimeError("krug.ray: executable_cls failed on worker %s (host "
+                               "%s):\n%s" % (worker, host, e)) from None
+        except Exception as e:  # noqa: B902 - the actor died while starting
+            self.failures.append("worker %s died while starting: %s" % (worker, e))
+            ray.kill(self.actors.pop(worker), no_restart=True)
+            self._request_actor()
+            return
+        self.rdv.add(worker, host)
+        self.started += 1
+        self.log.append("started %s on %s" % (worker, host))
+        self.running[actor.run_elastic.remote(*self.call)] = (worker, host)
+
+    def _collect(self, ref):
+        """A worker's training function returned, raised, or its actor died."""
+        import ray
+        from ray.exceptions import RayTaskError
+
+        worker, host = self.running.pop(ref)
+        try:
+            tag, value, rank = ray.get(ref)
+        except RayTaskError as e:  # fn raised: a replacement would only repeat it
+            self.rdv.exited(worker, 1)
+            raise RuntimeError("krug.ray: the training function raised on worker %s "
+                               "(host %s); the job stops:\n%s" % (worker, host, e)) from None
+        except Exception as e:  # noqa: B902 - the actor died (killed, node lost)
+            self.rdv.exited(worker, 1)
+            self._lost(worker, host, e)
+            return
+        self.rdv.exited(worker, 0)
+        if tag == "ok":
+            self.finished = True
+            self.results.append((rank if rank is not None else len(self.results), value))
+
+    def _lost(self, worker, host, error):
+        """Forgets the dead actor of `worker` and, while the job goes on, asks for another."""
+        import ray
+
+        self.failures.append("worker %s on host %s failed: %s" % (worker, host, error))
+        self.log.append("lost %s" % worker)
+        ray.kill(self.actors.pop(worker), no_restart=True)
+        if not self._done():
+            new_worker = self._request_actor()
+            self.log.append("replacing %s with %s" % (worker, new_worker))
 
     def _events(self, failures):
         while True:

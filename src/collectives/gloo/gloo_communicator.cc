@@ -1,18 +1,14 @@
 #include "collectives/gloo/gloo_communicator.h"
 
 #include <fmt/format.h>
-#include <gloo/allgatherv.h>
-#include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
-#include <algorithm>
-#include <cstring>
+#include <memory>
 
 #include "collectives/gloo/gloo_exchange.h"
-#include "collectives/ordered_reduce.h"
 #include "rendezvous/gloo_store.h"
 
 namespace krug::collectives {
@@ -21,6 +17,10 @@ namespace {
 // Point-to-point slots: (base + n) for the n-th message of one direction of one pair. Gloo
 // matches a receive by (peer, slot), so the two directions of a pair never collide.
 constexpr uint64_t kP2PSlotBase = uint64_t{0x7f} << 56;
+
+// Bytes per peer per pipeline step of the reduce-scatter: bounds scratch memory at
+// 2 * size * 1 MiB while keeping per-step latency small against transfer time.
+constexpr size_t kSegmentBytes = size_t{1} << 20;
 
 template <typename F>
 void translate_errors(const char* what, int rank, int size, F&& f) {
@@ -54,7 +54,12 @@ std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& hos
 GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<rendezvous::Store> store,
                                    std::shared_ptr<gloo::transport::Device> device,
                                    std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), timeout_(timeout), sent_to_(size, 0), received_from_(size, 0) {
+    : ExchangeCommunicator(kSegmentBytes),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      sent_to_(size, 0),
+      received_from_(size, 0) {
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(timeout);
   rendezvous::GlooStore gloo_store(std::move(store), timeout);
@@ -65,31 +70,13 @@ GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<rendezvou
 
 GlooCommunicator::~GlooCommunicator() = default;
 
-uint64_t GlooCommunicator::next_slot() { return kCollectiveSlotBase + slot_counter_++; }
-
-void GlooCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  if (count == 0 || size_ == 1) return;
-  translate_errors("allreduce", rank_, size_, [&] {
-    GlooExchange reduce_scatter(*context_, slot_counter_, timeout_);
-    GlooExchange allgather(*context_, slot_counter_, timeout_);
-    reducer_.allreduce(reduce_scatter, allgather, data, count, dtype, op);
-  });
+std::unique_ptr<Exchange> GlooCommunicator::exchange(Phase) {
+  // Slots keep the phases of a call apart; tags are not needed.
+  return std::make_unique<GlooExchange>(*context_, slot_counter_, timeout_);
 }
 
-void GlooCommunicator::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
-                                     DataType dtype, ReduceOp op) {
-  translate_errors("reducescatter", rank_, size_, [&] {
-    GlooExchange exchange(*context_, slot_counter_, timeout_);
-    reducer_.reduce_scatter(exchange, in, out, counts, dtype, op);
-  });
-}
-
-void GlooCommunicator::allgatherv(const void* in, void* out,
-                                  const std::vector<size_t>& bytes_per_rank) {
-  translate_errors("allgather", rank_, size_, [&] {
-    GlooExchange exchange(*context_, slot_counter_, timeout_);
-    collectives::allgatherv(exchange, in, out, bytes_per_rank);
-  });
+void GlooCommunicator::guarded(const char* what, const std::function<void()>& call) {
+  translate_errors(what, rank_, size_, call);
 }
 
 void GlooCommunicator::broadcast(void* data, size_t bytes, int root) {
@@ -100,39 +87,6 @@ void GlooCommunicator::broadcast(void* data, size_t bytes, int root) {
     opts.setRoot(root);
     opts.setTimeout(timeout_);
     gloo::broadcast(opts);
-  });
-}
-
-void GlooCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
-                                 const std::vector<size_t>& recv_bytes) {
-  const auto send_off = prefix_offsets(send_bytes);
-  const auto recv_off = prefix_offsets(recv_bytes);
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* dst = static_cast<uint8_t*>(out);
-  if (send_bytes[rank_] > 0) std::memmove(dst + recv_off[rank_], src + send_off[rank_], send_bytes[rank_]);
-  if (size_ == 1) return;
-  translate_errors("alltoall", rank_, size_, [&] {
-    // Direct pairwise exchange: Gloo's alltoallv rejects empty buffers, which uneven splits need.
-    std::unique_ptr<gloo::transport::UnboundBuffer> sbuf, rbuf;
-    if (send_off[size_] > 0)
-      sbuf = context_->createUnboundBuffer(const_cast<uint8_t*>(src), send_off[size_]);
-    if (recv_off[size_] > 0) rbuf = context_->createUnboundBuffer(dst, recv_off[size_]);
-    const uint64_t slot = next_slot();
-    int sends = 0, recvs = 0;
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && recv_bytes[p] > 0) {
-        rbuf->recv(p, slot, recv_off[p], recv_bytes[p]);
-        ++recvs;
-      }
-    }
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && send_bytes[p] > 0) {
-        sbuf->send(p, slot, send_off[p], send_bytes[p]);
-        ++sends;
-      }
-    }
-    for (int i = 0; i < recvs; ++i) rbuf->waitRecv(timeout_);
-    for (int i = 0; i < sends; ++i) sbuf->waitSend(timeout_);
   });
 }
 
@@ -151,29 +105,7 @@ namespace krug::collectives {
 
 void GlooCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
                                 void* recv_data, size_t recv_bytes, int recv_from) {
-  auto describe = [&] {
-    std::string what;
-    if (send_to >= 0) what = fmt::format("send of {} bytes to rank {}", send_bytes, send_to);
-    if (recv_from >= 0)
-      what += fmt::format("{}receive of {} bytes from rank {}", what.empty() ? "" : " and ",
-                          recv_bytes, recv_from);
-    return what;
-  };
-  if (send_to < -1 || send_to >= size_ || recv_from < -1 || recv_from >= size_)
-    throw Error(fmt::format("gloo point-to-point {} on rank {} of {}: peer out of range",
-                            describe(), rank_, size_));
-  if ((send_to == rank_) != (recv_from == rank_))
-    throw Error(fmt::format("gloo point-to-point {} on rank {} of {}: a rank can exchange with "
-                            "itself only in both directions",
-                            describe(), rank_, size_));
-  if (send_to == rank_) {
-    if (send_bytes != recv_bytes)
-      throw Error(fmt::format("gloo point-to-point on rank {}: sends {} bytes to itself but "
-                              "expects {}",
-                              rank_, send_bytes, recv_bytes));
-    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
-    return;
-  }
+  if (sendrecv_with_self(send_data, send_bytes, send_to, recv_data, recv_bytes, recv_from)) return;
   // Slots advance even for empty messages: both sides of a pair agree on every byte count, so
   // they skip the same messages and stay in step.
   const uint64_t send_slot = send_to >= 0 ? kP2PSlotBase + sent_to_[send_to]++ : 0;
@@ -194,9 +126,11 @@ void GlooCommunicator::sendrecv(const void* send_data, size_t send_bytes, int se
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(fmt::format("gloo point-to-point {} failed on rank {} of {} (ranks of this "
-                            "process set; timeout {} ms): {}",
-                            describe(), rank_, size_, timeout_.count(), e.what()));
+    throw Error(
+        fmt::format("gloo point-to-point {} failed on rank {} of {} (ranks of this "
+                    "process set; timeout {} ms): {}",
+                    describe_sendrecv(send_bytes, send_to, recv_bytes, recv_from), rank_, size_,
+                    timeout_.count(), e.what()));
   }
 }
 

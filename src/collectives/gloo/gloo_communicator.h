@@ -5,8 +5,8 @@
 // the contributions in rank order (Gloo's ring sums in an order that depends on where a tensor
 // lands in the fusion buffer, which breaks bitwise reproducibility), then a direct allgather.
 // Both move (n-1)/n of the buffer per rank, like a ring, and use krug's kernels for every dtype.
-// The algorithm is shared with the MPI backend (collectives/ordered_reduce.h); this backend
-// supplies its messages (collectives/gloo/gloo_exchange.h).
+// The algorithms are shared with the MPI backend (collectives/exchange_communicator.h); this
+// backend supplies its messages (collectives/gloo/gloo_exchange.h).
 #pragma once
 
 #include <chrono>
@@ -14,8 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/communicator.h"
-#include "collectives/ordered_reduce.h"
+#include "collectives/exchange_communicator.h"
 #include "rendezvous/store.h"
 
 namespace gloo {
@@ -31,7 +30,7 @@ namespace krug::collectives {
 std::shared_ptr<gloo::transport::Device> make_gloo_device(const std::string& hostname,
                                                           const std::string& iface);
 
-class GlooCommunicator : public Communicator {
+class GlooCommunicator : public ExchangeCommunicator {
  public:
   // Collective over the `size` ranks that use the same store namespace.
   GlooCommunicator(int rank, int size, std::shared_ptr<rendezvous::Store> store,
@@ -41,21 +40,17 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
-  void reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
-                     ReduceOp op) override;
-  void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override;
   void broadcast(void* data, size_t bytes, int root) override;
-  void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
-                 const std::vector<size_t>& recv_bytes) override;
   void barrier() override;
   void sendrecv(const void* send_data, size_t send_bytes, int send_to, void* recv_data,
                 size_t recv_bytes, int recv_from) override;
   const char* backend_name() const override { return "gloo"; }
 
- private:
-  uint64_t next_slot();
+ protected:
+  std::unique_ptr<Exchange> exchange(Phase phase) override;
+  void guarded(const char* what, const std::function<void()>& call) override;
 
+ private:
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
@@ -65,9 +60,6 @@ class GlooCommunicator : public Communicator {
   // one direction of a pair. Kept apart from slot_counter_, which every rank advances together.
   std::vector<uint64_t> sent_to_;
   std::vector<uint64_t> received_from_;
-  // Bytes per peer per pipeline step of the reduce-scatter: bounds scratch memory at
-  // 2 * size * 1 MiB while keeping per-step latency small against transfer time.
-  OrderedReducer reducer_{size_t{1} << 20};
 };
 
 }  // namespace krug::collectives

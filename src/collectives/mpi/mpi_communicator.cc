@@ -2,8 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cstring>
+#include <memory>
+#include <string_view>
+#include <utility>
 
 #include "collectives/mpi/mpi_environment.h"
 #include "collectives/mpi/mpi_exchange.h"
@@ -22,7 +23,7 @@ constexpr int kTagPointToPoint = 4;
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, const Options& options)
-    : comm_(comm), options_(options), reducer_(options.segment_bytes) {
+    : ExchangeCommunicator(options.segment_bytes), comm_(comm), options_(options) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
@@ -34,10 +35,9 @@ MpiCommunicator::~MpiCommunicator() {
   if (!finalized) MPI_Comm_free(&comm_);
 }
 
-template <typename F>
-void MpiCommunicator::guarded(const char* what, F&& f) {
+void MpiCommunicator::guarded(const char* what, const std::function<void()>& call) {
   try {
-    f();
+    call();
   } catch (const Error& e) {
     // Messages from Requests already name the call and the rank; others (a failed MPI_Isend)
     // get them here.
@@ -46,33 +46,20 @@ void MpiCommunicator::guarded(const char* what, F&& f) {
   }
 }
 
-MpiExchange MpiCommunicator::exchange(int tag, const char* what) const {
-  return MpiExchange(comm_, rank_, size_, options_.max_message_bytes, options_.timeout, tag, what);
-}
-
-void MpiCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  if (count == 0 || size_ == 1) return;
-  guarded("allreduce", [&] {
-    auto reduce_scatter = exchange(kTagReduceScatter, "reduce-scatter");
-    auto allgather = exchange(kTagAllgather, "allgather");
-    reducer_.allreduce(reduce_scatter, allgather, data, count, dtype, op);
-  });
-}
-
-void MpiCommunicator::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
-                                    DataType dtype, ReduceOp op) {
-  guarded("reducescatter", [&] {
-    auto reduce_scatter = exchange(kTagReduceScatter, "reduce-scatter");
-    reducer_.reduce_scatter(reduce_scatter, in, out, counts, dtype, op);
-  });
-}
-
-void MpiCommunicator::allgatherv(const void* in, void* out,
-                                 const std::vector<size_t>& bytes_per_rank) {
-  guarded("allgather", [&] {
-    auto allgather = exchange(kTagAllgather, "allgather");
-    collectives::allgatherv(allgather, in, out, bytes_per_rank);
-  });
+std::unique_ptr<Exchange> MpiCommunicator::exchange(Phase phase) {
+  const auto [tag, what] = [&]() -> std::pair<int, const char*> {
+    switch (phase) {
+      case Phase::kReduceScatter:
+        return {kTagReduceScatter, "reduce-scatter"};
+      case Phase::kAllgather:
+        return {kTagAllgather, "allgather"};
+      case Phase::kAlltoall:
+        break;
+    }
+    return {kTagAlltoall, "alltoall"};
+  }();
+  return std::make_unique<MpiExchange>(comm_, rank_, size_, options_.max_message_bytes,
+                                       options_.timeout, tag, what);
 }
 
 void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
@@ -80,35 +67,13 @@ void MpiCommunicator::broadcast(void* data, size_t bytes, int root) {
   guarded("broadcast", [&] {
     auto* p = static_cast<char*>(data);
     // One MPI_Ibcast per piece: its count is an int.
-    for (size_t done = 0; done < bytes; done += options_.max_message_bytes) {
-      const int n = static_cast<int>(std::min(options_.max_message_bytes, bytes - done));
+    for_each_piece(bytes, options_.max_message_bytes, [&](size_t offset, int n) {
       Requests requests(comm_, options_.max_message_bytes);
       MPI_Request r;
-      check(MPI_Ibcast(p + done, n, MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
+      check(MPI_Ibcast(p + offset, n, MPI_BYTE, root, comm_, &r), "MPI_Ibcast");
       requests.add(r, -1, "broadcast with");
       requests.wait(options_.timeout, "broadcast", rank_, size_);
-    }
-  });
-}
-
-void MpiCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
-                                const std::vector<size_t>& recv_bytes) {
-  const auto send_off = prefix_offsets(send_bytes);
-  const auto recv_off = prefix_offsets(recv_bytes);
-  const auto* src = static_cast<const uint8_t*>(in);
-  auto* dst = static_cast<uint8_t*>(out);
-  if (send_bytes[rank_] > 0)
-    std::memmove(dst + recv_off[rank_], src + send_off[rank_], send_bytes[rank_]);
-  if (size_ == 1) return;
-  guarded("alltoall", [&] {
-    Requests requests(comm_, options_.max_message_bytes);
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_ && recv_bytes[p] > 0)
-        requests.recv(dst + recv_off[p], recv_bytes[p], p, kTagAlltoall);
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_ && send_bytes[p] > 0)
-        requests.send(src + send_off[p], send_bytes[p], p, kTagAlltoall);
-    requests.wait(options_.timeout, "alltoall", rank_, size_);
+    });
   });
 }
 
@@ -125,32 +90,9 @@ void MpiCommunicator::barrier() {
 
 void MpiCommunicator::sendrecv(const void* send_data, size_t send_bytes, int send_to,
                                void* recv_data, size_t recv_bytes, int recv_from) {
-  auto describe = [&] {
-    std::string what;
-    if (send_to >= 0) what = fmt::format("send of {} bytes to rank {}", send_bytes, send_to);
-    if (recv_from >= 0)
-      what += fmt::format("{}receive of {} bytes from rank {}", what.empty() ? "" : " and ",
-                          recv_bytes, recv_from);
-    return what;
-  };
-  if (send_to < -1 || send_to >= size_ || recv_from < -1 || recv_from >= size_)
-    throw Error(fmt::format("mpi point-to-point {} on rank {} of {}: peer out of range", describe(),
-                            rank_, size_));
-  if ((send_to == rank_) != (recv_from == rank_))
-    throw Error(
-        fmt::format("mpi point-to-point {} on rank {} of {}: a rank can exchange with "
-                    "itself only in both directions",
-                    describe(), rank_, size_));
-  if (send_to == rank_) {
-    if (send_bytes != recv_bytes)
-      throw Error(
-          fmt::format("mpi point-to-point on rank {}: sends {} bytes to itself but "
-                      "expects {}",
-                      rank_, send_bytes, recv_bytes));
-    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
-    return;
-  }
-  const std::string what = "point-to-point " + describe();
+  if (sendrecv_with_self(send_data, send_bytes, send_to, recv_data, recv_bytes, recv_from)) return;
+  const std::string what =
+      "point-to-point " + describe_sendrecv(send_bytes, send_to, recv_bytes, recv_from);
   guarded(what.c_str(), [&] {
     Requests requests(comm_, options_.max_message_bytes);
     if (recv_from >= 0 && recv_bytes > 0)

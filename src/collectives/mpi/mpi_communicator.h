@@ -1,8 +1,8 @@
 // Communicator over an MPI communicator (one per process set, from MPI_Comm_create_group).
 //
 // Determinism first: allreduce and reducescatter are krug's rank-ordered reduce-scatter and
-// allgather (collectives/ordered_reduce.h, shared with the Gloo backend) on MPI point-to-point
-// messages (mpi_exchange.h), reduced with krug's kernels.
+// allgather (collectives/exchange_communicator.h, shared with the Gloo backend) on MPI
+// point-to-point messages (mpi_exchange.h), reduced with krug's kernels.
 // MPI_Allreduce would not do: MPI does not promise an order of reduction, and Open MPI picks its
 // algorithm (and so the order in which each element's contributions meet) by message size, so
 // the same tensor would round differently depending on what it was fused with; it also has no
@@ -17,14 +17,12 @@
 #include <memory>
 #include <vector>
 
-#include "collectives/communicator.h"
+#include "collectives/exchange_communicator.h"
 #include "collectives/mpi/mpi_backend.h"
-#include "collectives/mpi/mpi_exchange.h"
-#include "collectives/ordered_reduce.h"
 
 namespace krug::collectives::mpi {
 
-class MpiCommunicator : public Communicator {
+class MpiCommunicator : public ExchangeCommunicator {
  public:
   // Takes ownership of `comm` (freed in the destructor); sets MPI_ERRORS_RETURN on it.
   MpiCommunicator(MPI_Comm comm, const Options& options);
@@ -32,29 +30,22 @@ class MpiCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
-  void reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
-                     ReduceOp op) override;
-  void allgatherv(const void* in, void* out, const std::vector<size_t>& bytes_per_rank) override;
   void broadcast(void* data, size_t bytes, int root) override;
-  void alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
-                 const std::vector<size_t>& recv_bytes) override;
   void barrier() override;
   void sendrecv(const void* send_data, size_t send_bytes, int send_to, void* recv_data,
                 size_t recv_bytes, int recv_from) override;
   const char* backend_name() const override { return "mpi"; }
 
- private:
-  // The messages of one ordered collective (collectives/ordered_reduce.h) on this communicator.
-  MpiExchange exchange(int tag, const char* what) const;
-  template <typename F>
-  void guarded(const char* what, F&& f);
+ protected:
+  // The messages of one phase, over MPI point-to-point messages (mpi_exchange.h).
+  std::unique_ptr<Exchange> exchange(Phase phase) override;
+  void guarded(const char* what, const std::function<void()>& call) override;
 
+ private:
   MPI_Comm comm_;
   Options options_;
   int rank_ = 0;
   int size_ = 1;
-  OrderedReducer reducer_;
 };
 
 }  // namespace krug::collectives::mpi

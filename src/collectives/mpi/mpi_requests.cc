@@ -25,25 +25,21 @@ Requests::~Requests() {
 
 void Requests::send(const void* data, size_t bytes, int peer, int tag) {
   const auto* p = static_cast<const char*>(data);
-  for (size_t done = 0; done < bytes; done += max_message_bytes_) {
-    const int n = static_cast<int>(std::min(max_message_bytes_, bytes - done));
+  for_each_piece(bytes, max_message_bytes_, [&](size_t offset, int n) {
     MPI_Request r;
     // MPI's C API takes a non-const buffer only for historic reasons; a send never writes it.
-    check(MPI_Isend(p + done, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
-    requests_.push_back(r);
-    info_.push_back({peer, "send to"});
-  }
+    check(MPI_Isend(p + offset, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Isend");
+    add(r, peer, "send to");
+  });
 }
 
 void Requests::recv(void* data, size_t bytes, int peer, int tag) {
   auto* p = static_cast<char*>(data);
-  for (size_t done = 0; done < bytes; done += max_message_bytes_) {
-    const int n = static_cast<int>(std::min(max_message_bytes_, bytes - done));
+  for_each_piece(bytes, max_message_bytes_, [&](size_t offset, int n) {
     MPI_Request r;
-    check(MPI_Irecv(p + done, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
-    requests_.push_back(r);
-    info_.push_back({peer, "receive from"});
-  }
+    check(MPI_Irecv(p + offset, n, MPI_BYTE, peer, tag, comm_, &r), "MPI_Irecv");
+    add(r, peer, "receive from");
+  });
 }
 
 void Requests::add(MPI_Request request, int peer, const char* what) {

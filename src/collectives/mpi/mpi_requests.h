@@ -8,12 +8,21 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
 
 namespace krug::collectives::mpi {
+
+// Calls f(offset, n) for each piece of `bytes` bytes, in order, of at most `max_piece` bytes:
+// MPI's counts are int, so a buffer goes as several messages.
+template <typename F>
+void for_each_piece(size_t bytes, size_t max_piece, F&& f) {
+  for (size_t offset = 0; offset < bytes; offset += max_piece)
+    f(offset, static_cast<int>(std::min(max_piece, bytes - offset)));
+}
 
 class Requests {
  public:

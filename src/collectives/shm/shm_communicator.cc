@@ -430,12 +430,11 @@ void ShmCommunicator::broadcast(void* data, size_t bytes, int root) {
 
 void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                                 const std::vector<size_t>& recv_bytes) {
-  const auto send_offsets = prefix_offsets(send_bytes);
-  const auto recv_offsets = prefix_offsets(recv_bytes);
+  const auto offsets = copy_own_part(rank_, in, send_bytes, out, recv_bytes);
+  const std::vector<size_t>& send_offsets = offsets.first;
+  const std::vector<size_t>& recv_offsets = offsets.second;
   const auto* input = static_cast<const uint8_t*>(in);
   auto* output = static_cast<uint8_t*>(out);
-  if (send_bytes[rank_] > 0)
-    reduce::move(output + recv_offsets[rank_], input + send_offsets[rank_], send_bytes[rank_]);
   if (size_ == 1) return;
   // Each slot is cut into one box per destination. Members know only their own sizes, so the
   // number of rounds is agreed first: the largest any member needs.

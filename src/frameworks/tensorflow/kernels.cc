@@ -255,6 +255,25 @@ class CollectiveKernel : public tf::AsyncOpKernel {
   const std::string& op_name() const { return name_; }
   krug::ProcessSet process_set() const { return process_set_; }
 
+  // Enqueues an op whose outputs negotiation sizes (allgather, reducescatter; one tensor, or a
+  // group): each input is split or concatenated along its first dimension, so it needs one.
+  fe::Handle EnqueueSizedLater(tf::OpKernelContext* ctx, const std::shared_ptr<Pending>& p,
+                               const fe::Op& op, bool grouped) {
+    const int n = ctx->num_inputs();
+    p->reserve(n);
+    std::vector<fe::TensorView> inputs;
+    for (int i = 0; i < n; ++i) {
+      if (ctx->input(i).dims() == 0)
+        throw krug::InvalidArgument(fmt::format(
+            "{} '{}': the tensor must have at least one dimension (it is {} along the first)",
+            fe::op_name(op.type), op_name(),
+            op.type == fe::OpType::kAllgather ? "concatenated" : "split"));
+      inputs.push_back(p->view(ctx->input(i)));
+    }
+    if (!grouped) return fe::enqueue(op_name(), op, inputs[0], nullptr, p->callbacks(p, true));
+    return fe::enqueue_group(op_name(), op, inputs, {}, p->callbacks(p, true));
+  }
+
  private:
   std::string name_;
   krug::ProcessSet process_set_;
@@ -325,19 +344,7 @@ class SizedLaterKernel : public CollectiveKernel {
 
  protected:
   fe::Handle Enqueue(tf::OpKernelContext* ctx, const std::shared_ptr<Pending>& p) override {
-    const int n = ctx->num_inputs();
-    p->reserve(n);
-    std::vector<fe::TensorView> inputs;
-    for (int i = 0; i < n; ++i) {
-      if (ctx->input(i).dims() == 0)
-        throw krug::InvalidArgument(fmt::format(
-            "{} '{}': the tensor must have at least one dimension (it is split or concatenated "
-            "along the first)",
-            fe::op_name(op_.type), op_name()));
-      inputs.push_back(p->view(ctx->input(i)));
-    }
-    if (!grouped_) return fe::enqueue(op_name(), op_, inputs[0], nullptr, p->callbacks(p, true));
-    return fe::enqueue_group(op_name(), op_, inputs, {}, p->callbacks(p, true));
+    return EnqueueSizedLater(ctx, p, op_, grouped_);
   }
 
   fe::Op op_;
@@ -364,19 +371,7 @@ class ReducescatterKernel : public ReducingKernel {
 
  protected:
   fe::Handle Enqueue(tf::OpKernelContext* ctx, const std::shared_ptr<Pending>& p) override {
-    const int n = ctx->num_inputs();
-    p->reserve(n);
-    std::vector<fe::TensorView> inputs;
-    for (int i = 0; i < n; ++i) {
-      if (ctx->input(i).dims() == 0)
-        throw krug::InvalidArgument(
-            fmt::format("reducescatter '{}': the tensor must have at least one dimension (it is "
-                        "split along the first)",
-                        op_name()));
-      inputs.push_back(p->view(ctx->input(i)));
-    }
-    if (!kGrouped) return fe::enqueue(op_name(), op_, inputs[0], nullptr, p->callbacks(p, true));
-    return fe::enqueue_group(op_name(), op_, inputs, {}, p->callbacks(p, true));
+    return EnqueueSizedLater(ctx, p, op_, kGrouped);
   }
 };
 
