@@ -73,12 +73,14 @@ std::vector<Knob> make_table() {
        .doc = "Mark the start of each background cycle in the timeline."},
       {.name = "KRUG_STALL_CHECK_TIME_SECONDS", .aliases = {"HOROVOD_STALL_CHECK_TIME_SECONDS"},
        .unit = "seconds", .field = &Config::stall_check_time, .bounds = kNonNegative,
-       .doc = "Warn, naming the missing ranks, when a tensor has waited this long for other "
-              "ranks."},
+       .doc = "Warn on every rank taking part, naming the operation and the ranks that have not "
+              "submitted it, as soon as it has waited this long; again every period it waits."},
       {.name = "KRUG_STALL_SHUTDOWN_TIME_SECONDS",
        .aliases = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
        .unit = "seconds", .field = &Config::stall_shutdown_time, .bounds = kNonNegative,
-       .doc = "Fail the stalled operations after this long. 0 never does."},
+       .doc = "Stop krug on every rank once an operation has waited this long: each pending "
+              "operation fails naming itself and the stalled ones with their missing ranks. 0 "
+              "never does."},
       {.name = "KRUG_STALL_CHECK_DISABLE", .aliases = {"HOROVOD_STALL_CHECK_DISABLE"},
        .unit = "bool",
        .field = &Config::stall_check_disable, .doc = "Turn the stall inspector off."},

@@ -1,5 +1,8 @@
 #include "controller/message.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "net/socket.h"
 
 namespace krug::controller {
@@ -7,7 +10,7 @@ namespace {
 
 // Bumped whenever the layout below changes, so ranks built from different versions fail loudly.
 constexpr uint32_t kRequestMagic = 0x4b520002;   // "KR" v2
-constexpr uint32_t kResponseMagic = 0x4b530002;  // "KS" v2
+constexpr uint32_t kResponseMagic = 0x4b530003;  // "KS" v3
 
 // A list on the wire: its length, then each element as `put` writes it.
 template <typename T, typename Put>
@@ -130,6 +133,31 @@ void expect_magic(net::Reader& r, uint32_t magic, const char* what) {
                 " (bad magic): are all ranks running the same krug version?");
 }
 
+void put_stalls(net::Writer& w, const std::vector<Stall>& stalls) {
+  w.u32(static_cast<uint32_t>(stalls.size()));
+  for (const auto& s : stalls) {
+    w.str(s.name);
+    w.u8(static_cast<uint8_t>(s.op));
+    w.i64(s.process_set);
+    put_ints(w, s.ready_ranks);
+    put_ints(w, s.missing_ranks);
+    w.f64(s.waited_seconds);
+  }
+}
+
+std::vector<Stall> get_stalls(net::Reader& r) {
+  std::vector<Stall> stalls(r.u32());
+  for (auto& s : stalls) {
+    s.name = r.str();
+    s.op = static_cast<OpType>(r.u8());
+    s.process_set = static_cast<int32_t>(r.i64());
+    s.ready_ranks = get_ints<int32_t>(r);
+    s.missing_ranks = get_ints<int32_t>(r);
+    s.waited_seconds = r.f64();
+  }
+  return stalls;
+}
+
 }  // namespace
 
 std::string_view op_name(OpType op) {
@@ -164,6 +192,21 @@ Response response_for(const Request& q) {
   r.names = {q.name};
   r.shapes = {q.shape};
   return r;
+}
+
+std::string describe_op(const Request& q) {
+  return fmt::format("{} '{}' (process set {})", op_name(q.op), q.name, q.process_set);
+}
+
+std::string describe(const std::vector<Stall>& stalls) {
+  std::string out;
+  for (const auto& s : stalls) {
+    out += fmt::format(
+        "\n  {} '{}' (process set {}): waiting {:.0f} s for ranks [{}]; ready on ranks [{}]",
+        op_name(s.op), s.name, s.process_set, s.waited_seconds, fmt::join(s.missing_ranks, ", "),
+        fmt::join(s.ready_ranks, ", "));
+  }
+  return out;
 }
 
 int64_t Request::num_elements() const {
@@ -208,6 +251,7 @@ std::vector<uint8_t> encode(const ResponseList& list) {
   w.u8(list.fatal ? 1 : 0);
   w.i64(list.tuned_fusion_threshold);
   w.f64(list.tuned_cycle_time_ms);
+  put_stalls(w, list.stalls);
   return w.take();
 }
 
@@ -221,6 +265,7 @@ ResponseList decode_response_list(const std::vector<uint8_t>& bytes) {
   list.fatal = r.u8() != 0;
   list.tuned_fusion_threshold = r.i64();
   list.tuned_cycle_time_ms = r.f64();
+  list.stalls = get_stalls(r);
   return list;
 }
 

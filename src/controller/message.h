@@ -93,6 +93,24 @@ struct Response {
   bool operator==(const Response&) const = default;
 };
 
+// A named operation some ranks submitted and others have not, for too long (stall inspector).
+struct Stall {
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  int32_t process_set = 0;
+  std::vector<int32_t> ready_ranks;
+  std::vector<int32_t> missing_ranks;
+  double waited_seconds = 0;
+
+  bool operator==(const Stall&) const = default;
+};
+// How errors name an operation: "allreduce 'w' (process set 0)".
+std::string describe_op(const Request& q);
+
+// One line per stall: "\n  allreduce 'w' (process set 0): waiting 61 s for ranks [1]; ready on
+// ranks [0, 2]".
+std::string describe(const std::vector<Stall>& stalls);
+
 struct ResponseList {
   std::vector<Response> responses;
   bool shutdown = false;
@@ -102,6 +120,9 @@ struct ResponseList {
   // applies the same parameters from the cycle that carries them.
   int64_t tuned_fusion_threshold = 0;
   double tuned_cycle_time_ms = 0;
+  // The stall inspector's latest report (coordinator): every rank logs the stalls it takes part
+  // in, so a rank's own output says what it waits for and who waits for it.
+  std::vector<Stall> stalls;
 };
 
 // The op response for one request: its parameters, name and shape.

@@ -79,17 +79,6 @@ Agreement& Agreement::on(std::string_view field,
   return *this;
 }
 
-std::string describe(const std::vector<Stall>& stalls) {
-  std::string out;
-  for (const auto& s : stalls) {
-    out += fmt::format(
-        "\n  {} '{}' (process set {}): waiting {:.0f} s for ranks [{}]; ready on ranks [{}]",
-        op_name(s.op), s.name, s.process_set, s.waited_seconds, fmt::join(s.missing_ranks, ", "),
-        fmt::join(s.ready_ranks, ", "));
-  }
-  return out;
-}
-
 Negotiator::Negotiator(int world_size, int64_t fusion_threshold_bytes, ResponseCache& cache)
     : world_size_(world_size),
       fusion_threshold_(fusion_threshold_bytes),
@@ -510,6 +499,17 @@ void Negotiator::fail_pending_on_removed_set(std::vector<Response>& out, int32_t
   std::erase_if(table_, [&](const auto& kv) {
     return kv.first != removing_key && kv.second.by_rank.begin()->second.process_set == removed;
   });
+}
+
+std::optional<Clock::time_point> Negotiator::oldest_pending(Clock::time_point after) const {
+  std::optional<Clock::time_point> oldest;
+  auto consider = [&](Clock::time_point t) {
+    if (t > after) oldest = oldest ? std::min(*oldest, t) : t;
+  };
+  for (uint32_t id : cached_pending_) consider(cached_[id].first_seen);
+  for (const auto& entry : table_) consider(entry.second.first_seen);
+  if (!joined_.empty()) consider(first_joined_at_);
+  return oldest;
 }
 
 std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_seconds) const {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -21,17 +22,6 @@
 namespace krug::controller {
 
 using Clock = std::chrono::steady_clock;
-
-// A named operation some ranks are waiting on for too long (stall inspector).
-struct Stall {
-  std::string name;
-  OpType op;
-  int32_t process_set;
-  std::vector<int32_t> ready_ranks;
-  std::vector<int32_t> missing_ranks;
-  double waited_seconds;
-};
-std::string describe(const std::vector<Stall>& stalls);
 
 // Bytes of payload a response moves (every tensor's elements times the dtype's size).
 int64_t response_bytes(const Response& r);
@@ -71,6 +61,11 @@ class Negotiator {
   // The autotuner's knob: applies to responses computed from now on.
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
   std::vector<Stall> stalls(Clock::time_point now, double older_than_seconds) const;
+  // When the longest-waiting of what stalls() considers was first seen, among those first seen
+  // after `after` (nullopt: none): the stall inspector looks again exactly when it may have
+  // become a stall.
+  std::optional<Clock::time_point> oldest_pending(
+      Clock::time_point after = Clock::time_point::min()) const;
 
   // Records when each rank submitted the global set's tensors that become ready from now on
   // (elastic stragglers, read through readiness()). Off by default: fixed jobs do not pay

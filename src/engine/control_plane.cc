@@ -92,7 +92,17 @@ bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous:
 
 bool ControlPlane::connect_to_coordinator(const std::string& hostname, rendezvous::Store& store,
                                           const std::string& secret, const net::Deadline& until) {
-  auto address = to_string(store.get(kAddressKey, timeout_));
+  std::string address;
+  try {
+    address = to_string(store.get(kAddressKey, timeout_));
+  } catch (const rendezvous::StoreTimeout& e) {
+    // The usual cause: this rank called init() again (after shutdown()) and rank 0 did not.
+    throw rendezvous::StoreTimeout(fmt::format(
+        "rank {} timed out after {} s waiting for rank 0 to start krug ({}): every rank must "
+        "call init(), and after shutdown() every rank must call init() again; see rank 0's "
+        "output for why it did not (raise KRUG_TIMEOUT_SECONDS for slow starts)",
+        rank_, timeout_.count() / 1000.0, e.what()));
+  }
   auto colon = address.rfind(':');
   coordinator_ = net::Connection::connect(
       address.substr(0, colon), static_cast<uint16_t>(std::stoi(address.substr(colon + 1))), until);

@@ -367,6 +367,8 @@ void Engine::Impl::absorb_queue(bool background) {
 void Engine::Impl::process(ResponseList list) {
   if (!control_->is_coordinator() && list.tuned_cycle_time_ms > 0)
     apply_tuning(list.tuned_fusion_threshold, list.tuned_cycle_time_ms);
+  if (!control_->is_coordinator() && !list.stalls.empty())  // the coordinator logged them all
+    log_stalls_of_rank(config_.rank, config_.stall_check_time.count(), list.stalls);
   announce(list);
   int64_t moved = 0;  // payload bytes executed in this cycle, for the autotuner
   for (auto& r : list.responses) {
@@ -463,8 +465,10 @@ void Engine::Impl::stop_engine(std::string message, bool tell_peers, bool is_err
   if (stopped_) return;
   if (is_error) log::at(log::Level::kError, config_.rank, "{}", message);
   if (tell_peers) engine::tell_peers(*control_, config_.rank, message);
-  for (auto& node : queue_.fail(message))
-    node.mapped().handle->complete_part(message, node.mapped().args.request.name);
+  for (auto& node : queue_.fail(message)) {
+    const Request& q = node.mapped().args.request;
+    node.mapped().handle->complete_part(incomplete(q, message), q.name);
+  }
   table_.fail_all(message);
   stopped_ = true;
 }

@@ -59,6 +59,9 @@ class Engine::Impl : public Driver,
   // EngineKnobs
   void retune(int64_t fusion_threshold, double cycle_time_ms) override;
   void stop(const std::string& reason) override { stop_engine(reason, true); }
+  void announce_stalls(std::vector<controller::Stall> stalls) override {
+    negotiation_->send_stalls(std::move(stalls));
+  }
 
  private:
   void start_observers(std::vector<std::shared_ptr<CycleObserver>> observers);

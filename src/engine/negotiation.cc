@@ -96,14 +96,16 @@ void Negotiation::coordinate(Clock::time_point now, bool drained) {
   }
   if (shutting_down() && (drained || now >= shutdown_deadline_)) {
     list.shutdown = true;
-    list.shutdown_reason = fmt::format("rank 0 ({}) called shutdown()", config_.hostname);
+    list.shutdown_reason =
+        fmt::format("rank 0 ({}) called shutdown(){}", config_.hostname, still_pending(now));
   }
   // In order: the stall inspector, first, may stop the job, and then nobody else is told.
   for (const auto& observer : observers_.all()) {
     observer->on_cycle(now, negotiator_->readiness());
     if (sink_.stopped()) return;
   }
-  if (list.responses.empty() && !list.shutdown) return;
+  list.stalls.swap(stalls_to_send_);
+  if (list.responses.empty() && !list.shutdown && list.stalls.empty()) return;
   if (tuning_to_send_) {
     list.tuned_fusion_threshold = tuning_to_send_->first;
     list.tuned_cycle_time_ms = tuning_to_send_->second;
@@ -198,9 +200,16 @@ void Negotiation::receive_requests(const std::vector<pollfd>& fds) {
 void Negotiation::worker_shut_down(int rank) {
   ResponseList bye;
   bye.shutdown = true;
-  bye.shutdown_reason = fmt::format("rank {} ({}) called shutdown()", rank, control_.host_of(rank));
+  bye.shutdown_reason = fmt::format("rank {} ({}) called shutdown(){}", rank,
+                                    control_.host_of(rank), still_pending(Clock::now()));
   control_.broadcast(bye);
   sink_.process(std::move(bye));
+}
+
+std::string Negotiation::still_pending(Clock::time_point now) const {
+  auto pending = negotiator_->stalls(now, 0);
+  if (pending.empty()) return {};
+  return fmt::format(" while these operations were pending:{}", controller::describe(pending));
 }
 
 }  // namespace krug::engine

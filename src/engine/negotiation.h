@@ -67,6 +67,8 @@ class Negotiation {
   void set_fusion_threshold(int64_t bytes);
   // New tuned parameters ride on the next response list to every rank (coordinator).
   void send_tuning(int64_t fusion_threshold_bytes, double cycle_time_ms);
+  // So do the stall inspector's reports; a list goes out for them alone (coordinator).
+  void send_stalls(std::vector<controller::Stall> stalls) { stalls_to_send_ = std::move(stalls); }
 
  private:
   void send_requests(Clock::time_point now, bool drained);
@@ -75,6 +77,9 @@ class Negotiation {
   void receive_requests(const std::vector<pollfd>& fds);
   // A worker asked to shut down: every rank is told.
   void worker_shut_down(int rank);
+  // For a shutdown notice: the operations some ranks still wait for (they fail with it), each
+  // with the ranks that never submitted it; empty when none.
+  std::string still_pending(Clock::time_point now) const;
   std::chrono::microseconds cycle() const;
 
   const Config& config_;
@@ -90,6 +95,7 @@ class Negotiation {
   bool shutdown_sent_ = false;
   bool dirty_ = false;  // the negotiator has requests it has not computed over
   std::optional<std::pair<int64_t, double>> tuning_to_send_;
+  std::vector<controller::Stall> stalls_to_send_;
   uint64_t lists_seen_ = 0;
 };
 

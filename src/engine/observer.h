@@ -1,7 +1,8 @@
 // Observers of the engine: code beside the engine that reads what it does (the timeline, the
 // autotuner, the stall inspector, the elastic health report). They run on the loop's thread
 // and must not block. Only two may steer, through the engine's knobs (EngineKnobs): the
-// autotuner (fusion threshold, cycle time) and the stall inspector (stopping a stalled job).
+// autotuner (fusion threshold, cycle time) and the stall inspector (telling every rank of a
+// stall, stopping a stalled job).
 #pragma once
 
 #include <chrono>
@@ -65,6 +66,9 @@ class EngineKnobs {
   virtual void retune(int64_t fusion_threshold_bytes, double cycle_time_ms) = 0;
   // Stops the job on every rank with `reason`.
   virtual void stop(const std::string& reason) = 0;
+  // Sends the stalls just reported to every rank with the next response list (each logs those
+  // it takes part in: its own output then says what it waits for).
+  virtual void announce_stalls(std::vector<controller::Stall> stalls) = 0;
 };
 
 // The engine's observers and what they want together.

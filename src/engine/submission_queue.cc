@@ -21,11 +21,11 @@ SubmissionQueue::SubmissionQueue(int rank, Wakeup& wakeup, bool waiters_drive,
       drivers_(drivers),
       tuned_(tuned) {}
 
-void SubmissionQueue::refuse(HandleState& handle, size_t count) {
+std::string SubmissionQueue::refusal(const Request& q) const {
   const std::string why =
       !failure_.empty() ? failure_
                         : fmt::format("krug is shutting down on rank {}: no new operations", rank_);
-  for (size_t i = 0; i < count; ++i) handle.complete_part(why);
+  return fmt::format("{} was not started: {}", controller::describe_op(q), why);
 }
 
 SubmissionQueue::Batch SubmissionQueue::begin_batch() const {

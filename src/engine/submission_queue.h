@@ -46,7 +46,15 @@ class SubmissionQueue {
   template <typename Fill>
   void submit(const std::shared_ptr<HandleState>& handle, size_t count, const Fill& fill) {
     std::lock_guard lock(mu_);
-    if (!failure_.empty() || shutdown_requested_) return refuse(*handle, count);
+    if (!failure_.empty() || shutdown_requested_) {
+      // Each tensor fails naming itself: the reason alone would not say which call it ended.
+      TensorArgs args;
+      for (size_t i = 0; i < count; ++i) {
+        fill(i, args);
+        handle->complete_part(refusal(args.request), args.request.name);
+      }
+      return;
+    }
     const Batch batch = begin_batch();
     for (size_t i = 0; i < count; ++i) {
       Table::node_type entry = entry_node();
@@ -89,7 +97,8 @@ class SubmissionQueue {
     size_t first = 0;   // the queue's size before it
     bool wake = false;  // the loop must be told: nothing was queued and nobody drives it
   };
-  void refuse(HandleState& handle, size_t count);  // the engine failed or is shutting down
+  // Why `q` cannot run: the engine failed or is shutting down.
+  std::string refusal(const controller::Request& q) const;
   Batch begin_batch() const;
   bool admit(Table::node_type entry, const std::shared_ptr<HandleState>& handle,
              const Batch& batch);

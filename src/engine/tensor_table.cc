@@ -1,6 +1,12 @@
 #include "engine/tensor_table.h"
 
+#include <fmt/format.h>
+
 namespace krug::engine {
+
+std::string incomplete(const controller::Request& q, const std::string& why) {
+  return fmt::format("{} did not complete: {}", controller::describe_op(q), why);
+}
 
 TableSlot* TensorTable::find(const std::string& key) {
   auto it = table_.find(key);
@@ -47,7 +53,8 @@ size_t TensorTable::finish(const std::string& key, const std::string& error, boo
 }
 
 void TensorTable::fail_all(const std::string& message) {
-  for (auto& [key, e] : table_) e.handle->complete_part(message, e.args.request.name);
+  for (auto& [key, e] : table_)
+    e.handle->complete_part(incomplete(e.args.request, message), e.args.request.name);
   table_.clear();
   by_id_.clear();
 }

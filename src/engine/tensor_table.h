@@ -13,6 +13,10 @@
 
 namespace krug::engine {
 
+// How an operation the engine stopped before it completed fails: named, so that the message
+// says which call it ended ("allreduce 'w' (process set 0) did not complete: <why>").
+std::string incomplete(const controller::Request& q, const std::string& why);
+
 class TensorTable {
  public:
   explicit TensorTable(SubmissionQueue& queue) : queue_(queue) {}
@@ -38,7 +42,7 @@ class TensorTable {
   size_t finish(std::span<TableSlot* const> slots, const std::string& error = {},
                 bool precondition = false);
   size_t finish(const std::string& key, const std::string& error = {}, bool precondition = false);
-  // Fails every entry with `message` (the engine stops).
+  // Fails every entry with `message`, each named (incomplete()): the engine stops.
   void fail_all(const std::string& message);
 
  private:

@@ -3,6 +3,11 @@ barrier or remove_process_set while the others never come) gets a stall warning 
 operation and the ranks that did and did not submit it, and KRUG_STALL_SHUTDOWN_TIME_SECONDS
 ends it with that message.
 
+A rank that leaves a collective early (issue 32: a test fails an assertion between two
+collectives and pytest goes on to the next test) is reported on every rank's own output, the
+operations each rank waits in fail naming the operation and the rank that never came, and the
+tests after it run: nothing hangs (stall_job.py).
+
 Each case is its own krugrun job of 2 and 3 ranks, started from the 1-rank run of this file (the
 larger runs skip, so the jobs run once)."""
 
@@ -14,6 +19,7 @@ import textwrap
 import pytest
 
 import krug.torch as hvd
+import stall_job
 from krug._launcher import krugrun_path
 
 SCRIPT = textwrap.dedent('''
@@ -73,3 +79,40 @@ def test_stall_is_reported_and_ends_the_job(case, np, finished_jobs):
     assert "KRUG_STALL_SHUTDOWN_TIME_SECONDS" in out, out
     assert out.count("{} '".format(case)) >= 2, out
     assert "for ranks [{}]; ready on ranks [0]".format(missing) in out, out
+
+
+LEAVING = [(raising, per_test) for raising in (1, 0) for per_test in (False, True)]
+
+
+@pytest.fixture(scope="module")
+def left_early_jobs(tmp_path_factory):
+    """stall_job's job for each rank that leaves early, with and without a shutdown() after
+    every test, started together: {(raising rank, per_test): finish()'s result}."""
+    if hvd.size() != 1:
+        pytest.skip("runs its own jobs from the 1-rank run")
+    jobs = {key: stall_job.start("torch", tmp_path_factory.mktemp("left_early"), key[0],
+                                 shutdown_per_test=key[1]) for key in LEAVING}
+    return {key: stall_job.finish(job, timeout=150) for key, job in jobs.items()}
+
+
+@pytest.mark.parametrize("raising", [1, 0])
+def test_a_rank_that_leaves_early_is_reported_and_the_next_tests_run(raising, left_early_jobs):
+    returncode, out, ranks = left_early_jobs[(raising, False)]
+    stall_job.check_stall_reported_and_job_goes_on(returncode, out, ranks, raising,
+                                                   "HorovodInternalError")
+
+
+@pytest.mark.parametrize("raising", [1, 0])
+def test_a_rank_shut_down_after_a_failed_test_names_what_the_other_waits_for(
+        raising, left_early_jobs):
+    # Its shutdown() after the failed test ends the other rank's wait in 'b' at once, naming
+    # it; the next tests then run on both ranks.
+    returncode, out, ranks = left_early_jobs[(raising, True)]
+    assert returncode not in (0, -9, None), out
+    waiting = 1 - raising
+    got = stall_job.result(ranks[waiting], waiting, "test_1_leaves_between_collectives")
+    assert got.startswith("HorovodInternalError: "), out
+    assert "allreduce 'b' (process set 0)" in got, got
+    assert "rank %d (" % raising in got and "called shutdown()" in got, got
+    for rank in (0, 1):
+        assert "1 failed, 2 passed" in ranks[rank], out

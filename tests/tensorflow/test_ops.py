@@ -402,6 +402,28 @@ def test_mismatched_shapes_fail_on_every_rank():
     np.testing.assert_allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy(), n())
 
 
+def _stall_job():
+    """tests/python/stall_job.py: the job of a rank that leaves a collective early."""
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "python", "stall_job.py")
+    spec = importlib.util.spec_from_file_location("stall_job", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_rank_that_leaves_a_collective_early_is_reported_and_the_next_tests_run(tmp_path):
+    # Rank 1 fails an assertion between two collectives in a tf.function and goes on to the
+    # next test: both ranks are told, the waits end in Horovod's UnknownError naming the
+    # operation and the missing rank, and the tests after it run. A job of its own, started
+    # from the 1-rank run.
+    if n() != 1:
+        pytest.skip("runs its own job from the 1-rank run")
+    stall_job = _stall_job()
+    returncode, out, ranks = stall_job.finish(stall_job.start("tensorflow", tmp_path, 1),
+                                              timeout=240)
+    stall_job.check_stall_reported_and_job_goes_on(returncode, out, ranks, 1, "UnknownError")
+
+
 def test_broadcast_variables_and_objects():
     v = tf.Variable(tf.fill([3], float(r())))
     hvd.broadcast_variables([v], root_rank=n() - 1)

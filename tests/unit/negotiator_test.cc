@@ -342,9 +342,16 @@ TEST(MessageCodecTest, ResponseListRoundTripsAndRejectsGarbage) {
   l.responses = {r};
   l.shutdown = true;
   l.shutdown_reason = "rank 2 called shutdown()";
+  l.stalls = {{.name = "w",
+               .op = OpType::kBroadcast,
+               .process_set = 2,
+               .ready_ranks = {0, 2},
+               .missing_ranks = {1},
+               .waited_seconds = 61.5}};
   auto d = decode_response_list(encode(l));
   EXPECT_EQ(d.responses[0], r);
   EXPECT_EQ(d.shutdown_reason, l.shutdown_reason);
+  EXPECT_EQ(d.stalls, l.stalls);
   std::vector<uint8_t> garbage = {1, 2, 3, 4, 5, 6, 7, 8};
   EXPECT_THROW(decode_response_list(garbage), Error);
   auto truncated = encode(l);

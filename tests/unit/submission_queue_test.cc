@@ -88,14 +88,18 @@ TEST_F(SubmissionQueueTest, AfterAFailureEveryEnqueueFailsWithIt) {
   auto later = submit({"b", "c"});
   ASSERT_TRUE(later->done());
   EXPECT_FALSE(later->rejected());  // not the caller's mistake
-  EXPECT_EQ(later->error(), "rank 1 on host b died");
+  // The first tensor's failure, naming it: the reason alone does not say which call it ended.
+  EXPECT_EQ(later->error(), "allreduce 'b' (process set 0) was not started: rank 1 on host b died");
+  EXPECT_EQ(later->failed_tensor(), "b");
 }
 
 TEST_F(SubmissionQueueTest, AfterShutdownIsAskedEnqueueFailsSayingSo) {
   queue_.request_shutdown();
   auto later = submit({"a"});
   ASSERT_TRUE(later->done());
-  EXPECT_EQ(later->error(), "krug is shutting down on rank 0: no new operations");
+  EXPECT_EQ(later->error(),
+            "allreduce 'a' (process set 0) was not started: krug is shutting down on rank 0: no "
+            "new operations");
 }
 
 }  // namespace
