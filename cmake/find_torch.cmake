@@ -14,17 +14,6 @@
 set(KRUG_TORCH_MIN_VERSION 1.13)
 set(KRUG_TORCH_VERSION_LIMIT 3.0)
 
-# Fails with a message that names the version found and the supported range.
-function(krug_check_framework_version framework version min limit out_problem)
-  if(version VERSION_LESS min OR NOT version VERSION_LESS limit)
-    string(CONCAT problem_text "${framework} ${version} is not supported: krug supports "
-      "${framework} ${min} or newer, older than ${limit}")
-    set(${out_problem} "${problem_text}" PARENT_SCOPE)
-  else()
-    set(${out_problem} "" PARENT_SCOPE)
-  endif()
-endfunction()
-
 # Runs cmake/query_torch.py with the interpreter; the JSON it prints goes to out_json.
 # Under pip's build isolation the interpreter is the target environment's, but PYTHONPATH hides
 # its site-packages (where torch is) behind the isolated build environment; when torch is not
