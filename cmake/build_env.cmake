@@ -62,6 +62,18 @@ function(krug_build_choice var part)
   set(${var} ${${var}} PARENT_SCOPE)
 endfunction()
 
+# Sets out_problem to a message that names the version found and the supported range, or to ""
+# when the version is supported (every binding's CMake uses it, so it lives here, not with one).
+function(krug_check_framework_version framework version min limit out_problem)
+  if(version VERSION_LESS min OR NOT version VERSION_LESS limit)
+    string(CONCAT problem_text "${framework} ${version} is not supported: krug supports "
+      "${framework} ${min} or newer, older than ${limit}")
+    set(${out_problem} "${problem_text}" PARENT_SCOPE)
+  else()
+    set(${out_problem} "" PARENT_SCOPE)
+  endif()
+endfunction()
+
 # Runs cmake/<script> (a query that prints JSON, with an "error" key when the framework is not
 # importable) with `python`. Under pip's build isolation PYTHONPATH hides the environment's
 # frameworks: when the first answer is an error, it asks again without pip's PYTHONPATH and
@@ -82,17 +94,6 @@ function(krug_query_python python script out_json out_rc)
   endif()
   set(${out_json} "${json}" PARENT_SCOPE)
   set(${out_rc} ${rc} PARENT_SCOPE)
-endfunction()
-
-# Fails with a message that names the version found and the supported range.
-function(krug_check_framework_version framework version min limit out_problem)
-  if(version VERSION_LESS min OR NOT version VERSION_LESS limit)
-    string(CONCAT problem_text "${framework} ${version} is not supported: krug supports "
-      "${framework} ${min} or newer, older than ${limit}")
-    set(${out_problem} "${problem_text}" PARENT_SCOPE)
-  else()
-    set(${out_problem} "" PARENT_SCOPE)
-  endif()
 endfunction()
 
 # The parts krug has no choice about: Gloo is always built; bindings that do not exist yet.

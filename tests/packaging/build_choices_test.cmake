@@ -1,4 +1,4 @@
-# cmake -P: the framework version check (cmake/find_torch.cmake) names the version and the
+# cmake -P: the framework version check (cmake/build_env.cmake) names the version and the
 # supported range; KRUG_WITH_* / HOROVOD_WITHOUT_* (cmake/build_env.cmake) set the options.
 include(${KRUG_SOURCE_DIR}/cmake/find_torch.cmake)
 include(${KRUG_SOURCE_DIR}/cmake/build_env.cmake)
