@@ -287,3 +287,40 @@ def test_keras_collectives_take_horovods_keras_signatures():
     np.testing.assert_array_equal(np.asarray(hvd.allgather(mine, "keras.gather")),
                                   [k + 1.0 for k in range(n())])
     np.testing.assert_array_equal(np.asarray(hvd.broadcast(mine, 0, "keras.bcast")), [1.0])
+
+
+# ---- TF1 graphs: Horovod's Keras calls run in Keras' session ----
+
+def test_tf_keras_broadcast_global_variables_runs_in_keras_session():
+    root = n() - 1
+    with tf.Graph().as_default():
+        layer = tf_keras.layers.Dense(2, kernel_initializer=tf_keras.initializers.Constant(r()),
+                                      bias_initializer=tf_keras.initializers.Constant(-r()))
+        layer.build((None, 3))
+        hvd_tfk.broadcast_global_variables(root)
+        kernel, bias = tf_keras.backend.batch_get_value([layer.kernel, layer.bias])
+        np.testing.assert_array_equal(kernel, np.full((3, 2), root, np.float32))
+        np.testing.assert_array_equal(bias, [-root, -root])
+
+
+def test_tf_keras_collectives_return_values_in_a_graph():
+    # Horovod's Keras collectives evaluate in K.get_session(): a ported metric average gets a
+    # number, not a symbolic tensor.
+    with tf.Graph().as_default():
+        got = hvd_tfk.allreduce(np.array([float(r() + 1)]), "graph.metric")
+        assert isinstance(got, np.ndarray)
+        np.testing.assert_allclose(got, [np.mean([k + 1.0 for k in range(n())])])
+        gathered = hvd_tfk.allgather(np.array([r()]), "graph.gather")
+        np.testing.assert_array_equal(gathered, list(range(n())))
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_keras_broadcast_global_variables_refuses_eager_mode(flavour):
+    with pytest.raises(RuntimeError, match="does not support eager execution"):
+        FLAVOURS[flavour][1].broadcast_global_variables(0)
+
+
+def test_keras3_in_a_graph_names_the_frontend_with_a_session():
+    with tf.Graph().as_default():
+        with pytest.raises(RuntimeError, match="krug.tensorflow.keras with tf_keras"):
+            hvd.allreduce(np.array([1.0]), "graph.keras3")

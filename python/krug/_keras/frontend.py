@@ -2,9 +2,12 @@
 Keras module each is for (Horovod's ``horovod.keras`` and ``horovod.tensorflow.keras`` list
 them twice)."""
 
+import functools
+
 import krug.tensorflow as _tensorflow
 from krug._keras import collectives as _collectives
 from krug._keras.api import make_api
+from krug._keras.session import evaluate, keras_session
 from krug.tensorflow.sync_batch_norm import make_sync_batch_norm
 
 # krug.tensorflow's calls that the Keras frontends export as they are (Horovod's hvd.* names).
@@ -27,8 +30,29 @@ def frontend_names(keras):
     """{name: object} of the Keras frontend for ``keras`` (its callbacks and elastic
     submodules aside)."""
     names = {name: getattr(_tensorflow, name) for name in _FROM_TENSORFLOW}
-    names.update((name, getattr(_collectives, name)) for name in _KERAS_COLLECTIVES)
+    names.update((name, _evaluated(keras, getattr(_collectives, name)))
+                 for name in _KERAS_COLLECTIVES)
+    names["broadcast_global_variables"] = _broadcast_global_variables(keras)
     (names["DistributedOptimizer"], names["PartialDistributedOptimizer"],
      names["load_model"]) = make_api(keras)
     names["SyncBatchNormalization"] = make_sync_batch_norm(keras.layers.BatchNormalization)
     return names
+
+
+def _evaluated(keras, collective):
+    """``collective`` returning its result as Horovod's Keras one does (a value in a graph)."""
+    @functools.wraps(collective)
+    def call(*args, **kwargs):
+        return evaluate(keras, collective(*args, **kwargs))
+    return call
+
+
+def _broadcast_global_variables(keras):
+    def broadcast_global_variables(root_rank):
+        """Assigns ``root_rank``'s value to every global variable of Keras' TF1 graph on every
+        rank, in Keras' session (Horovod's ``hvd.broadcast_global_variables`` of the Keras
+        modules). Eagerly it raises RuntimeError, as Horovod's: use
+        BroadcastGlobalVariablesCallback or broadcast_variables."""
+        op = _tensorflow.broadcast_global_variables(root_rank)
+        return keras_session(keras).run(op)
+    return broadcast_global_variables
