@@ -48,20 +48,13 @@ struct Options {
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (flag == "-h" || flag == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
+  bench::Flags flags(argc, argv, kUsage);
+  for (std::string flag; flags.next(&flag);) {
     if (flag == "--sync") {
       o.sync = true;
       continue;
     }
-    if (i + 1 >= args.size()) throw bench::UsageError(flag + " needs a value (see --help)");
-    const std::string& value = args[++i];
-    if (!bench::parse_common_flag(flag, value, o.timing, &o.step))
+    if (!bench::parse_common_flag(flag, flags.value(flag), o.timing, &o.step))
       throw bench::UsageError("unknown option '" + flag + "'");
   }
   if (o.step.tensors < 1) throw bench::UsageError("--tensors must be at least 1");

@@ -40,15 +40,9 @@ constexpr const char* kUsage =
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (flag == "-h" || flag == "--help") {
-      std::fputs(kUsage, stdout);
-      std::exit(0);
-    }
-    if (i + 1 >= args.size()) throw bench::UsageError(flag + " needs a value");
-    const std::string& value = args[++i];
+  bench::Flags flags(argc, argv, kUsage);
+  for (std::string flag; flags.next(&flag);) {
+    const std::string& value = flags.value(flag);
     if (flag == "--min-bytes")
       o.min_bytes = bench::parse_size(flag, value);
     else if (flag == "--max-bytes")

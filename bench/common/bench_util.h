@@ -50,6 +50,34 @@ auto parse_or_exit(const char* tool, const char* usage, Parse&& parse, int argc,
   }
 }
 
+// Walks a tool's flags: `-h` / `--help` prints the usage and exits 0; a flag that needs a value
+// takes the next argument, or the walk throws UsageError naming the flag.
+class Flags {
+ public:
+  Flags(int argc, char** argv, const char* usage, int first = 1)
+      : args_(argv + std::min(first, argc), argv + argc), usage_(usage) {}
+  // The next flag, or false at the end.
+  bool next(std::string* flag) {
+    if (next_ >= args_.size()) return false;
+    *flag = args_[next_++];
+    if (*flag == "-h" || *flag == "--help") {
+      std::fputs(usage_, stdout);
+      std::exit(0);
+    }
+    return true;
+  }
+  // The value of the flag `next` just gave.
+  const std::string& value(const std::string& flag) {
+    if (next_ >= args_.size()) throw UsageError(flag + " needs a value (see --help)");
+    return args_[next_++];
+  }
+
+ private:
+  std::vector<std::string> args_;
+  const char* usage_;
+  size_t next_ = 0;
+};
+
 inline int64_t parse_int(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   errno = 0;

@@ -53,19 +53,14 @@ Mode parse_mode(const std::string& name) {
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) throw bench::UsageError("name the mode");
-  if (args[0] == "-h" || args[0] == "--help") {
-    std::fputs(kUsage, stdout);
-    std::exit(0);
-  }
-  o.mode_name = args[0];
-  o.mode = parse_mode(args[0]);
+  if (argc < 2) throw bench::UsageError("name the mode");
+  bench::Flags mode(argc, argv, kUsage);
+  mode.next(&o.mode_name);  // --help exits here
+  o.mode = parse_mode(o.mode_name);
   if (o.mode == Mode::kStep) o.timing.target_seconds = 0.5;
-  for (size_t i = 1; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (i + 1 >= args.size()) throw bench::UsageError(flag + " needs a value (see --help)");
-    const std::string& value = args[++i];
+  bench::Flags flags(argc, argv, kUsage, 2);
+  for (std::string flag; flags.next(&flag);) {
+    const std::string& value = flags.value(flag);
     if (flag == "--min-bytes")
       o.min_bytes = bench::parse_size(flag, value);
     else if (flag == "--max-bytes")
