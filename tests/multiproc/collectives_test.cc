@@ -246,6 +246,42 @@ TEST_P(Failures, StalledOperationFailsOnEveryRank) {
 
 INSTANTIATE_TEST_SUITE_P(Np, Failures, ::testing::Values(2, 3), np_name);
 
+// ---- The job secret stays out of every command line (checked by the ranks while the job
+// runs), krugrun's and the ranks' output at the most verbose log level, and the timeline.
+
+void expect_secret_hidden(const std::vector<std::string>& launcher_flags) {
+  const fs::path dir = fs::temp_directory_path() / unique_marker("krugsecret");
+  fs::create_directories(dir);
+  const fs::path timeline = dir / "timeline.json";
+  Job job(2, "secret",
+          {"KRUG_LOG_LEVEL=trace", "KRUG_TIMELINE=" + timeline.string(),
+           "KRUG_TEST_SECRET_FILE=" + (dir / "secret").string()},
+          launcher_flags);
+  ASSERT_EQ(job.wait(), 0) << job.output();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(job.rank_printed(r, "secret OK")) << job.output();
+  const std::string secret = read_file(dir / "secret.0");
+  ASSERT_GE(secret.size(), 16u);
+  EXPECT_EQ(read_file(dir / "secret.1"), secret) << "the ranks were given different secrets";
+  EXPECT_FALSE(contains(job.out() + job.err(), secret)) << "the secret is in the job's output";
+  const std::string trace = read_file(timeline);
+  EXPECT_TRUE(contains(trace, "timeline.t0")) << "no timeline written\n" << job.output();
+  EXPECT_FALSE(contains(trace, secret)) << "the secret is in the timeline";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+TEST(Secret, StaysOutOfCommandLinesOutputAndTimeline) {
+  expect_secret_hidden({});
+}
+
+TEST(Secret, StaysOutOfCommandLinesOutputAndTimelineOverSsh) {
+  if (mpi_launch()) GTEST_SKIP() << "mpirun starts its own daemons on other hosts";
+  FakeSsh ssh;
+  expect_secret_hidden({"--network-interface", "lo", "-H", "hostA:1,hostB:1"});
+  const auto calls = ssh.calls();
+  EXPECT_EQ(calls.size(), 4u) << "a probe and a rank per host went through ssh";
+}
+
 // ---- Timeline: rank 0 writes a Chrome trace with negotiation and execution phases.
 
 TEST(Timeline, HasNegotiateAndAllreducePhasesPerTensor) {

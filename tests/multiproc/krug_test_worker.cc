@@ -12,14 +12,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -1227,6 +1230,30 @@ void scenario_shm_leftover(bool loop) {
   } while (std::chrono::steady_clock::now() < until || steps < 3);
 }
 
+// The job secret must not show in any process's command line (/proc/*/cmdline is world-readable
+// on Linux): every rank scans all of them while the job runs. The secret goes to
+// $KRUG_TEST_SECRET_FILE.<rank>, so the harness can look for it in the logs and the timeline.
+void scenario_secret() {
+  const char* secret = std::getenv("KRUG_SECRET");
+  if (!secret || std::strlen(secret) < 16) die("secret: KRUG_SECRET is missing or short");
+  if (const char* file = std::getenv("KRUG_TEST_SECRET_FILE")) {
+    std::ofstream(std::string(file) + "." + std::to_string(g_rank)) << secret;
+  }
+  krug::barrier();  // every rank, launcher and wrapper is up
+  DIR* proc = ::opendir("/proc");
+  if (!proc) die("secret: cannot read /proc");
+  while (const dirent* e = ::readdir(proc)) {
+    if (!std::isdigit(static_cast<unsigned char>(e->d_name[0]))) continue;
+    std::ifstream in(std::string("/proc/") + e->d_name + "/cmdline", std::ios::binary);
+    const std::string cmdline((std::istreambuf_iterator<char>(in)), {});
+    expect(cmdline.find(secret) == std::string::npos,
+           std::string("the secret is in the command line of pid ") + e->d_name + ": " +
+               cmdline.substr(0, cmdline.find('\0')));
+  }
+  ::closedir(proc);
+  scenario_timeline();
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::cerr << "usage: krug_test_worker <scenario>" << std::endl;
@@ -1247,6 +1274,7 @@ int main(int argc, char** argv) {
       {"killed_coordinator", [] { scenario_killed_rank(0); }},
       {"stall", scenario_stall},
       {"timeline", scenario_timeline},
+      {"secret", scenario_secret},
       {"reinit", scenario_reinit},
       {"adasum", scenario_adasum},
       {"topology", scenario_topology},

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -80,6 +81,50 @@ inline bool wait_for_processes(const std::string& marker, int n) {
 inline bool wait_for_no_process(const std::string& marker) {
   return wait_until([&] { return count_processes_with(marker) == 0; });
 }
+
+// A stand-in for ssh, first on PATH while it lives: records each call's arguments (a line each,
+// "--- call" before every call) and runs the remote command through /bin/sh on this machine, as
+// sshd runs it through the user's shell. Jobs then take krugrun's real ssh path without a server.
+class FakeSsh {
+ public:
+  FakeSsh() : dir_(fs::temp_directory_path() / unique_marker("fakessh")) {
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "ssh") << "#!/bin/sh\n"
+                                   "{ echo '--- call'; for a; do printf '%s\\n' \"$a\"; done; } "
+                                   ">> \"$FAKE_SSH_LOG\"\n"
+                                   "for a; do last=$a; done\n"
+                                   "exec /bin/sh -c \"$last\"\n";
+    fs::permissions(dir_ / "ssh", fs::perms::owner_all);
+    const char* path = std::getenv("PATH");
+    old_path_ = path ? path : "/usr/bin:/bin";
+    ::setenv("PATH", (dir_.string() + ":" + old_path_).c_str(), 1);
+    ::setenv("FAKE_SSH_LOG", (dir_ / "calls").c_str(), 1);
+  }
+  FakeSsh(const FakeSsh&) = delete;
+  FakeSsh& operator=(const FakeSsh&) = delete;
+  ~FakeSsh() {
+    ::setenv("PATH", old_path_.c_str(), 1);
+    ::unsetenv("FAKE_SSH_LOG");
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Every call's arguments, in order.
+  std::vector<std::vector<std::string>> calls() const {
+    std::vector<std::vector<std::string>> out;
+    for (const auto& line : lines_of(read_file(dir_ / "calls"))) {
+      if (line == "--- call")
+        out.emplace_back();
+      else if (!out.empty())
+        out.back().push_back(line);
+    }
+    return out;
+  }
+
+ private:
+  fs::path dir_;
+  std::string old_path_;
+};
 
 // `krugrun args...` as a child process with stdout/stderr in files. Killed (with its ranks,
 // which die with krugrun) if still running when destroyed or when wait() times out.

@@ -10,6 +10,7 @@
 
 #include "krugrun_process.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -395,5 +396,68 @@ TEST(Launcher, JobSpecRunsStepsInOrderAndStopsAtTheFirstFailure) {
   EXPECT_TRUE(contains(run.err(), "the 1 step(s) after it were not run")) << run.err();
   fs::remove_all(dir);
 }
+
+// ---- Host names from -H, a hostfile or a job spec reach ssh as one argument after "--" and the
+// remote shell not at all: names full of shell syntax run nothing (ssh is FakeSsh, which runs
+// the remote command through /bin/sh as sshd would).
+
+class HostileHostNames : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Each name would create `injected_` if a shell ever parsed it unquoted.
+  std::vector<std::string> names() const {
+    const std::string touch = "touch${IFS}" + injected_.string();
+    return {"a;" + touch, "b$(" + touch + ")", "c`" + touch + "`", "d'&&" + touch + "&&'",
+            "-oProxyCommand=" + touch};
+  }
+  // krugrun's arguments that name the hosts, one slot each, the way GetParam() says.
+  std::vector<std::string> host_args() const {
+    std::ostringstream list, lines, spec;
+    spec << "run: ['echo \"HOST=$KRUG_HOSTNAME\"']\nworkers:\n  hosts:\n";
+    for (const auto& h : names()) {
+      list << (list.tellp() > 0 ? "," : "") << h << ":1";
+      lines << h << " slots=1\n";
+      std::string quoted;  // a YAML double-quoted scalar
+      for (char c : h)
+        quoted += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+      spec << "    - \"" << quoted << ":1\"\n";
+    }
+    if (GetParam() == "H") return {"-H", list.str()};
+    const fs::path file = dir_ / GetParam();
+    std::ofstream(file) << (GetParam() == "hostfile" ? lines.str() : spec.str());
+    return {GetParam() == "hostfile" ? "--hostfile" : "--config", file.string()};
+  }
+
+  fs::path dir_ = fs::temp_directory_path() / unique_marker("hostile");
+  fs::path injected_ = dir_ / "injected";
+  bool made_ = fs::create_directories(dir_);
+};
+
+TEST_P(HostileHostNames, ReachTheRemoteShellOnlyQuoted) {
+  FakeSsh ssh;
+  std::vector<std::string> args{"--network-interface", "lo", "-np", "5"};
+  for (const auto& a : host_args()) args.push_back(a);
+  for (const char* a : {"sh", "-c", "echo \"HOST=$KRUG_HOSTNAME\""}) args.push_back(a);
+  Krugrun run(args);
+  ASSERT_EQ(run.wait(), 0) << run.output();
+  EXPECT_FALSE(fs::exists(injected_)) << "a host name ran a command";
+  const auto calls = ssh.calls();
+  const auto hosts = names();
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    const std::string& host = hosts[r];
+    EXPECT_TRUE(run.rank_printed(static_cast<int>(r), "HOST=" + host)) << run.output();
+    int as_destination = 0;  // the probe and the rank's start
+    for (const auto& call : calls) {
+      const auto dashes = std::find(call.begin(), call.end(), "--");
+      if (dashes != call.end() && dashes + 1 != call.end() && dashes[1] == host) ++as_destination;
+      for (auto a = call.begin(); a != dashes && a != call.end(); ++a)
+        EXPECT_NE(*a, host) << "a host name before ssh's \"--\" is read as an option";
+    }
+    EXPECT_EQ(as_destination, 2) << host;
+  }
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+INSTANTIATE_TEST_SUITE_P(From, HostileHostNames, ::testing::Values("H", "hostfile", "job_spec"));
 
 }  // namespace
