@@ -1,12 +1,19 @@
-// Challenge-response authentication: the server sends a fresh random nonce, the client answers
-// HMAC-SHA256(secret, nonce). The secret itself never crosses the wire, and a recorded answer
-// is useless for the next connection because the nonce changes.
+// Mutual challenge-response authentication. Each side sends a fresh random nonce and proves the
+// job secret with HMAC-SHA256 over both nonces, under a label naming its role:
+//   server -> client: nonce_s
+//   client -> server: nonce_c, HMAC(secret, "krug client" | nonce_s | nonce_c)
+//   server -> client: accepted, HMAC(secret, "krug server" | nonce_c | nonce_s)  (or a reason)
+// The secret never crosses the wire; a recorded answer is useless on the next connection because
+// both nonces change; the labels keep one side's proof from being reflected as the other's; and
+// a client never talks to a server that cannot prove the secret (a stray listener on the
+// coordinator's address, say).
+#include <fmt/format.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <fmt/format.h>
+#include <string_view>
 
 #include "net/socket.h"
 
@@ -17,6 +24,8 @@ constexpr size_t kNonceSize = 32;
 constexpr size_t kMacSize = 32;  // SHA-256
 constexpr uint8_t kAccepted = 1;
 constexpr uint8_t kRejected = 0;
+constexpr std::string_view kClientLabel = "krug client";
+constexpr std::string_view kServerLabel = "krug server";
 // Handshake frames are tiny; refuse anything bigger from a peer we do not trust yet.
 constexpr size_t kMaxHandshakeFrame = 4096;
 
@@ -30,47 +39,94 @@ std::vector<uint8_t> hmac_sha256(const std::string& secret, const std::vector<ui
   return mac;
 }
 
-void send_verdict(Connection& conn, std::optional<std::string> reason, const Deadline& deadline) {
+// What a side proves: HMAC(secret, label | own-side-first nonces).
+std::vector<uint8_t> proof(const std::string& secret, std::string_view label,
+                           const std::vector<uint8_t>& first, const std::vector<uint8_t>& second) {
+  std::vector<uint8_t> msg(label.begin(), label.end());
+  msg.insert(msg.end(), first.begin(), first.end());
+  msg.insert(msg.end(), second.begin(), second.end());
+  return hmac_sha256(secret, msg);
+}
+
+std::vector<uint8_t> fresh_nonce() {
+  std::vector<uint8_t> nonce(kNonceSize);
+  if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1)
+    throw NetError("RAND_bytes failed to produce a nonce");
+  return nonce;
+}
+
+bool same_mac(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  return a.size() == kMacSize && b.size() == kMacSize &&
+         CRYPTO_memcmp(a.data(), b.data(), kMacSize) == 0;
+}
+
+void send_verdict(Connection& conn, std::optional<std::string> reason,
+                  const std::vector<uint8_t>& server_proof, const Deadline& deadline) {
   Writer w;
   w.u8(reason ? kRejected : kAccepted);
-  if (reason) w.str(*reason);
+  if (reason)
+    w.str(*reason);
+  else  // raw, to the end of the frame
+    w.data().insert(w.data().end(), server_proof.begin(), server_proof.end());
   conn.send_frame(w.data(), deadline);
 }
 
 }  // namespace
 
 void Connection::authenticate_as_client(const std::string& secret, const Deadline& deadline) {
-  auto nonce = recv_frame(deadline, kMaxHandshakeFrame);
-  if (nonce.size() != kNonceSize)
-    throw NetError(fmt::format("handshake with {}: expected a {}-byte nonce, got {} bytes "
-                               "(is it a krug server?)", peer_, kNonceSize, nonce.size()));
-  send_frame(hmac_sha256(secret, nonce), deadline);
-  auto verdict = recv_frame(deadline, kMaxHandshakeFrame);
+  const auto server_nonce = recv_frame(deadline, kMaxHandshakeFrame);
+  if (server_nonce.size() != kNonceSize)
+    throw NetError(
+        fmt::format("handshake with {}: expected a {}-byte nonce, got {} bytes "
+                    "(is it a krug server?)",
+                    peer_, kNonceSize, server_nonce.size()));
+  const auto client_nonce = fresh_nonce();
+  std::vector<uint8_t> answer = client_nonce;
+  const auto mine = proof(secret, kClientLabel, server_nonce, client_nonce);
+  answer.insert(answer.end(), mine.begin(), mine.end());
+  send_frame(answer, deadline);
+  const auto verdict = recv_frame(deadline, kMaxHandshakeFrame);
   Reader r(verdict);
-  if (r.u8() == kAccepted) return;
-  std::string reason = r.str();
-  close();
-  throw NetError(fmt::format("{} rejected the handshake: {}", peer_, reason));
+  if (r.u8() != kAccepted) {
+    std::string reason = r.str();
+    close();
+    throw NetError(fmt::format("{} rejected the handshake: {}", peer_, reason));
+  }
+  const std::vector<uint8_t> theirs(verdict.begin() + 1, verdict.end());
+  // With an empty secret (authentication off) there is nothing the server could prove.
+  if (!secret.empty() &&
+      !same_mac(theirs, proof(secret, kServerLabel, client_nonce, server_nonce))) {
+    close();
+    throw NetError(
+        fmt::format("{} accepted the handshake but could not prove the job secret: it "
+                    "is not this job's server (another process on that address?)",
+                    peer_));
+  }
 }
 
 std::optional<std::string> Connection::authenticate_as_server(const std::string& secret,
                                                               const Deadline& deadline) {
   std::optional<std::string> reason;
   try {
-    std::vector<uint8_t> nonce(kNonceSize);
-    if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1)
-      throw NetError("RAND_bytes failed to produce a nonce");
-    send_frame(nonce, deadline);
-    auto answer = recv_frame(deadline, kMaxHandshakeFrame);
-    if (!secret.empty()) {  // an empty secret accepts everyone, but keeps the same exchange
-      auto expected = hmac_sha256(secret, nonce);
-      if (answer.size() != kMacSize)
-        reason = fmt::format("malformed handshake answer ({} bytes, expected {})", answer.size(),
-                             kMacSize);
-      else if (CRYPTO_memcmp(answer.data(), expected.data(), kMacSize) != 0)
+    const auto server_nonce = fresh_nonce();
+    send_frame(server_nonce, deadline);
+    const auto answer = recv_frame(deadline, kMaxHandshakeFrame);
+    std::vector<uint8_t> client_nonce, theirs;
+    if (answer.size() != kNonceSize + kMacSize) {
+      reason = fmt::format("malformed handshake answer ({} bytes, expected {})", answer.size(),
+                           kNonceSize + kMacSize);
+    } else {
+      client_nonce.assign(answer.begin(), answer.begin() + kNonceSize);
+      theirs.assign(answer.begin() + kNonceSize, answer.end());
+      // An empty secret accepts everyone, but keeps the same exchange.
+      if (!secret.empty() &&
+          !same_mac(theirs, proof(secret, kClientLabel, server_nonce, client_nonce)))
         reason = "wrong job secret (HMAC mismatch)";
     }
-    send_verdict(*this, reason, deadline);
+    send_verdict(
+        *this, reason,
+        reason ? std::vector<uint8_t>{} : proof(secret, kServerLabel, client_nonce, server_nonce),
+        deadline);
   } catch (const Stopped&) {
     close();
     throw;  // our own stop, not the peer's failure: nothing to report about the peer

@@ -79,12 +79,14 @@ class Connection {
   // Same, rejecting frames longer than max_size (used before the peer is authenticated).
   std::vector<uint8_t> recv_frame(const Deadline& deadline, size_t max_size);
 
-  // Client side of the handshake: proves knowledge of `secret` (HMAC-SHA256 over a server
-  // nonce). Throws NetError with the server's reason if rejected.
+  // Client side of the mutual handshake (handshake.cc): proves knowledge of `secret` and checks
+  // the server proves it too. Throws NetError with the server's reason if rejected, or naming
+  // the peer if the server cannot prove the secret.
   void authenticate_as_client(const std::string& secret, const Deadline& deadline);
-  // Server side: returns std::nullopt on success, or the reason the peer was rejected (the
-  // connection is then closed). An empty secret accepts everyone. A stop of `deadline` is
-  // not the peer's fault: it closes the connection and throws Stopped.
+  // Server side: returns std::nullopt on success (the client then holds the server's proof), or
+  // the reason the peer was rejected (the connection is then closed). An empty secret accepts
+  // everyone. A stop of `deadline` is not the peer's fault: it closes the connection and throws
+  // Stopped.
   std::optional<std::string> authenticate_as_server(const std::string& secret,
                                                     const Deadline& deadline);
 

@@ -186,6 +186,48 @@ TEST(NetTest, HandshakeRejectsAWrongSecret) {
   EXPECT_FALSE(b.valid());
 }
 
+TEST(NetTest, HandshakeClientRefusesAServerThatCannotProveTheSecret) {
+  auto [a, b] = connected_pair();
+  // A listener on the coordinator's address that speaks the protocol and accepts anyone, but
+  // does not know the job secret.
+  std::thread impostor([&, &b = b] { (void)b.authenticate_as_server("", in(5s)); });
+  try {
+    a.authenticate_as_client("s3cret", in(5s));
+    ADD_FAILURE() << "the client trusted a server without the secret";
+  } catch (const NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not prove the job secret"), std::string::npos)
+        << e.what();
+  }
+  impostor.join();
+  EXPECT_FALSE(a.valid());
+}
+
+TEST(NetTest, HandshakeRejectsAReplayedAnswer) {
+  // Record a real client's answer to one server nonce...
+  auto [client, recorder] = connected_pair();
+  std::thread honest([&, &client = client] {
+    EXPECT_THROW(client.authenticate_as_client("s3cret", in(5s)), NetError);
+  });
+  recorder.send_frame(std::vector<uint8_t>(32, 0x42), in(5s));
+  const std::vector<uint8_t> recorded = recorder.recv_frame(in(5s));
+  Writer reject;
+  reject.u8(0);
+  reject.str("recorded");
+  recorder.send_frame(reject.data(), in(5s));
+  honest.join();
+  // ...and replay it to a server, which sends a fresh nonce.
+  auto [attacker, server] = connected_pair();
+  std::optional<std::string> verdict;
+  std::thread serving(
+      [&, &server = server] { verdict = server.authenticate_as_server("s3cret", in(5s)); });
+  (void)attacker.recv_frame(in(5s));
+  attacker.send_frame(recorded, in(5s));
+  (void)attacker.recv_frame(in(5s));
+  serving.join();
+  ASSERT_TRUE(verdict.has_value());
+  EXPECT_NE(verdict->find("wrong job secret"), std::string::npos) << *verdict;
+}
+
 TEST(NetTest, HandshakeServerGivesUpOnASilentClient) {
   auto [a, b] = connected_pair();
   auto verdict = b.authenticate_as_server("s", in(100ms));
