@@ -1,0 +1,75 @@
+// Inputs the fuzzers (fuzz/) found crashing, leaking or hitting undefined behaviour, each fed to
+// the parser it broke and expected to get that parser's documented error. The inputs stay in
+// the fuzzers' seed corpora (fuzz/corpus/<target>/regression-*), read from there.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "controller/message.h"
+#include "krug/types.h"
+#include "net/socket.h"
+#include "rendezvous/protocol.h"
+#include "rendezvous/server_state.h"
+#include "rendezvous/store.h"
+#include "run/cli/horovod_config.h"
+
+namespace krug {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string corpus_file(const std::string& target, const std::string& name) {
+  const std::string path = std::string(KRUG_SOURCE_DIR) + "/fuzz/corpus/" + target + "/" + name;
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << "cannot read " << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<uint8_t> corpus_bytes(const std::string& target, const std::string& name) {
+  const std::string text = corpus_file(target, name);
+  return {text.begin(), text.end()};
+}
+
+// A list length of 0x19000000 with a few bytes after it: the decoder allocated the whole list
+// (~77 GB of Requests) before reading the first element.
+TEST(FuzzRegressions, ControlMessageListLongerThanItsBytesIsTruncatedNotAllocated) {
+  const auto bytes = corpus_bytes("control_message", "regression-huge-list-length");
+  try {
+    controller::decode_request_list(bytes);
+    FAIL() << "decoded";
+  } catch (const net::NetError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("truncated message"));
+  }
+  EXPECT_THROW(controller::decode_response_list(bytes), Error);
+}
+
+// The length checks' lower bounds must not reject lists of the smallest elements.
+TEST(FuzzRegressions, ControlMessageListsOfTheSmallestElementsDecode) {
+  controller::RequestList requests;
+  requests.requests.resize(3);
+  requests.cache_hits = {1, 2};
+  const auto request_bytes = controller::encode(requests);
+  EXPECT_EQ(controller::encode(controller::decode_request_list(request_bytes)), request_bytes);
+
+  controller::ResponseList responses;
+  responses.responses.resize(2);
+  for (auto& r : responses.responses) r.from_cache = true;
+  controller::Response unnamed;
+  unnamed.names = {"", ""};
+  unnamed.shapes = {{}, {}};
+  responses.responses.push_back(unnamed);
+  responses.stalls.resize(2);
+  const auto response_bytes = controller::encode(responses);
+  EXPECT_EQ(controller::encode(controller::decode_response_list(response_bytes)), response_bytes);
+}
+
+}  // namespace
+}  // namespace krug
