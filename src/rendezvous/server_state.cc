@@ -85,9 +85,9 @@ Bytes ServerState::dispatch(uint64_t client, const Bytes& request, Clock::time_p
     }
     case Op::kAdd: {
       std::string key = r.str();
-      int64_t value = r.i64();
+      const int64_t delta = r.i64();
       auto it = data_.find(key);
-      if (it != data_.end()) value += decode_counter(key, it->second);
+      const int64_t value = add_to_counter(key, it == data_.end() ? nullptr : &it->second, delta);
       data_[key] = encode_counter(value);
       changed = true;
       net::Writer w;

@@ -71,5 +71,31 @@ TEST(FuzzRegressions, ControlMessageListsOfTheSmallestElementsDecode) {
   EXPECT_EQ(controller::encode(controller::decode_response_list(response_bytes)), response_bytes);
 }
 
+// add() of 0x2300000000000001 to a counter at 0x6f00000000000000 overflowed int64 in the
+// rendezvous server (undefined behaviour); now the client gets an error reply.
+TEST(FuzzRegressions, RendezvousCounterOverflowIsAnErrorReply) {
+  auto in = corpus_bytes("rendezvous_frames", "regression-counter-overflow");
+  rendezvous::ServerState state;
+  std::vector<rendezvous::ServerState::Reply> replies;
+  // Its get of a missing key parks the client: time it out, as the server loop would.
+  while (state.handle_frames(1, in, rendezvous::ServerState::Clock::now(), replies))
+    if (auto deadline = state.next_deadline()) state.expire(*deadline, replies);
+  std::vector<std::string> errors;
+  for (const auto& r : replies) {
+    ASSERT_FALSE(r.payload.empty());
+    if (r.payload[0] != uint8_t(rendezvous::protocol::Status::kError)) continue;
+    net::Reader reader(r.payload.data() + 1, r.payload.size() - 1);
+    errors.push_back(reader.str());
+  }
+  EXPECT_THAT(errors, ::testing::Contains(HasSubstr("overflows 64 bits")));
+}
+
+TEST(FuzzRegressions, InMemoryStoreCounterOverflowThrows) {
+  rendezvous::InMemoryStore store;
+  store.add("n", INT64_MAX);
+  EXPECT_THROW(store.add("n", 1), Error);
+  EXPECT_EQ(store.add("n", -1), INT64_MAX - 1);
+}
+
 }  // namespace
 }  // namespace krug
