@@ -97,5 +97,19 @@ TEST(FuzzRegressions, InMemoryStoreCounterOverflowThrows) {
   EXPECT_EQ(store.add("n", -1), INT64_MAX - 1);
 }
 
+// "? : " is a mapping whose key is null: yaml-cpp's as<std::string>() threw its own
+// TypedBadConversion, which escaped krugrun's error handling and terminated it.
+TEST(FuzzRegressions, HorovodConfigNonScalarKeyIsAnError) {
+  const std::string text = corpus_file("horovod_config", "regression-null-key");
+  try {
+    run::parse_horovod_config(text, "config.yaml");
+    FAIL() << "parsed";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("config.yaml:1:"));
+    EXPECT_THAT(e.what(), HasSubstr("expected a name as the key"));
+  }
+  EXPECT_THROW(run::parse_horovod_config("params:\n  [a]: 1\n", "config.yaml"), Error);
+}
+
 }  // namespace
 }  // namespace krug
