@@ -111,5 +111,31 @@ TEST(FuzzRegressions, HorovodConfigNonScalarKeyIsAnError) {
   EXPECT_THROW(run::parse_horovod_config("params:\n  [a]: 1\n", "config.yaml"), Error);
 }
 
+Config load(const std::map<std::string, std::string>& env) {
+  return load_config([&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+// HOROVOD_START_TIMEOUT=67108867108864 (seconds): accepted, then its conversion to the clock's
+// nanoseconds overflowed (undefined behaviour) wherever a deadline was made from it.
+TEST(FuzzRegressions, DurationsTheClockCannotCountAreRejected) {
+  std::map<std::string, std::string> env;
+  std::istringstream lines(corpus_file("knobs", "regression-duration-overflow"));
+  for (std::string line; std::getline(lines, line);)
+    if (auto eq = line.find('='); eq != std::string::npos)
+      env.emplace(line.substr(0, eq), line.substr(eq + 1));
+  try {
+    load(env);
+    FAIL() << "loaded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("HOROVOD_START_TIMEOUT='67108867108864' is invalid"));
+  }
+  EXPECT_THROW(load({{"KRUG_TIMEOUT_SECONDS", "1e300"}}), Error);
+  EXPECT_THROW(load({{"KRUG_BUSY_POLL_MICROSECONDS", "9223372036854775"}}), Error);
+  EXPECT_EQ(load({{"KRUG_TIMEOUT_SECONDS", "3e9"}}).timeout, Seconds(3e9));  // 95 years: fine
+}
+
 }  // namespace
 }  // namespace krug
