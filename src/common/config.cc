@@ -55,6 +55,16 @@ std::string choice(const Knob& knob, const Setting& setting) {
   return lower;
 }
 
+// Deadlines add a knob's duration to the steady clock, which counts int64 nanoseconds: a longer
+// one (about 292 years) would overflow it, so it is refused rather than wrapped.
+template <typename Duration>
+void check_fits_clock(const Setting& setting, Duration d) {
+  const double nanoseconds = std::chrono::duration<double, std::nano>(d).count();
+  if (nanoseconds >= static_cast<double>(std::numeric_limits<int64_t>::max()))
+    throw Error(fmt::format("{}='{}' is invalid: longer than a clock can count (292 years)",
+                            setting.var, setting.value));
+}
+
 // Parses `setting` according to the type of the Config member it lands in.
 void assign(const Knob& knob, const Setting& setting, Config& config) {
   std::visit(
@@ -84,10 +94,12 @@ void assign(const Knob& knob, const Setting& setting, Config& config) {
             auto value = parse_int64_strict(setting.value);
             if (!value || !knobs::in_bounds(static_cast<double>(*value), knob.bounds))
               reject(knob, setting);
+            check_fits_clock(setting, std::chrono::duration<double, typename T::period>(*value));
             config.*member = T(*value);
           } else {
             auto value = parse_double_strict(setting.value);
             if (!value || !knobs::in_bounds(*value, knob.bounds)) reject(knob, setting);
+            check_fits_clock(setting, T(*value));
             config.*member = T(*value);
           }
         } else if constexpr (std::is_integral_v<T>) {

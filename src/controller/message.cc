@@ -19,9 +19,20 @@ void put_list(net::Writer& w, const std::vector<T>& items, Put put) {
   for (const T& item : items) put(w, item);
 }
 
+// The fewest bytes each kind of element takes on the wire (empty strings and lists): a list's
+// length is checked against them before its elements are allocated. A bound below the true
+// size is safe, only looser.
+constexpr size_t kMinInt = 8;
+constexpr size_t kMinId = 4;
+constexpr size_t kMinList = 4;  // a string, or a list of lists: just its length
+constexpr size_t kMinTerms = 3 + 4 * 8;
+constexpr size_t kMinRequest = kMinList + kMinTerms + 3 * kMinList + 8 + kMinList + 8 + 1;
+constexpr size_t kMinResponse = 1 + kMinList;  // a cached one: its flag and ids
+constexpr size_t kMinStall = kMinList + 1 + 8 + 2 * kMinList + 8;
+
 template <typename T, typename Get>
-std::vector<T> get_list(net::Reader& r, Get get) {
-  std::vector<T> items(r.u32());
+std::vector<T> get_list(net::Reader& r, Get get, size_t min_bytes_each) {
+  std::vector<T> items(r.count(min_bytes_each));
   for (T& item : items) item = get(r);
   return items;
 }
@@ -33,7 +44,8 @@ void put_ints(net::Writer& w, const std::vector<T>& v) {
 
 template <typename T>
 std::vector<T> get_ints(net::Reader& r) {
-  return get_list<T>(r, [](net::Reader& r) { return static_cast<T>(r.i64()); });
+  return get_list<T>(
+      r, [](net::Reader& r) { return static_cast<T>(r.i64()); }, kMinInt);
 }
 
 // Cache ids: a steady-state list is little else, so four bytes each.
@@ -42,7 +54,8 @@ void put_ids(net::Writer& w, const std::vector<uint32_t>& ids) {
 }
 
 std::vector<uint32_t> get_ids(net::Reader& r) {
-  return get_list<uint32_t>(r, [](net::Reader& r) { return r.u32(); });
+  return get_list<uint32_t>(
+      r, [](net::Reader& r) { return r.u32(); }, kMinId);
 }
 
 // The parameters a request and its response share (copy_terms), in one order on the wire.
@@ -116,8 +129,9 @@ Response get_response(net::Reader& r) {
   if (p.from_cache) return p;
   p.type = static_cast<ResponseType>(r.u8());
   get_terms(r, p);
-  p.names = get_list<std::string>(r, [](net::Reader& r) { return r.str(); });
-  p.shapes = get_list<std::vector<int64_t>>(r, get_ints<int64_t>);
+  p.names = get_list<std::string>(
+      r, [](net::Reader& r) { return r.str(); }, kMinList);
+  p.shapes = get_list<std::vector<int64_t>>(r, get_ints<int64_t>, kMinList);
   p.rank_dims = get_ints<int64_t>(r);
   p.set_ranks = get_ints<int32_t>(r);
   p.last_joined_rank = static_cast<int32_t>(r.i64());
@@ -146,7 +160,7 @@ void put_stalls(net::Writer& w, const std::vector<Stall>& stalls) {
 }
 
 std::vector<Stall> get_stalls(net::Reader& r) {
-  std::vector<Stall> stalls(r.u32());
+  std::vector<Stall> stalls(r.count(kMinStall));
   for (auto& s : stalls) {
     s.name = r.str();
     s.op = static_cast<OpType>(r.u8());
@@ -232,7 +246,7 @@ RequestList decode_request_list(const std::vector<uint8_t>& bytes) {
   expect_magic(r, kRequestMagic, "request list");
   RequestList list;
   list.rank = static_cast<int32_t>(r.i64());
-  list.requests = get_list<Request>(r, get_request);
+  list.requests = get_list<Request>(r, get_request, kMinRequest);
   list.cache_hits = get_ids(r);
   list.shutdown = r.u8() != 0;
   list.fatal_error = r.str();
@@ -259,7 +273,7 @@ ResponseList decode_response_list(const std::vector<uint8_t>& bytes) {
   net::Reader r(bytes);
   expect_magic(r, kResponseMagic, "response list");
   ResponseList list;
-  list.responses = get_list<Response>(r, get_response);
+  list.responses = get_list<Response>(r, get_response, kMinResponse);
   list.shutdown = r.u8() != 0;
   list.shutdown_reason = r.str();
   list.fatal = r.u8() != 0;

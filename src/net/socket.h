@@ -149,6 +149,10 @@ class Reader {
   double f64();
   std::string str();
   std::vector<uint8_t> bytes();
+  // A list's length (u32) whose elements take at least `min_bytes_each` on the wire: throws
+  // NetError when the rest of the message cannot hold that many, before the caller allocates
+  // for them (a hostile or corrupt length would otherwise ask for gigabytes).
+  size_t count(size_t min_bytes_each);
   bool done() const { return pos_ == size_; }
 
  private:

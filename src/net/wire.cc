@@ -1,9 +1,10 @@
 // Little-endian serialization for frames; strings and byte blobs carry a u32 length prefix.
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "net/socket.h"
 
@@ -68,6 +69,16 @@ std::string Reader::str() {
   std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
   pos_ += n;
   return s;
+}
+
+size_t Reader::count(size_t min_bytes_each) {
+  const size_t n = u32();
+  if (n > (size_ - pos_) / std::max<size_t>(min_bytes_each, 1))
+    throw NetError(
+        fmt::format("truncated message: {} elements of at least {} bytes at offset {} "
+                    "of {}",
+                    n, min_bytes_each, pos_, size_));
+  return n;
 }
 
 std::vector<uint8_t> Reader::bytes() {

@@ -224,26 +224,14 @@ bool RendezvousServer::Impl::read_client(uint64_t id, Client& c) {
 
 bool RendezvousServer::Impl::process_frames(uint64_t id, Client& c,
                                             std::vector<ServerState::Reply>& replies) {
-  size_t pos = 0;
-  bool handled = false;
-  while (!state.parked(id) && c.in.size() - pos >= 4) {
-    size_t len = 0;
-    for (int i = 0; i < 4; ++i) len |= size_t{c.in[pos + i]} << (8 * i);
-    if (len > net::kMaxFrameSize) {
-      c.in.clear();
-      c.conn.close();  // dropped by deliver() below, where iterating clients is safe
-      log(fmt::format("rendezvous server: dropping {}: frame of {} bytes is too large",
-                      c.conn.peer(), len));
-      return false;
-    }
-    if (c.in.size() - pos - 4 < len) break;
-    Bytes request(c.in.begin() + pos + 4, c.in.begin() + pos + 4 + len);
-    pos += 4 + len;
-    state.handle(id, request, net::Clock::now(), replies);
-    handled = true;
+  try {
+    return state.handle_frames(id, c.in, net::Clock::now(), replies);
+  } catch (const net::NetError& e) {
+    c.in.clear();
+    c.conn.close();  // dropped by deliver() below, where iterating clients is safe
+    log(fmt::format("rendezvous server: dropping {}: {}", c.conn.peer(), e.what()));
+    return false;
   }
-  c.in.erase(c.in.begin(), c.in.begin() + pos);
-  return handled;
 }
 
 void RendezvousServer::Impl::deliver(std::vector<ServerState::Reply>& replies) {

@@ -44,6 +44,25 @@ void ServerState::handle(uint64_t client, const Bytes& request, Clock::time_poin
   if (changed) release_satisfied(out);
 }
 
+bool ServerState::handle_frames(uint64_t client, Bytes& in, Clock::time_point now,
+                                std::vector<Reply>& out) {
+  size_t pos = 0;
+  bool handled = false;
+  while (!parked(client) && in.size() - pos >= 4) {
+    size_t len = 0;
+    for (int i = 0; i < 4; ++i) len |= size_t{in[pos + i]} << (8 * i);
+    if (len > net::kMaxFrameSize)
+      throw net::NetError(fmt::format("frame of {} bytes is too large", len));
+    if (in.size() - pos - 4 < len) break;
+    Bytes request(in.begin() + pos + 4, in.begin() + pos + 4 + len);
+    pos += 4 + len;
+    handle(client, request, now, out);
+    handled = true;
+  }
+  in.erase(in.begin(), in.begin() + pos);
+  return handled;
+}
+
 // Returns the reply, or an empty Bytes when the request was parked.
 Bytes ServerState::dispatch(uint64_t client, const Bytes& request, Clock::time_point now,
                             bool& changed) {
@@ -66,9 +85,9 @@ Bytes ServerState::dispatch(uint64_t client, const Bytes& request, Clock::time_p
     }
     case Op::kAdd: {
       std::string key = r.str();
-      int64_t value = r.i64();
+      const int64_t delta = r.i64();
       auto it = data_.find(key);
-      if (it != data_.end()) value += decode_counter(key, it->second);
+      const int64_t value = add_to_counter(key, it == data_.end() ? nullptr : &it->second, delta);
       data_[key] = encode_counter(value);
       changed = true;
       net::Writer w;

@@ -25,6 +25,12 @@ class ServerState {
   // Handles one request frame from `client`. Appends its reply, and the replies of any parked
   // requests it satisfied, to `out`. A get/wait on missing keys is parked instead of answered.
   void handle(uint64_t client, const Bytes& request, Clock::time_point now, std::vector<Reply>& out);
+  // Splits `in`, the bytes received from `client` so far, into request frames (a u32
+  // little-endian length, then that many bytes) and handles each in order until the client is
+  // parked; removes what it handled and leaves a partial frame for later. Returns whether it
+  // handled any. Throws net::NetError for a frame longer than net::kMaxFrameSize: the caller
+  // drops the client.
+  bool handle_frames(uint64_t client, Bytes& in, Clock::time_point now, std::vector<Reply>& out);
   // Answers parked requests whose timeout has passed with a timeout reply.
   void expire(Clock::time_point now, std::vector<Reply>& out);
   // When the next parked request times out, if any (the server's poll timeout).

@@ -23,6 +23,16 @@ int64_t decode_counter(const std::string& key, const Bytes& value) {
   return v;
 }
 
+int64_t add_to_counter(const std::string& key, const Bytes* stored, int64_t delta) {
+  if (!stored) return delta;
+  const int64_t current = decode_counter(key, *stored);
+  int64_t sum = 0;
+  if (__builtin_add_overflow(current, delta, &sum))
+    throw Error(fmt::format("store key '{}': adding {} to counter {} overflows 64 bits", key, delta,
+                            current));
+  return sum;
+}
+
 std::string quote_keys(const std::vector<std::string>& keys) {
   std::string out;
   for (const auto& k : keys) out += (out.empty() ? "'" : ", '") + k + "'";
@@ -46,11 +56,11 @@ Bytes InMemoryStore::get(const std::string& key, std::chrono::milliseconds timeo
 }
 
 int64_t InMemoryStore::add(const std::string& key, int64_t delta) {
-  int64_t value = delta;
+  int64_t value = 0;
   {
     std::lock_guard lock(mu_);
     auto it = data_.find(key);
-    if (it != data_.end()) value += decode_counter(key, it->second);
+    value = add_to_counter(key, it == data_.end() ? nullptr : &it->second, delta);
     data_[key] = encode_counter(value);
   }
   cv_.notify_all();

@@ -27,6 +27,9 @@ class StoreTimeout : public Error {
 Bytes encode_counter(int64_t value);
 // Throws krug::Error naming the key if the stored value is not a decimal integer.
 int64_t decode_counter(const std::string& key, const Bytes& value);
+// add() on a counter: `stored` (its current value, if the key exists) plus `delta`. Throws
+// krug::Error naming the key when the sum does not fit in 64 bits, or what decode_counter throws.
+int64_t add_to_counter(const std::string& key, const Bytes* stored, int64_t delta);
 
 // Longest wait any store honours: keeps now + timeout from overflowing the clock when a caller
 // passes milliseconds::max() to mean "forever".

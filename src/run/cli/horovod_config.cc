@@ -40,6 +40,13 @@ std::string scalar(const YAML::Node& n, const std::string& at) {
   return n.Scalar();
 }
 
+// A mapping's key: a name (YAML also allows a null, a list or a mapping as a key).
+std::string key_name(const YAML::Node& key, const std::string& path) {
+  if (!key.IsScalar())
+    throw Error(fmt::format("krugrun: {}: expected a name as the key", where(path, key)));
+  return key.Scalar();
+}
+
 bool boolean(const YAML::Node& n, const std::string& at) {
   bool v = false;
   if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v))
@@ -116,7 +123,7 @@ void read_section(const Section& section, const YAML::Node& body, const std::str
     throw Error(
         fmt::format("krugrun: {}: {}: expected a mapping", where(path, body), section.name));
   for (const auto& entry : body) {
-    const std::string key = entry.first.as<std::string>();
+    const std::string key = key_name(entry.first, path);
     const std::string at = fmt::format("{}: {}.{}", where(path, entry.first), section.name, key);
     auto it = std::find_if(section.keys.begin(), section.keys.end(),
                            [&](const Key& k) { return k.name == key; });
@@ -139,7 +146,7 @@ HorovodConfig parse_horovod_config(const std::string& text, const std::string& p
                     "timeline, stall_check, library_options, logging, controller)",
                     path));
   for (const auto& entry : root) {
-    const std::string name = entry.first.as<std::string>();
+    const std::string name = key_name(entry.first, path);
     const std::string at = fmt::format("{}: {}", where(path, entry.first), name);
     if (name == "controller") {
       const std::string value = scalar(entry.second, at);

@@ -18,6 +18,7 @@
 
 #include "common/strict_parse.h"
 #include "krug/types.h"
+#include "run/cli/env_name.h"
 #include "run/cli/knob_flags.h"
 #include "run/cli/yaml_text.h"
 

@@ -363,12 +363,6 @@ void check_elastic(const CLI::App& app, LaunchOptions& o) {
 
 }  // namespace
 
-bool is_env_name(std::string_view name) {
-  bool valid = !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
-  for (char c : name) valid = valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
-  return valid;
-}
-
 // The hosts of -H or --hostfile, into o.hosts.
 void read_hosts(const CLI::App& app, const std::string& hosts_flag, LaunchOptions& o) {
   if (app.count("-H") && app.count("--hostfile"))

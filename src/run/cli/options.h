@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "run/cli/env_name.h"
 #include "run/cli/hosts.h"
 
 namespace krug::run {
@@ -61,8 +62,5 @@ struct LaunchOptions {
 // exit code when parsing ends the run: 0 after --help, 2 (CLI11's own codes for its errors)
 // after a usage error, already printed to stderr.
 std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const* argv);
-
-// True for an environment variable name: letters, digits and '_', not starting with a digit.
-bool is_env_name(std::string_view name);
 
 }  // namespace krug::run
