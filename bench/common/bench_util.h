@@ -54,8 +54,7 @@ auto parse_or_exit(const char* tool, const char* usage, Parse&& parse, int argc,
 // takes the next argument, or the walk throws UsageError naming the flag.
 class Flags {
  public:
-  Flags(int argc, char** argv, const char* usage, int first = 1)
-      : args_(argv + std::min(first, argc), argv + argc), usage_(usage) {}
+  Flags(int argc, char** argv, const char* usage) : args_(argv + 1, argv + argc), usage_(usage) {}
   // The next flag, or false at the end.
   bool next(std::string* flag) {
     if (next_ >= args_.size()) return false;

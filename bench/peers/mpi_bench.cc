@@ -53,12 +53,10 @@ Mode parse_mode(const std::string& name) {
 
 Options parse_args(int argc, char** argv) {
   Options o;
-  if (argc < 2) throw bench::UsageError("name the mode");
-  bench::Flags mode(argc, argv, kUsage);
-  mode.next(&o.mode_name);  // --help exits here
+  bench::Flags flags(argc, argv, kUsage);
+  if (!flags.next(&o.mode_name)) throw bench::UsageError("name the mode");  // or --help exits
   o.mode = parse_mode(o.mode_name);
   if (o.mode == Mode::kStep) o.timing.target_seconds = 0.5;
-  bench::Flags flags(argc, argv, kUsage, 2);
   for (std::string flag; flags.next(&flag);) {
     const std::string& value = flags.value(flag);
     if (flag == "--min-bytes")
