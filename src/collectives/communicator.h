@@ -29,9 +29,12 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // In place over `count` elements. Each element is reduced in rank order (r0 op r1 op ...), so
-  // results are bitwise identical however tensors were fused into the buffer.
+  // In place over `count` elements. Each element is reduced in an order that depends only on the
+  // members, never on its offset or the buffer's size, so results are bitwise identical however
+  // tensors were fused into the buffer: rank order (r0 op r1 op ...) where
+  // reduces_in_rank_order(), otherwise the backend's documented tree.
   virtual void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) = 0;
+  virtual bool reduces_in_rank_order() const { return true; }
   // Whether allreduce_parts() works here: backends that read and write the tensors of a fused
   // allreduce in place implement it and save the fusion buffer's two copies.
   virtual bool has_allreduce_parts() const { return false; }
@@ -44,7 +47,7 @@ class Communicator {
                 "fuse them into one buffer");
   }
   // `in` holds sum(counts) elements; `out` receives the reduced counts[rank()] elements that
-  // start at offset sum(counts[0..rank())). Same rank-ordered reduction as allreduce.
+  // start at offset sum(counts[0..rank())). Same order of reduction as allreduce.
   virtual void reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                              DataType dtype, ReduceOp op) = 0;
   // `out` receives bytes_per_rank[r] bytes from each rank r, in rank order.

@@ -41,20 +41,43 @@ size_t sum(const std::vector<size_t>& v, size_t end) {
   return std::accumulate(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(end), size_t{0});
 }
 
+// The TCP plane's tree: pairs (0 1) (2 3) ... folded until a power of two k of units is left,
+// then unit i combined with unit i + m/2 while m halves from k.
+std::vector<uint8_t> tcp_tree_fold(std::vector<std::vector<uint8_t>> values, DataType dtype,
+                                   ReduceOp op, size_t count) {
+  size_t k = 1;
+  while (k * 2 <= values.size()) k *= 2;
+  const size_t paired = values.size() - k;
+  std::vector<std::vector<uint8_t>> units;
+  for (size_t i = 0; i < k; ++i) {
+    if (i < paired) {
+      reduce::reduce_into(dtype, op, values[2 * i].data(), values[2 * i + 1].data(), count);
+      units.push_back(std::move(values[2 * i]));
+    } else {
+      units.push_back(std::move(values[i + paired]));
+    }
+  }
+  for (size_t m = k; m > 1; m /= 2)
+    for (size_t i = 0; i < m / 2; ++i)
+      reduce::reduce_into(dtype, op, units[i].data(), units[i + m / 2].data(), count);
+  return std::move(units[0]);
+}
+
 // Members' buffers (input_of(member)) reduced in `association`'s order by krug's kernels.
 std::vector<uint8_t> fold(const Association& association, DataType dtype, ReduceOp op, size_t count,
                           const std::function<std::vector<uint8_t>(int)>& input_of) {
-  std::vector<uint8_t> total;
-  for (size_t g = 0; g < association.size(); ++g) {
-    std::vector<uint8_t> group = input_of(association[g][0]);
-    for (size_t k = 1; k < association[g].size(); ++k)
-      reduce::reduce_into(dtype, op, group.data(), input_of(association[g][k]).data(), count);
-    if (g == 0)
-      total = std::move(group);
-    else
-      reduce::reduce_into(dtype, op, total.data(), group.data(), count);
+  std::vector<std::vector<uint8_t>> partials;
+  for (const auto& members : association.groups) {
+    std::vector<uint8_t> group = input_of(members[0]);
+    for (size_t k = 1; k < members.size(); ++k)
+      reduce::reduce_into(dtype, op, group.data(), input_of(members[k]).data(), count);
+    partials.push_back(std::move(group));
   }
-  return total;
+  if (association.across == Fold::kTcpTree)
+    return tcp_tree_fold(std::move(partials), dtype, op, count);
+  for (size_t g = 1; g < partials.size(); ++g)
+    reduce::reduce_into(dtype, op, partials[0].data(), partials[g].data(), count);
+  return std::move(partials[0]);
 }
 
 void check_allreduce(Communicator& comm, const Association& association, DataType dtype,
@@ -141,7 +164,7 @@ void allreduce_parts_equal_one_fused_buffer(Communicator& comm, const Associatio
   }
 }
 
-void reducescatter_uneven_counts(Communicator& comm, const Association&) {
+void reducescatter_uneven_counts(Communicator& comm, const Association& association) {
   const int n = comm.size(), me = comm.rank();
   std::vector<size_t> counts(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r % 3 == 1 ? 0 : 5 + 3 * r;
@@ -150,8 +173,9 @@ void reducescatter_uneven_counts(Communicator& comm, const Association&) {
   for (DataType dtype : {DataType::kInt32, DataType::kBFloat16, DataType::kFloat64}) {
     const size_t esize = dtype_size(dtype);
     const auto in = input(me, dtype, total);
-    // Reducescatter promises rank order on every backend (the hierarchical one runs it flat).
-    const auto all = reference(dtype, ReduceOp::kSum, total, rank_order(n));
+    // Reducescatter is flat on every backend (the hierarchical one runs it on its flat one).
+    const auto all = reference(dtype, ReduceOp::kSum, total,
+                               association.flat == Fold::kLeft ? rank_order(n) : tcp_tree(n));
     std::vector<uint8_t> out(mine * esize + 1, 0xEE);
     comm.reducescatter(in.data(), out.data(), counts, dtype, ReduceOp::kSum);
     EXPECT_EQ(out.back(), 0xEE) << where(comm, "reducescatter wrote past this member's chunk");
@@ -287,7 +311,13 @@ void mixed_sequence_stays_paired(Communicator& comm, const Association& associat
 Association rank_order(int size) {
   std::vector<int> all(static_cast<size_t>(size));
   std::iota(all.begin(), all.end(), 0);
-  return {all};
+  return {{all}};
+}
+
+Association tcp_tree(int size) {
+  Association tree{{}, Fold::kTcpTree, Fold::kTcpTree};
+  for (int m = 0; m < size; ++m) tree.groups.push_back({m});
+  return tree;
 }
 
 std::vector<uint8_t> input(int member, DataType dtype, size_t count) {

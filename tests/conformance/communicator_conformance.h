@@ -15,12 +15,24 @@
 
 namespace krug::collectives::conformance {
 
-// How a backend associates allreduce's reduction: a left fold over the groups, in order, of
-// the left folds of each group's members. Flat backends promise rank order, one group of every
-// member; the hierarchical communicator folds inside each host, then over the hosts.
-using Association = std::vector<std::vector<int>>;
+// How partial results combine: a left fold in order, or the tree of krug's TCP plane
+// (src/collectives/tcp/tcp_algorithms.h; rebuilt independently here).
+enum class Fold { kLeft, kTcpTree };
+
+// How a backend associates allreduce's reduction: the left fold of each group's members, then
+// the groups' results combined `across`. Gloo, MPI and shared memory promise rank order, one
+// group of every member; the TCP plane its tree over members; the hierarchical communicator
+// folds inside each host, then over the hosts as its cross-host groups do. `flat`: how the
+// set's flat communicator, which carries reducescatter, combines the members.
+struct Association {
+  std::vector<std::vector<int>> groups;
+  Fold across = Fold::kLeft;
+  Fold flat = Fold::kLeft;
+};
 
 Association rank_order(int size);
+// The TCP plane's tree over `size` members.
+Association tcp_tree(int size);
 
 struct Case {
   const char* name;

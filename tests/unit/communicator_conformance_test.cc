@@ -1,7 +1,9 @@
 // The Communicator conformance suite (tests/conformance) over the backends that can run with
-// members as threads of this process: Gloo over TCP loopback, shared memory (small slots, so
-// buffers take many steps and both allreduce paths), and the hierarchical communicator over
-// Gloo groups with uneven, interleaved host layouts. 1 to 4 members; every case, every backend.
+// members as threads of this process: Gloo and krug's TCP plane over loopback, shared memory
+// (small slots, so buffers take many steps and both allreduce paths), and the hierarchical
+// communicator over Gloo groups and over TCP groups with uneven, interleaved host layouts. 1 to
+// 4 members on every backend, every case; 5 to 9 on the TCP plane, whose trees change shape
+// with every power of two.
 // MPI runs the same cases under mpirun (tests/multiproc/mpi_communicator_test.cc).
 #include "conformance/communicator_conformance.h"
 
@@ -19,6 +21,7 @@
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/hierarchical/hierarchical_communicator.h"
 #include "collectives/shm/shm_communicator.h"
+#include "collectives/tcp/tcp_communicator.h"
 #include "rendezvous/store.h"
 
 namespace krug::collectives {
@@ -30,7 +33,7 @@ using conformance::Association;
 // A hang guard only: a broken backend fails the case with an error instead of waiting forever.
 constexpr auto kTimeout = 120s;
 
-enum class Backend { kGloo, kShm, kHierarchical };
+enum class Backend { kGloo, kShm, kHierarchical, kTcp, kHierarchicalTcp };
 
 std::string backend_name(Backend b) {
   switch (b) {
@@ -40,6 +43,10 @@ std::string backend_name(Backend b) {
       return "shm";
     case Backend::kHierarchical:
       return "hierarchical";
+    case Backend::kTcp:
+      return "tcp";
+    case Backend::kHierarchicalTcp:
+      return "hierarchical_tcp";
   }
   return "?";
 }
@@ -52,8 +59,19 @@ std::vector<std::string> hosts_of(int size) {
 }
 
 Association association_of(Backend b, int size) {
-  if (b != Backend::kHierarchical) return conformance::rank_order(size);
-  return HostLayout::from_host_names(hosts_of(size)).hosts;
+  switch (b) {
+    case Backend::kGloo:
+    case Backend::kShm:
+      return conformance::rank_order(size);
+    case Backend::kTcp:
+      return conformance::tcp_tree(size);
+    case Backend::kHierarchical:
+      return {HostLayout::from_host_names(hosts_of(size)).hosts};
+    case Backend::kHierarchicalTcp:
+      return {HostLayout::from_host_names(hosts_of(size)).hosts, conformance::Fold::kTcpTree,
+              conformance::Fold::kTcpTree};
+  }
+  return {};
 }
 
 struct Job {
@@ -70,10 +88,28 @@ std::unique_ptr<Communicator> gloo(const Job& job, const std::string& scope, int
       kTimeout);
 }
 
+std::unique_ptr<Communicator> tcp(const Job& job, const std::string& scope, int rank, int size,
+                                  const std::shared_ptr<tcp::Device>& device) {
+  return std::make_unique<TcpCommunicator>(
+      scope, rank, size, std::make_shared<rendezvous::PrefixStore>(scope + "/", job.store), device,
+      kTimeout);
+}
+
 // Member `rank`'s communicator; collective (every member makes its own at the same time).
 std::unique_ptr<Communicator> make_member(Backend b, const Job& job, int rank) {
   auto device = make_gloo_device("127.0.0.1", "");
+  // Each member its own listener and the job's secret, as each process of a job has.
+  auto tcp_device = std::make_shared<tcp::Device>("127.0.0.1", "conformance secret", rank);
   switch (b) {
+    case Backend::kTcp:
+      return tcp(job, "flat", rank, job.size, tcp_device);
+    case Backend::kHierarchicalTcp:
+      return std::make_unique<HierarchicalCommunicator>(
+          HostLayout::from_host_names(hosts_of(job.size)), rank,
+          tcp(job, "flat", rank, job.size, tcp_device),
+          [&job, tcp_device](const std::string& scope, int r, int n) {
+            return tcp(job, "hier/" + scope, r, n, tcp_device);
+          });
     case Backend::kGloo:
       return gloo(job, "flat", rank, job.size, device);
     case Backend::kShm: {
@@ -125,16 +161,24 @@ TEST_P(Conformance, Case) {
   for (int r = 0; r < size; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "member " << r;
 }
 
+std::string case_name(const ::testing::TestParamInfo<std::tuple<Backend, int, size_t>>& info) {
+  return backend_name(std::get<0>(info.param)) + "_np" + std::to_string(std::get<1>(info.param)) +
+         "_" + conformance::cases()[std::get<2>(info.param)].name;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends, Conformance,
-    ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kShm, Backend::kHierarchical),
+    ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kShm, Backend::kHierarchical,
+                                         Backend::kTcp, Backend::kHierarchicalTcp),
                        ::testing::Values(1, 2, 3, 4),
                        ::testing::Range(size_t{0}, conformance::cases().size())),
-    [](const auto& info) {
-      return backend_name(std::get<0>(info.param)) + "_np" +
-             std::to_string(std::get<1>(info.param)) + "_" +
-             conformance::cases()[std::get<2>(info.param)].name;
-    });
+    case_name);
+
+INSTANTIATE_TEST_SUITE_P(
+    TcpTrees, Conformance,
+    ::testing::Combine(::testing::Values(Backend::kTcp), ::testing::Values(5, 6, 7, 8, 9),
+                       ::testing::Range(size_t{0}, conformance::cases().size())),
+    case_name);
 
 }  // namespace
 }  // namespace krug::collectives

@@ -135,6 +135,8 @@ void HierarchicalCommunicator::allreduce_by_allgather(void* data, size_t count, 
     fold(data, parts, local_size, count, dtype, op);  // this host's partial, on every member
   }
   if (cross_.empty()) return;
+  if (!cross_.begin()->second->reduces_in_rank_order())
+    return allreduce_across(data, count, dtype, op);
   // Every group this member is in gathers the same host partials (a host's members all hold
   // its partial); a member of several groups (a host with fewer members) serves each of them.
   for (auto& [s, cross] : cross_) {
@@ -143,6 +145,23 @@ void HierarchicalCommunicator::allreduce_by_allgather(void* data, size_t count, 
     });
   }
   fold(data, parts, host_count, count, dtype, op);
+}
+
+void HierarchicalCommunicator::allreduce_across(void* data, size_t count, DataType dtype,
+                                                ReduceOp op) {
+  // A cross-host group that associates its own way (a tree) must reduce the host partials
+  // itself: a left fold here would make small buffers round differently from large ones.
+  const size_t bytes = count * dtype_size(dtype);
+  uint8_t* partial = scratch_for(2 * bytes);
+  std::memcpy(partial, data, bytes);
+  bool first = true;
+  for (auto& [s, cross] : cross_) {
+    // Every group gets the same partial; the first group's result is this member's.
+    uint8_t* buffer = first ? static_cast<uint8_t*>(data) : partial + bytes;
+    if (!first) std::memcpy(buffer, partial, bytes);
+    step("allreduce across hosts", s, [&] { cross->allreduce(buffer, count, dtype, op); });
+    first = false;
+  }
 }
 
 }  // namespace krug::collectives

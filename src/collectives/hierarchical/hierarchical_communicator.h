@@ -26,13 +26,15 @@
 // per member) but half the rounds, and the same association, hence the same bits: the choice
 // by size cannot make a tensor's result depend on how it was fused.
 //
-// Association: element x ends up as  H_0 op H_1 op ... op H_(H-1)  (left fold, hosts ordered by
-// their lowest member), where H_h = m_0 op m_1 op ... is the left fold over host h's members in
-// set order. The same for every element whatever its offset or the buffer's length, so results
-// are bitwise identical across ranks and across fusion layouts, and run to run. It differs from
-// the flat order (x0 op x1 op ... op x(N-1)) only in association: identical for integers, min,
-// max and any float values whose partial results are exact; for other float sums and products
-// it is a different rounding of the same sum (docs/architecture.md).
+// Association: element x ends up as  H_0 op H_1 op ... op H_(H-1), hosts ordered by their lowest
+// member, in the association of the cross-host groups (a left fold over Gloo or MPI, the tree of
+// tcp_algorithms.h over krug's TCP plane; the small path then allreduces the host partials
+// through those groups instead of folding them itself), where H_h = m_0 op m_1 op ... is the
+// left fold over host h's members in set order. The same for every element whatever its offset or
+// the buffer's length, so results are bitwise identical across ranks and across fusion layouts, and
+// run to run. It differs from the flat order (x0 op x1 op ... op x(N-1)) only in association:
+// identical for integers, min, max and any float values whose partial results are exact; for other
+// float sums and products it is a different rounding of the same sum (docs/architecture.md).
 #pragma once
 
 #include <functional>
@@ -66,6 +68,7 @@ class HierarchicalCommunicator : public Communicator {
   int rank() const override { return index_; }
   int size() const override { return flat_->size(); }
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op) override;
+  bool reduces_in_rank_order() const override { return false; }
   void reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dtype,
                      ReduceOp op) override {
     flat_->reducescatter(in, out, counts, dtype, op);
@@ -105,6 +108,8 @@ class HierarchicalCommunicator : public Communicator {
 
  private:
   void allreduce_by_allgather(void* data, size_t count, DataType dtype, ReduceOp op);
+  // The small path's step across hosts over groups that do not reduce in rank order.
+  void allreduce_across(void* data, size_t count, DataType dtype, ReduceOp op);
   // acc = parts[0] op parts[1] op ... op parts[n-1], a left fold as GlooCommunicator's.
   static void fold(void* acc, const uint8_t* parts, int n, size_t count, DataType dtype,
                    ReduceOp op);
