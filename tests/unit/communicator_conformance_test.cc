@@ -2,7 +2,7 @@
 // members as threads of this process: Gloo and krug's TCP plane over loopback, shared memory
 // (small slots, so buffers take many steps and both allreduce paths), and the hierarchical
 // communicator over Gloo groups and over TCP groups with uneven, interleaved host layouts. 1 to
-// 4 members on every backend, every case; 5 to 9 on the TCP plane, whose trees change shape
+// 4 members on every backend, every case; 5 to 9 on the TCP plane's trees, which change shape
 // with every power of two.
 // MPI runs the same cases under mpirun (tests/multiproc/mpi_communicator_test.cc).
 #include "conformance/communicator_conformance.h"
@@ -33,7 +33,9 @@ using conformance::Association;
 // A hang guard only: a broken backend fails the case with an error instead of waiting forever.
 constexpr auto kTimeout = 120s;
 
-enum class Backend { kGloo, kShm, kHierarchical, kTcp, kHierarchicalTcp };
+// kTcp: the TCP plane as the engine makes it (rank order at these sizes); kTcpTree and
+// kHierarchicalTcp: its trees, forced at a few members.
+enum class Backend { kGloo, kShm, kHierarchical, kTcp, kTcpTree, kHierarchicalTcp };
 
 std::string backend_name(Backend b) {
   switch (b) {
@@ -45,6 +47,8 @@ std::string backend_name(Backend b) {
       return "hierarchical";
     case Backend::kTcp:
       return "tcp";
+    case Backend::kTcpTree:
+      return "tcp_tree";
     case Backend::kHierarchicalTcp:
       return "hierarchical_tcp";
   }
@@ -62,8 +66,9 @@ Association association_of(Backend b, int size) {
   switch (b) {
     case Backend::kGloo:
     case Backend::kShm:
-      return conformance::rank_order(size);
     case Backend::kTcp:
+      return conformance::rank_order(size);
+    case Backend::kTcpTree:
       return conformance::tcp_tree(size);
     case Backend::kHierarchical:
       return {HostLayout::from_host_names(hosts_of(size)).hosts};
@@ -89,10 +94,14 @@ std::unique_ptr<Communicator> gloo(const Job& job, const std::string& scope, int
 }
 
 std::unique_ptr<Communicator> tcp(const Job& job, const std::string& scope, int rank, int size,
-                                  const std::shared_ptr<tcp::Device>& device) {
+                                  const std::shared_ptr<tcp::Device>& device, bool tree) {
+  TcpCommunicator::Options options;
+  options.timeout = kTimeout;
+  options.segment_bytes = 16 << 10;  // many pipeline steps on the direct path
+  if (tree) options.direct_max_members = 1;
   return std::make_unique<TcpCommunicator>(
       scope, rank, size, std::make_shared<rendezvous::PrefixStore>(scope + "/", job.store), device,
-      kTimeout);
+      options);
 }
 
 // Member `rank`'s communicator; collective (every member makes its own at the same time).
@@ -102,13 +111,14 @@ std::unique_ptr<Communicator> make_member(Backend b, const Job& job, int rank) {
   auto tcp_device = std::make_shared<tcp::Device>("127.0.0.1", "conformance secret", rank);
   switch (b) {
     case Backend::kTcp:
-      return tcp(job, "flat", rank, job.size, tcp_device);
+    case Backend::kTcpTree:
+      return tcp(job, "flat", rank, job.size, tcp_device, b == Backend::kTcpTree);
     case Backend::kHierarchicalTcp:
       return std::make_unique<HierarchicalCommunicator>(
           HostLayout::from_host_names(hosts_of(job.size)), rank,
-          tcp(job, "flat", rank, job.size, tcp_device),
+          tcp(job, "flat", rank, job.size, tcp_device, true),
           [&job, tcp_device](const std::string& scope, int r, int n) {
-            return tcp(job, "hier/" + scope, r, n, tcp_device);
+            return tcp(job, "hier/" + scope, r, n, tcp_device, true);
           });
     case Backend::kGloo:
       return gloo(job, "flat", rank, job.size, device);
@@ -169,7 +179,8 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<Backend, int, si
 INSTANTIATE_TEST_SUITE_P(
     Backends, Conformance,
     ::testing::Combine(::testing::Values(Backend::kGloo, Backend::kShm, Backend::kHierarchical,
-                                         Backend::kTcp, Backend::kHierarchicalTcp),
+                                         Backend::kTcp, Backend::kTcpTree,
+                                         Backend::kHierarchicalTcp),
                        ::testing::Values(1, 2, 3, 4),
                        ::testing::Range(size_t{0}, conformance::cases().size())),
     case_name);

@@ -1,4 +1,5 @@
-// The collective algorithms of krug's TCP data plane, over a communicator's Links.
+// The collective algorithms of krug's TCP data plane for sets larger than
+// TcpCommunicator::Options::direct_max_members, over a communicator's Links.
 //
 // Every member talks to O(log n) peers: recursive doubling and halving over a power-of-two
 // number of "units", binomial trees for broadcast. Only alltoallv, whose every member has data

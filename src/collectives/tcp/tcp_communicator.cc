@@ -2,15 +2,17 @@
 
 #include <fmt/format.h>
 
+#include "collectives/tcp/tcp_exchange.h"
 #include "net/socket.h"
 
 namespace krug::collectives {
 
 TcpCommunicator::TcpCommunicator(std::string name, int rank, int size,
                                  std::shared_ptr<rendezvous::Store> store,
-                                 std::shared_ptr<tcp::Device> device,
-                                 std::chrono::milliseconds timeout)
-    : links_(std::move(name), rank, size, std::move(store), std::move(device), timeout) {}
+                                 std::shared_ptr<tcp::Device> device, const Options& options)
+    : links_(std::move(name), rank, size, std::move(store), std::move(device), options.timeout),
+      direct_(size <= options.direct_max_members),
+      reducer_(options.segment_bytes) {}
 
 template <typename Call>
 void TcpCommunicator::guarded(const char* what, Call&& call) {
@@ -21,19 +23,32 @@ void TcpCommunicator::guarded(const char* what, Call&& call) {
   }
 }
 
+void TcpCommunicator::reduce_in_place(void* data, size_t count, DataType dtype, ReduceOp op) {
+  if (!direct_) return tcp::allreduce(links_, buffers_, data, count, dtype, op);
+  tcp::LinksExchange reduce_scatter(links_), allgather(links_);
+  reducer_.allreduce(reduce_scatter, allgather, data, count, dtype, op);
+}
+
 void TcpCommunicator::allreduce(void* data, size_t count, DataType dtype, ReduceOp op) {
-  guarded("allreduce", [&] { tcp::allreduce(links_, buffers_, data, count, dtype, op); });
+  guarded("allreduce", [&] { reduce_in_place(data, count, dtype, op); });
 }
 
 void TcpCommunicator::reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                                     DataType dtype, ReduceOp op) {
-  guarded("reducescatter",
-          [&] { tcp::reduce_scatter(links_, buffers_, in, out, counts, dtype, op); });
+  guarded("reducescatter", [&] {
+    if (!direct_) return tcp::reduce_scatter(links_, buffers_, in, out, counts, dtype, op);
+    tcp::LinksExchange exchange(links_);
+    reducer_.reduce_scatter(exchange, in, out, counts, dtype, op);
+  });
 }
 
 void TcpCommunicator::allgatherv(const void* in, void* out,
                                  const std::vector<size_t>& bytes_per_rank) {
-  guarded("allgather", [&] { tcp::allgatherv(links_, in, out, bytes_per_rank); });
+  guarded("allgather", [&] {
+    if (!direct_) return tcp::allgatherv(links_, in, out, bytes_per_rank);
+    tcp::LinksExchange exchange(links_);
+    collectives::allgatherv(exchange, in, out, bytes_per_rank);
+  });
 }
 
 void TcpCommunicator::broadcast(void* data, size_t bytes, int root) {

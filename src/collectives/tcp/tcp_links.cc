@@ -14,6 +14,9 @@
 namespace krug::collectives::tcp {
 namespace {
 
+// Tag of a round's receives: rounds wait for all of theirs, so one tag serves every round.
+constexpr size_t kRoundTag = 0;
+
 std::string address_key(int member) {
   return "addr/" + std::to_string(member);
 }
@@ -22,46 +25,6 @@ void tune(int fd) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-// One peer's part of a round: what is left to send to it and to receive from it.
-struct Transfer {
-  int peer;
-  int fd;
-  const uint8_t* out = nullptr;
-  size_t out_left = 0;
-  uint8_t* in = nullptr;
-  size_t in_left = 0;
-  bool done() const { return out_left == 0 && in_left == 0; }
-};
-
-// Moves what the socket takes or has now; returns whether anything moved. Throws on a closed or
-// broken connection.
-bool progress(Transfer& t, const std::string& peer_name) {
-  bool moved = false;
-  while (t.out_left > 0) {
-    const ssize_t n = ::send(t.fd, t.out, t.out_left, MSG_NOSIGNAL);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw net::NetError(fmt::format("send to {} failed: {}", peer_name, std::strerror(errno)));
-    t.out += n;
-    t.out_left -= static_cast<size_t>(n);
-    moved = true;
-  }
-  while (t.in_left > 0) {
-    const ssize_t n = ::recv(t.fd, t.in, t.in_left, 0);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) throw net::NetError(peer_name + " closed the connection (did it exit?)");
-    if (n < 0)
-      throw net::NetError(
-          fmt::format("receive from {} failed: {}", peer_name, std::strerror(errno)));
-    t.in += n;
-    t.in_left -= static_cast<size_t>(n);
-    moved = true;
-  }
-  return moved;
 }
 
 }  // namespace
@@ -81,85 +44,158 @@ Links::Links(std::string name, int rank, int size, std::shared_ptr<rendezvous::S
 
 size_t Links::connections() const {
   return static_cast<size_t>(
-      std::count_if(peers_.begin(), peers_.end(), [](const auto& c) { return c.valid(); }));
+      std::count_if(peers_.begin(), peers_.end(), [](const Peer& p) { return p.conn.valid(); }));
 }
 
-net::Connection& Links::connection(int peer) {
-  return peers_.at(static_cast<size_t>(peer));
+std::string Links::describe(int index) {
+  return fmt::format("rank {} ({})", index, peer(index).conn.peer());
 }
 
-void Links::connect(std::span<const Send> sends, std::span<const Recv> recvs) {
-  std::vector<int> missing;
-  for (const auto& s : sends)
-    if (s.bytes && !connection(s.peer).valid()) missing.push_back(s.peer);
-  for (const auto& r : recvs)
-    if (r.bytes && !connection(r.peer).valid()) missing.push_back(r.peer);
-  std::sort(missing.begin(), missing.end());
-  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+void Links::connect(std::vector<int> peers) {
+  std::erase_if(peers, [&](int p) { return peer(p).conn.valid(); });
+  if (peers.empty()) return;
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   const auto deadline = net::Clock::now() + timeout_;
   // Dials first: they never wait for a peer's progress, so a member waiting in take() below
   // cannot hold up a peer that waits for its dial.
-  for (int peer : missing) {
-    if (peer < rank_) continue;
-    const auto bytes = store_->get(address_key(peer), timeout_);
-    connection(peer) = device_->dial({bytes.begin(), bytes.end()}, name_, rank_, deadline);
-    tune(connection(peer).fd());
+  for (int p : peers) {
+    if (p < rank_) continue;
+    const auto bytes = store_->get(address_key(p), timeout_);
+    peer(p).conn = device_->dial({bytes.begin(), bytes.end()}, name_, rank_, deadline);
+    tune(peer(p).conn.fd());
   }
-  for (int peer : missing) {
-    if (peer > rank_) continue;
-    connection(peer) = device_->take(name_, peer, deadline);
-    tune(connection(peer).fd());
+  for (int p : peers) {
+    if (p > rank_) continue;
+    peer(p).conn = device_->take(name_, p, deadline);
+    tune(peer(p).conn.fd());
   }
 }
 
-void Links::round(std::span<const Send> sends, std::span<const Recv> recvs) {
-  connect(sends, recvs);
-  std::vector<Transfer> transfers;
-  auto of = [&](int peer) -> Transfer& {
-    for (auto& t : transfers)
-      if (t.peer == peer) return t;
-    return transfers.emplace_back(Transfer{peer, connection(peer).fd()});
-  };
-  // An empty message is no message: both ends compute the same sizes and skip it alike.
-  for (const auto& s : sends) {
-    if (!s.bytes) continue;
-    auto& t = of(s.peer);
-    t.out = static_cast<const uint8_t*>(s.data);
-    t.out_left = s.bytes;
+void Links::enqueue(int index, bool is_send, const void* data, size_t bytes, size_t tag) {
+  if (bytes == 0) return;
+  connect({index});
+  Peer& p = peer(index);
+  // The queues never write through `data` of a send; one type keeps them alike.
+  Message m{static_cast<uint8_t*>(const_cast<void*>(data)), bytes, tag};
+  if (is_send) {
+    p.sends.push_back(m);
+    ++pending_sends_;
+  } else {
+    p.recvs.push_back(m);
+    ++pending_recvs_[tag];
   }
-  for (const auto& r : recvs) {
-    if (!r.bytes) continue;
-    auto& t = of(r.peer);
-    t.in = static_cast<uint8_t*>(r.data);
-    t.in_left = r.bytes;
+  if (!p.active) {
+    p.active = true;
+    active_.push_back(index);
   }
-  auto name = [&](int peer) { return fmt::format("rank {} ({})", peer, connection(peer).peer()); };
+}
+
+void Links::post_send(int index, const void* data, size_t bytes) {
+  enqueue(index, true, data, bytes, 0);
+}
+
+void Links::post_recv(int index, void* data, size_t bytes, size_t tag) {
+  enqueue(index, false, data, bytes, tag);
+}
+
+bool Links::pump(int index) {
+  Peer& p = peer(index);
+  const int fd = p.conn.fd();
+  bool moved = false;
+  while (!p.sends.empty()) {
+    Message& m = p.sends.front();
+    const ssize_t n = ::send(fd, m.data, m.left, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n < 0)
+      throw net::NetError(
+          fmt::format("send to {} failed: {}", describe(index), std::strerror(errno)));
+    moved = true;
+    m.data += n;
+    m.left -= static_cast<size_t>(n);
+    if (m.left > 0) continue;
+    p.sends.pop_front();
+    --pending_sends_;
+  }
+  while (!p.recvs.empty()) {
+    Message& m = p.recvs.front();
+    const ssize_t n = ::recv(fd, m.data, m.left, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (n == 0) throw net::NetError(describe(index) + " closed the connection (did it exit?)");
+    if (n < 0)
+      throw net::NetError(
+          fmt::format("receive from {} failed: {}", describe(index), std::strerror(errno)));
+    moved = true;
+    m.data += n;
+    m.left -= static_cast<size_t>(n);
+    if (m.left > 0) continue;
+    auto tag = pending_recvs_.find(m.tag);
+    if (--tag->second == 0) pending_recvs_.erase(tag);
+    p.recvs.pop_front();
+  }
+  return moved;
+}
+
+void Links::progress_until(const std::function<bool()>& done) {
   std::vector<pollfd> fds;
   auto last_progress = net::Clock::now();
   for (;;) {
+    bool moved = false;
     fds.clear();
-    for (auto& t : transfers) {
-      if (t.done()) continue;
-      if (progress(t, name(t.peer))) last_progress = net::Clock::now();
-      if (t.done()) continue;
+    for (size_t i = 0; i < active_.size();) {
+      const int index = active_[i];
+      moved |= pump(index);
+      Peer& p = peer(index);
+      if (p.sends.empty() && p.recvs.empty()) {
+        p.active = false;
+        active_[i] = active_.back();
+        active_.pop_back();
+        continue;
+      }
       const short events =
-          static_cast<short>((t.out_left ? POLLOUT : 0) | (t.in_left ? POLLIN : 0));
-      fds.push_back({t.fd, events, 0});
+          static_cast<short>((p.sends.empty() ? 0 : POLLOUT) | (p.recvs.empty() ? 0 : POLLIN));
+      fds.push_back({p.conn.fd(), events, 0});
+      ++i;
     }
-    if (fds.empty()) return;
-    const auto left = last_progress + timeout_ - net::Clock::now();
+    if (done()) return;
+    if (fds.empty()) throw net::NetError("waiting for a message that was never posted");
+    const auto now = net::Clock::now();
+    if (moved) last_progress = now;
+    const auto left = last_progress + timeout_ - now;
     if (left <= decltype(left)::zero()) {
       std::string waiting;
-      for (const auto& t : transfers)
-        if (!t.done()) waiting += (waiting.empty() ? "" : ", ") + name(t.peer);
+      for (int index : active_) waiting += (waiting.empty() ? "" : ", ") + describe(index);
       throw net::NetError(
           fmt::format("no progress for {} s with {}", timeout_.count() / 1000, waiting));
     }
+    if (moved) continue;  // the sockets may take or have more already
     const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
     if (::poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(ms, 1000))) < 0 &&
         errno != EINTR)
       throw net::NetError(fmt::format("poll failed: {}", std::strerror(errno)));
   }
+}
+
+void Links::round(std::span<const Send> sends, std::span<const Recv> recvs) {
+  std::vector<int> involved;
+  for (const auto& s : sends)
+    if (s.bytes) involved.push_back(s.peer);
+  for (const auto& r : recvs)
+    if (r.bytes) involved.push_back(r.peer);
+  connect(std::move(involved));
+  for (const auto& r : recvs) post_recv(r.peer, r.data, r.bytes, kRoundTag);
+  for (const auto& s : sends) post_send(s.peer, s.data, s.bytes);
+  progress_until([&] { return pending_sends_ == 0 && pending_recvs_.empty(); });
+}
+
+void Links::wait_recvs(size_t tag) {
+  progress_until([&] { return pending_recvs_.empty() || pending_recvs_.begin()->first > tag; });
+}
+
+void Links::wait_sends() {
+  progress_until([&] { return pending_sends_ == 0; });
 }
 
 }  // namespace krug::collectives::tcp
