@@ -152,6 +152,8 @@ std::string_view data_plane_name(DataPlane plane) {
       return "shm";
     case DataPlane::kGloo:
       return "gloo";
+    case DataPlane::kTcp:
+      return "tcp";
     case DataPlane::kMpi:
       return "mpi";
     case DataPlane::kAuto:
@@ -161,7 +163,7 @@ std::string_view data_plane_name(DataPlane plane) {
 }
 
 std::optional<DataPlane> parse_data_plane(std::string_view name) {
-  for (DataPlane plane : {DataPlane::kShm, DataPlane::kGloo, DataPlane::kMpi})
+  for (DataPlane plane : {DataPlane::kShm, DataPlane::kTcp, DataPlane::kGloo, DataPlane::kMpi})
     if (name == data_plane_name(plane)) return plane;
   return std::nullopt;
 }

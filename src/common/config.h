@@ -32,10 +32,11 @@ enum class DataPlane {
   kAuto,  // not set: mpi in a process mpirun started (init() decides), otherwise the engine
           // picks shm or gloo per process set from its hosts
   kShm,   // POSIX shared memory: every rank of a set on one host
-  kGloo,  // TCP
+  kGloo,  // Gloo's TCP transport
+  kTcp,   // krug's TCP plane (collectives/tcp)
   kMpi,   // Open MPI, ranks started by mpirun
 };
-// The knob's spelling: "shm", "gloo", "mpi"; "" for kAuto.
+// The knob's spelling: "shm", "tcp", "gloo", "mpi"; "" for kAuto.
 std::string_view data_plane_name(DataPlane plane);
 // The inverse of data_plane_name for the three backends; nullopt for anything else.
 std::optional<DataPlane> parse_data_plane(std::string_view name);

@@ -85,8 +85,9 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
                                                                    : config_.hostname;
   // Lists go through shared-memory mailboxes when every rank is on one host (the control plane
   // checks), unless TCP or MPI was asked for: then the data plane's choice holds here too.
-  const bool mailboxes =
-      config_.data_plane != DataPlane::kGloo && config_.data_plane != DataPlane::kMpi;
+  const bool mailboxes = config_.data_plane != DataPlane::kGloo &&
+                         config_.data_plane != DataPlane::kTcp &&
+                         config_.data_plane != DataPlane::kMpi;
   auto mailbox_segment = [&](size_t bytes) {
     rendezvous::PrefixStore prefixed("control/", store_);
     return std::make_unique<transport::Segment>(config_.rank, config_.size, bytes, config_.job_id,

@@ -9,6 +9,7 @@
 #include "collectives/hierarchical/hierarchical_communicator.h"
 #include "collectives/mpi/mpi_backend.h"
 #include "collectives/shm/shm_communicator.h"
+#include "collectives/tcp/tcp_communicator.h"
 #include "common/log.h"
 
 namespace krug::engine {
@@ -30,8 +31,8 @@ namespace {
   throw Error(
       fmt::format("KRUG_CPU_OPERATIONS=shm: process set {} has ranks on several hosts "
                   "({}), and shared memory joins only ranks of one host; unset "
-                  "KRUG_CPU_OPERATIONS (shared memory inside a host, Gloo across hosts) "
-                  "or set it to gloo",
+                  "KRUG_CPU_OPERATIONS (shared memory inside a host, TCP across hosts) "
+                  "or set it to tcp",
                   id, fmt::join(parts, ", ")));
 }
 
@@ -107,9 +108,9 @@ ProcessSets::Set* ProcessSets::find(int32_t id) {
 DataPlane ProcessSets::global_backend() const {
   auto it = sets_.find(0);
   const auto* global = it == sets_.end() ? nullptr : it->second.comm.get();
-  if (!global || dynamic_cast<const collectives::HierarchicalCommunicator*>(global))
-    return DataPlane::kGloo;
-  return parse_data_plane(global->backend_name()).value_or(DataPlane::kGloo);
+  const DataPlane network = requested_ == DataPlane::kGloo ? DataPlane::kGloo : DataPlane::kTcp;
+  if (!global || dynamic_cast<const collectives::HierarchicalCommunicator*>(global)) return network;
+  return parse_data_plane(global->backend_name()).value_or(network);
 }
 
 std::unique_ptr<collectives::Communicator> ProcessSets::make_gloo(int32_t id,
@@ -124,6 +125,31 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_gloo(int32_t id,
                  [&] { device_ = collectives::make_gloo_device(advertise_, config_.iface); });
   return std::make_unique<collectives::GlooCommunicator>(rank, size, std::move(prefixed), device_,
                                                          whole_ms(config_.timeout));
+}
+
+std::unique_ptr<collectives::Communicator> ProcessSets::make_tcp(int32_t id,
+                                                                 const std::string& scope, int rank,
+                                                                 int size) {
+  std::string name =
+      scope.empty() ? fmt::format("tcp/{}/", id) : fmt::format("tcp/{}/{}/", id, scope);
+  auto prefixed = std::make_shared<rendezvous::PrefixStore>(name, store_);
+  // One listener per engine, opened on first use like Gloo's device; it makes no connection
+  // until a collective needs one.
+  std::call_once(tcp_once_, [&] {
+    tcp_device_ =
+        std::make_shared<collectives::tcp::Device>(advertise_, config_.secret, config_.rank);
+  });
+  collectives::TcpCommunicator::Options options;
+  options.timeout = whole_ms(config_.timeout);
+  return std::make_unique<collectives::TcpCommunicator>(std::move(name), rank, size,
+                                                        std::move(prefixed), tcp_device_, options);
+}
+
+std::unique_ptr<collectives::Communicator> ProcessSets::make_network(int32_t id,
+                                                                     const std::string& scope,
+                                                                     int rank, int size) {
+  if (requested_ == DataPlane::kGloo) return make_gloo(id, scope, rank, size);
+  return make_tcp(id, scope, rank, size);
 }
 
 std::unique_ptr<collectives::shm::ShmCommunicator> ProcessSets::make_shm(int32_t id,
@@ -151,9 +177,10 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_communicator(
   for (int32_t r : ranks) hosts.push_back(control_.host_of(r));
   const bool one_host = std::all_of(hosts.begin(), hosts.end(),
                                     [&](const std::string& h) { return h == hosts.front(); });
-  if (requested_ != DataPlane::kGloo && one_host) {
+  const bool network_only = requested_ == DataPlane::kGloo || requested_ == DataPlane::kTcp;
+  if (!network_only && one_host) {
     auto shm = make_shm(id, "", index, size);
-    shm->set_point_to_point([this, id, index, size] { return make_gloo(id, "", index, size); });
+    shm->set_point_to_point([this, id, index, size] { return make_tcp(id, "", index, size); });
     return shm;
   }
   if (requested_ == DataPlane::kShm) throw_shm_across_hosts(id, ranks, hosts);
@@ -165,7 +192,7 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_hierarchical(
     const std::vector<std::string>& hosts) {
   const int size = static_cast<int>(ranks.size());
   auto layout = collectives::HostLayout::from_host_names(hosts);
-  auto flat = make_gloo(id, "", index, size);
+  auto flat = make_network(id, "", index, size);
   // Every member decides alike: the same coordinator setting, host table and member list. The
   // choice depends on the topology only, never on timing or message size, because it fixes how
   // float sums are associated (see hierarchical_communicator.h).
@@ -183,7 +210,7 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_hierarchical(
     log::at(log::Level::kInfo, config_.rank,
             "process set {}: hierarchical allreduce ({}), members by host: {}", id,
             hierarchical_ ? "KRUG_HIERARCHICAL_ALLREDUCE=1" : "auto", layout.describe());
-  const bool use_shm = requested_ != DataPlane::kGloo;
+  const bool use_shm = requested_ != DataPlane::kGloo && requested_ != DataPlane::kTcp;
   return std::make_unique<collectives::HierarchicalCommunicator>(
       std::move(layout), index, std::move(flat),
       [&](const std::string& scope, int rank,
@@ -191,7 +218,7 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_hierarchical(
         // Groups inside a host exchange through shared memory; they never send point to point.
         if (use_shm && scope.rfind("local/", 0) == 0)
           return make_shm(id, "hier/" + scope, rank, group_size);
-        return make_gloo(id, "hier/" + scope, rank, group_size);
+        return make_network(id, "hier/" + scope, rank, group_size);
       });
 }
 

@@ -1,5 +1,5 @@
 // Process sets and their communicators: the data plane each set is wired to, built alike on
-// every member (shared memory, Gloo, hierarchical or MPI).
+// every member (shared memory, krug's TCP plane, Gloo, hierarchical or MPI).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,9 @@ class Device;
 
 namespace krug::collectives::shm {
 class ShmCommunicator;
+}
+namespace krug::collectives::tcp {
+class Device;
 }
 
 namespace krug::engine {
@@ -47,8 +50,8 @@ class ProcessSets {
   void remove(int32_t id) { sets_.erase(id); }
   Set* find(int32_t id);  // null for an unknown id
   // The data plane the global set uses, as the engine's Config::data_plane reports it: the
-  // transport between hosts for a hierarchical set (Gloo; its groups inside a host use shared
-  // memory).
+  // transport between hosts for a hierarchical set (TCP, or Gloo where asked for; its groups
+  // inside a host use shared memory).
   DataPlane global_backend() const;
   // A rank whose side of every mesh is up may return from init(), finish and close its sockets
   // while a peer is still completing its side (a hierarchical set connects several meshes one
@@ -65,8 +68,13 @@ class ProcessSets {
   std::unique_ptr<collectives::Communicator> make_hierarchical(
       int32_t id, const std::vector<int32_t>& ranks, int index,
       const std::vector<std::string>& hosts);
+  // The plane between hosts: krug's TCP plane, or Gloo's where KRUG_CPU_OPERATIONS=gloo.
+  std::unique_ptr<collectives::Communicator> make_network(int32_t id, const std::string& scope,
+                                                          int rank, int size);
   std::unique_ptr<collectives::Communicator> make_gloo(int32_t id, const std::string& scope,
                                                        int rank, int size);
+  std::unique_ptr<collectives::Communicator> make_tcp(int32_t id, const std::string& scope,
+                                                      int rank, int size);
   std::unique_ptr<collectives::shm::ShmCommunicator> make_shm(int32_t id, const std::string& scope,
                                                               int rank, int size);
 
@@ -80,6 +88,8 @@ class ProcessSets {
   std::optional<bool> hierarchical_;
   std::once_flag device_once_;
   std::shared_ptr<gloo::transport::Device> device_;  // made by the first make_gloo
+  std::once_flag tcp_once_;
+  std::shared_ptr<collectives::tcp::Device> tcp_device_;  // made by the first make_tcp
   std::map<int32_t, Set> sets_;
 };
 

@@ -42,19 +42,20 @@ using namespace krug::testing;
 // expectations, except where noted (mpirun, not krugrun, supervises the ranks). Set once, in
 // main(), before any test runs.
 bool g_mpi_launch = false;
-// --data-plane=gloo (the ctest entries named gloo.*): every job runs with KRUG_CPU_OPERATIONS=gloo,
-// so the TCP data plane stays covered now that one-host jobs default to shared memory.
-bool g_force_gloo = false;
+// --data-plane=tcp (the ctest entries named tcp.*) or =gloo: every job runs with that
+// KRUG_CPU_OPERATIONS, so the TCP data plane stays covered now that one-host jobs default to
+// shared memory.
+std::string g_forced_plane;
 
 bool mpi_launch() { return g_mpi_launch; }
 
-// Jobs with -H spread the ranks over (simulated) hosts: the global set is Gloo's there.
+// Jobs with -H spread the ranks over (simulated) hosts: the global set is on TCP there.
 std::string expected_data_plane(const std::vector<std::string>& launcher_flags) {
   if (mpi_launch()) return "mpi";
-  if (g_force_gloo) return "gloo";
+  if (!g_forced_plane.empty()) return g_forced_plane;
   const bool several_hosts =
       std::find(launcher_flags.begin(), launcher_flags.end(), "-H") != launcher_flags.end();
-  return several_hosts ? "gloo" : "shm";
+  return several_hosts ? "tcp" : "shm";
 }
 
 std::vector<std::string> job_args(const std::string& marker, int np, const std::string& scenario,
@@ -62,7 +63,8 @@ std::vector<std::string> job_args(const std::string& marker, int np, const std::
                                   const std::vector<std::string>& launcher_flags) {
   std::vector<std::string> args{"-np", std::to_string(np), "-x", "KRUG_TEST_MARK=" + marker};
   if (mpi_launch()) args.insert(args.begin(), "--mpi");
-  if (g_force_gloo) args.insert(args.end(), {"-x", "KRUG_CPU_OPERATIONS=gloo"});
+  if (!g_forced_plane.empty())
+    args.insert(args.end(), {"-x", "KRUG_CPU_OPERATIONS=" + g_forced_plane});
   args.insert(args.end(), launcher_flags.begin(), launcher_flags.end());
   for (const auto& e : env) {
     args.push_back("-x");
@@ -391,7 +393,9 @@ TEST(Autotune, KrugrunFlagsTuneAndLogEverySample) {
 
 // ---- Shared memory (one host): nothing is left in /dev/shm however the job ends.
 
-bool shm_under_test() { return !mpi_launch() && !g_force_gloo; }
+bool shm_under_test() {
+  return !mpi_launch() && g_forced_plane.empty();
+}
 
 // /dev/shm entries of the job whose ranks printed "job id" (krugrun names every segment of a
 // job "krug-<job id>-...").
@@ -509,11 +513,13 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--launch=mpi") {
       g_mpi_launch = true;
-    } else if (arg == "--data-plane=gloo") {
-      g_force_gloo = true;
+    } else if (arg == "--data-plane=tcp" || arg == "--data-plane=gloo") {
+      g_forced_plane = arg.substr(arg.find('=') + 1);
     } else {
-      std::fprintf(stderr, "krug_multiproc_tests: unknown argument '%s' (--launch=mpi or "
-                   "--data-plane=gloo)\n", argv[i]);
+      std::fprintf(stderr,
+                   "krug_multiproc_tests: unknown argument '%s' (--launch=mpi, "
+                   "--data-plane=tcp or --data-plane=gloo)\n",
+                   argv[i]);
       return 2;
     }
   }

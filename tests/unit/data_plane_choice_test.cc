@@ -69,12 +69,15 @@ std::vector<std::string> data_planes(const std::vector<std::string>& hosts,
   return result;
 }
 
-TEST(DataPlaneChoice, SharedMemoryWhenEveryRankIsOnOneHostUnlessGlooIsAskedFor) {
+TEST(DataPlaneChoice, SharedMemoryWhenEveryRankIsOnOneHostUnlessTcpIsAskedFor) {
   EXPECT_EQ(data_planes({"a", "a", "a"}, ""), (std::vector<std::string>{"shm", "shm", "shm"}));
   EXPECT_EQ(data_planes({"a", "a"}, "shm"), (std::vector<std::string>{"shm", "shm"}));
+  EXPECT_EQ(data_planes({"a", "a"}, "tcp"), (std::vector<std::string>{"tcp", "tcp"}));
   EXPECT_EQ(data_planes({"a", "a"}, "gloo"), (std::vector<std::string>{"gloo", "gloo"}));
-  // Across hosts the global set is Gloo's (its groups inside a host use shared memory).
-  EXPECT_EQ(data_planes({"a", "b"}, ""), (std::vector<std::string>{"gloo", "gloo"}));
+  // Across hosts the global set is krug's TCP plane's (its groups inside a host use shared
+  // memory), or Gloo's where asked for.
+  EXPECT_EQ(data_planes({"a", "b"}, ""), (std::vector<std::string>{"tcp", "tcp"}));
+  EXPECT_EQ(data_planes({"a", "b"}, "gloo"), (std::vector<std::string>{"gloo", "gloo"}));
 }
 
 TEST(DataPlaneChoice, SharedMemoryAskedForAcrossHostsFailsNamingTheHosts) {
