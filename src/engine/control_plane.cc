@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/log.h"
+#include "net/limits.h"
 
 namespace krug::engine {
 namespace {
@@ -44,6 +45,9 @@ ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host
 bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous::Store& store,
                                   const std::string& secret, bool mailboxes,
                                   const net::Deadline& until) {
+  net::require_open_files(
+      static_cast<size_t>(size_) + 128,
+      fmt::format("rank 0's control plane (a connection per rank, {} ranks)", size_));
   // Bound to the advertised address only: peers reach it there, and nothing else should.
   net::Listener listener(advertise_host, 0);
   store.set(kAddressKey, to_bytes(fmt::format("{}:{}", advertise_host, listener.port())));

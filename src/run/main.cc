@@ -10,6 +10,7 @@
 
 #include "krug/types.h"
 #include "net/address.h"
+#include "net/limits.h"
 #include "rendezvous/server.h"
 #include "run/cli/hosts.h"
 #include "run/cli/options.h"
@@ -152,6 +153,9 @@ int launch_step(const LaunchOptions& options) {
   StepContext step{options};
   const SshOptions ssh = ssh_options(options);
   std::vector<RankSlot> layout = layout_ranks(options.hosts, options.np);
+  net::require_open_files(
+      layout.size() * 4 + 64,
+      fmt::format("krugrun (a connection and output pipes per rank, {} ranks)", layout.size()));
   std::vector<std::string> used_hosts;
   for (const auto& slot : layout) used_hosts.push_back(slot.host);
   step.remote = remote_hosts(used_hosts, step.this_host, step.my_addresses);
