@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdint>
+#include <utility>
+
 #include "net/socket.h"
 
 namespace krug::controller {
@@ -23,7 +26,9 @@ void put_list(net::Writer& w, const std::vector<T>& items, Put put) {
 // length is checked against them before its elements are allocated. A bound below the true
 // size is safe, only looser.
 constexpr size_t kMinInt = 8;
-constexpr size_t kMinId = 4;
+constexpr size_t kMinIdRun = 8;
+// Most cache ids one list may carry: far above any cache's capacity (its ids are its indexes).
+constexpr size_t kMaxIds = size_t{1} << 24;
 constexpr size_t kMinList = 4;  // a string, or a list of lists: just its length
 constexpr size_t kMinTerms = 3 + 4 * 8;
 constexpr size_t kMinRequest = kMinList + kMinTerms + 3 * kMinList + 8 + kMinList + 8 + 1;
@@ -48,14 +53,35 @@ std::vector<T> get_ints(net::Reader& r) {
       r, [](net::Reader& r) { return static_cast<T>(r.i64()); }, kMinInt);
 }
 
-// Cache ids: a steady-state list is little else, so four bytes each.
+// Cache ids: a steady-state list is little else. They go as runs of consecutive ids (first,
+// length), in the list's order, so a step's tensors, cached one after another, cost eight bytes
+// however many they are: the coordinator's traffic per step stays flat as models grow.
 void put_ids(net::Writer& w, const std::vector<uint32_t>& ids) {
-  put_list(w, ids, [](net::Writer& w, uint32_t id) { w.u32(id); });
+  std::vector<std::pair<uint32_t, uint32_t>> runs;
+  for (uint32_t id : ids) {
+    if (!runs.empty() && runs.back().first + runs.back().second == id)
+      ++runs.back().second;
+    else
+      runs.emplace_back(id, 1);
+  }
+  put_list(w, runs, [](net::Writer& w, const std::pair<uint32_t, uint32_t>& run) {
+    w.u32(run.first);
+    w.u32(run.second);
+  });
 }
 
 std::vector<uint32_t> get_ids(net::Reader& r) {
-  return get_list<uint32_t>(
-      r, [](net::Reader& r) { return r.u32(); }, kMinId);
+  const size_t runs = r.count(kMinIdRun);
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < runs; ++i) {
+    const uint32_t first = r.u32();
+    const uint32_t length = r.u32();
+    // A run's length is not bounded by the message's size: bound it by what a cache can hold.
+    if (length > kMaxIds - ids.size() || first > UINT32_MAX - length)
+      throw net::NetError("malformed message: a run of cache ids is too long");
+    for (uint32_t k = 0; k < length; ++k) ids.push_back(first + k);
+  }
+  return ids;
 }
 
 // The parameters a request and its response share (copy_terms), in one order on the wire.

@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "net/socket.h"
+
 namespace krug::controller {
 namespace {
 
@@ -330,6 +334,33 @@ TEST(MessageCodecTest, RequestListRoundTrips) {
   EXPECT_EQ(d.requests, l.requests);
   EXPECT_EQ(d.cache_hits, l.cache_hits);
   EXPECT_EQ(d.fatal_error, "boom");
+}
+
+// Cache ids travel as runs of consecutive ids, in their order: a step of many cached tensors
+// costs the coordinator a few bytes per rank, not four per tensor.
+TEST(MessageCodecTest, CacheHitsGoAsRunsAndKeepTheirOrder) {
+  RequestList l;
+  l.cache_hits = {5, 6, 7, 2, 3, 100, 7};
+  EXPECT_EQ(decode_request_list(encode(l)).cache_hits, l.cache_hits);
+  RequestList small, large;
+  for (uint32_t id = 0; id < 10; ++id) small.cache_hits.push_back(id);
+  for (uint32_t id = 0; id < 1000; ++id) large.cache_hits.push_back(id);
+  EXPECT_EQ(encode(large).size(), encode(small).size());
+  EXPECT_EQ(decode_request_list(encode(large)).cache_hits, large.cache_hits);
+}
+
+// A run's length is not bounded by the message's size, so the decoder bounds it: four billion
+// ids in 8 bytes must not become a 16 GB allocation.
+TEST(MessageCodecTest, AHugeRunOfCacheIdsIsRejected) {
+  RequestList l;
+  l.cache_hits = {0x01020304};
+  auto bytes = encode(l);
+  // The list's only run: its first id (little-endian), then its length, 1.
+  const std::vector<uint8_t> one_run = {4, 3, 2, 1, 1, 0, 0, 0};
+  auto at = std::search(bytes.begin(), bytes.end(), one_run.begin(), one_run.end());
+  ASSERT_NE(at, bytes.end());
+  std::fill(at + 4, at + 8, 0xff);
+  EXPECT_THROW(decode_request_list(bytes), net::NetError);
 }
 
 TEST(MessageCodecTest, ResponseListRoundTripsAndRejectsGarbage) {
