@@ -73,6 +73,7 @@ void put_ids(net::Writer& w, const std::vector<uint32_t>& ids) {
 std::vector<uint32_t> get_ids(net::Reader& r) {
   const size_t runs = r.count(kMinIdRun);
   std::vector<uint32_t> ids;
+  ids.reserve(runs);
   for (size_t i = 0; i < runs; ++i) {
     const uint32_t first = r.u32();
     const uint32_t length = r.u32();

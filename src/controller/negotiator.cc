@@ -96,18 +96,30 @@ const std::vector<int32_t>& Negotiator::members(int32_t process_set) const {
 }
 
 void Negotiator::add(const RequestList& list, Clock::time_point now) {
+  // Rank 0 runs this for every rank's list every cycle: at thousands of ranks the per-hit work
+  // is the coordinator's cost, so the hit's set and this rank's membership are looked up once
+  // per run of hits on the same set, not once per hit.
+  int32_t set_id = -1;
+  int set_size = 0;  // 0: this rank is not a member of set_id (or it does not exist)
   for (uint32_t id : list.cache_hits) {
-    const bool general = !table_.empty() || !joined_.empty();
-    if (general || !add_cached(list.rank, id, now)) add_request(list.rank, cache_.at(id), now);
+    const Request& q = cache_.at(id);
+    if (table_.empty() && joined_.empty()) {
+      if (q.process_set != set_id) {
+        set_id = q.process_set;
+        auto set = sets_.find(set_id);
+        const bool member =
+            set != sets_.end() &&
+            std::binary_search(set->second.begin(), set->second.end(), list.rank);
+        set_size = member ? static_cast<int>(set->second.size()) : 0;
+      }
+      if (set_size > 0 && add_cached(list.rank, id, set_size, now)) continue;
+    }
+    add_request(list.rank, q, now);
   }
   for (const auto& request : list.requests) add_request(list.rank, request, now);
 }
 
-bool Negotiator::add_cached(int32_t rank, uint32_t id, Clock::time_point now) {
-  const Request& q = cache_.at(id);
-  auto set = sets_.find(q.process_set);
-  if (set == sets_.end() || !std::binary_search(set->second.begin(), set->second.end(), rank))
-    return false;
+bool Negotiator::add_cached(int32_t rank, uint32_t id, int set_size, Clock::time_point now) {
   if (cached_.size() <= id) cached_.resize(cache_.size());
   CachedPending& c = cached_[id];
   const size_t word = static_cast<size_t>(rank) / 64;
@@ -125,7 +137,7 @@ bool Negotiator::add_cached(int32_t rank, uint32_t id, Clock::time_point now) {
   }
   c.ranks[word] |= bit;
   if (track_readiness_) c.arrived_at[rank] = now;
-  if (++c.count == static_cast<int>(set->second.size())) cached_ready_.push_back(id);
+  if (++c.count == set_size) cached_ready_.push_back(id);
   return true;
 }
 

@@ -87,8 +87,9 @@ class Negotiator {
   // Steady state: cache hits while nothing else is pending are counted per id, without the
   // per-name table; the responses they make carry ids and parameters only (no names: every
   // rank's cache has them). false: the hit needs the general path (unknown set, not a member,
-  // sent twice), which then reports it.
-  bool add_cached(int32_t rank, uint32_t id, Clock::time_point now);
+  // sent twice), which then reports it. `set_size`: members of the hit's process set, of which
+  // `rank` is one.
+  bool add_cached(int32_t rank, uint32_t id, int set_size, Clock::time_point now);
   // Before anything enters the general table: the counted hits move into it, so that one
   // procedure decides (joins, removed sets, mismatches, ordering against new names).
   void move_cached_into_table();
