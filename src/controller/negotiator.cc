@@ -96,6 +96,10 @@ const std::vector<int32_t>& Negotiator::members(int32_t process_set) const {
 }
 
 void Negotiator::add(const RequestList& list, Clock::time_point now) {
+  if (!list.cache_hits.empty() && add_step(list.rank, list.cache_hits, now)) {
+    for (const auto& request : list.requests) add_request(list.rank, request, now);
+    return;
+  }
   // Rank 0 runs this for every rank's list every cycle: at thousands of ranks the per-hit work
   // is the coordinator's cost, so the hit's set and this rank's membership are looked up once
   // per run of hits on the same set, not once per hit.
@@ -141,7 +145,75 @@ bool Negotiator::add_cached(int32_t rank, uint32_t id, int set_size, Clock::time
   return true;
 }
 
+bool Negotiator::add_step(int32_t rank, const std::vector<uint32_t>& hits,
+                          Clock::time_point now) {
+  if (!table_.empty() || !joined_.empty()) return false;
+  const size_t word = static_cast<size_t>(rank) / 64;
+  const uint64_t bit = uint64_t{1} << (rank % 64);
+  if (step_.active) {
+    if (hits == step_.hits && !(step_.ranks[word] & bit)) {
+      const auto& members = sets_.at(step_.process_set);
+      if (std::binary_search(members.begin(), members.end(), rank)) {
+        step_.ranks[word] |= bit;
+        if (track_readiness_) step_.arrived_at[rank] = now;
+        if (++step_.count == step_.set_size) spread_step();
+        return true;
+      }
+    }
+    spread_step();
+    return false;
+  }
+  if (!cached_pending_.empty()) return false;
+  // A new step: every hit valid, one process set, and this rank one of its members.
+  for (uint32_t id : hits)
+    if (!cache_.contains(id)) return false;  // the per-hit path reports it
+  const int32_t set_id = cache_.at(hits.front()).process_set;
+  for (uint32_t id : hits)
+    if (cache_.at(id).process_set != set_id) return false;
+  auto set = sets_.find(set_id);
+  if (set == sets_.end() || !std::binary_search(set->second.begin(), set->second.end(), rank))
+    return false;
+  std::vector<uint32_t> sorted = hits;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
+  step_.active = true;
+  step_.hits = hits;
+  step_.process_set = set_id;
+  step_.set_size = static_cast<int>(set->second.size());
+  step_.ranks.assign((static_cast<size_t>(world_size_) + 63) / 64, 0);
+  step_.ranks[word] |= bit;
+  if (track_readiness_) {
+    step_.arrived_at.assign(world_size_, Clock::time_point{});
+    step_.arrived_at[rank] = now;
+  }
+  step_.count = 1;
+  step_.first_arrival = next_arrival_;
+  next_arrival_ += hits.size();
+  step_.first_seen = now;
+  if (step_.count == step_.set_size) spread_step();
+  return true;
+}
+
+void Negotiator::spread_step() {
+  if (!step_.active) return;
+  step_.active = false;
+  if (cached_.size() < cache_.size()) cached_.resize(cache_.size());
+  for (size_t i = 0; i < step_.hits.size(); ++i) {
+    const uint32_t id = step_.hits[i];
+    CachedPending& c = cached_[id];
+    c.ranks = step_.ranks;
+    if (track_readiness_) c.arrived_at = step_.arrived_at;
+    c.count = step_.count;
+    c.pending = true;
+    c.arrival = step_.first_arrival + i;
+    c.first_seen = step_.first_seen;
+    cached_pending_.push_back(id);
+    if (c.count == step_.set_size) cached_ready_.push_back(id);
+  }
+}
+
 void Negotiator::move_cached_into_table() {
+  spread_step();
   for (uint32_t id : cached_pending_) {
     CachedPending& c = cached_[id];
     const Request& q = cache_.at(id);
@@ -160,7 +232,7 @@ void Negotiator::move_cached_into_table() {
 }
 
 void Negotiator::add_request(int32_t rank, const Request& request, Clock::time_point now) {
-  if (!cached_pending_.empty()) move_cached_into_table();
+  if (!cached_pending_.empty() || step_.active) move_cached_into_table();
   if (request.op == OpType::kJoin) {
     if (joined_.empty()) first_joined_at_ = now;
     joined_.insert(rank);
@@ -444,6 +516,7 @@ void Negotiator::compute_cached(std::vector<Response>& out) {
 std::vector<Response> Negotiator::compute() {
   std::vector<Response> out = std::move(immediate_errors_);
   immediate_errors_.clear();
+  spread_step();  // a step that some rank has not sent yet waits per hit, as any other
   compute_cached(out);
 
   // Ready entries in arrival order; groups are released only when complete.
@@ -519,6 +592,7 @@ std::optional<Clock::time_point> Negotiator::oldest_pending(Clock::time_point af
     if (t > after) oldest = oldest ? std::min(*oldest, t) : t;
   };
   for (uint32_t id : cached_pending_) consider(cached_[id].first_seen);
+  if (step_.active) consider(step_.first_seen);
   for (const auto& entry : table_) consider(entry.second.first_seen);
   if (!joined_.empty()) consider(first_joined_at_);
   return oldest;
@@ -534,6 +608,15 @@ std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_s
     Stall s{q.name, q.op, q.process_set, {}, {}, waited};
     for (int32_t m : members(q.process_set))
       (c.ranks[m / 64] >> (m % 64) & 1 ? s.ready_ranks : s.missing_ranks).push_back(m);
+    result.push_back(std::move(s));
+  }
+  const double step_waited = std::chrono::duration<double>(now - step_.first_seen).count();
+  for (uint32_t id : step_.active && step_waited >= older_than_seconds ? step_.hits
+                                                                        : std::vector<uint32_t>{}) {
+    const Request& q = cache_.at(id);
+    Stall s{q.name, q.op, q.process_set, {}, {}, step_waited};
+    for (int32_t m : members(q.process_set))
+      (step_.ranks[m / 64] >> (m % 64) & 1 ? s.ready_ranks : s.missing_ranks).push_back(m);
     result.push_back(std::move(s));
   }
   for (const auto& [key, p] : table_) {

@@ -56,7 +56,7 @@ class Negotiator {
   std::vector<Response> compute();
 
   bool has_pending() const {
-    return !table_.empty() || !cached_pending_.empty() || !joined_.empty();
+    return !table_.empty() || !cached_pending_.empty() || !joined_.empty() || step_.active;
   }
   // The autotuner's knob: applies to responses computed from now on.
   void set_fusion_threshold(int64_t bytes) { fusion_threshold_ = bytes; }
@@ -90,6 +90,14 @@ class Negotiator {
   // sent twice), which then reports it. `set_size`: members of the hit's process set, of which
   // `rank` is one.
   bool add_cached(int32_t rank, uint32_t id, int set_size, Clock::time_point now);
+  // The step fast path: in steady state every rank sends the same list of hits, so rank 0
+  // compares a list with the first one (a memcmp) and counts the rank once, instead of once per
+  // hit: its cost per cycle grows with ranks, not ranks x tensors. Returns false when the list
+  // needs the per-hit path (after spreading what the step had counted into per-hit entries).
+  bool add_step(int32_t rank, const std::vector<uint32_t>& hits, Clock::time_point now);
+  // The step's count, as per-hit entries (add_cached's), when lists stop agreeing or a cycle
+  // ends before every rank sent its list.
+  void spread_step();
   // Before anything enters the general table: the counted hits move into it, so that one
   // procedure decides (joins, removed sets, mismatches, ordering against new names).
   void move_cached_into_table();
@@ -130,6 +138,18 @@ class Negotiator {
     Clock::time_point first_seen;
   };
   std::vector<CachedPending> cached_;
+  // The step fast path's count (add_step): while active, no hit is pending per id.
+  struct Step {
+    bool active = false;
+    std::vector<uint32_t> hits;  // the list every rank sends
+    int32_t process_set = 0;
+    int set_size = 0;
+    std::vector<uint64_t> ranks;                // bit per global rank that sent it
+    std::vector<Clock::time_point> arrived_at;  // with track_readiness()
+    int count = 0;
+    uint64_t first_arrival = 0;  // hits[i] arrived as first_arrival + i
+    Clock::time_point first_seen;
+  } step_;
   std::vector<uint32_t> cached_pending_;  // ids with pending set, in arrival order
   std::vector<uint32_t> cached_ready_;    // those every member has sent
   std::vector<Response> immediate_errors_;

@@ -202,6 +202,71 @@ TEST_F(NegotiatorTest, CountedHitsMeetTheGeneralPathWithoutLosingAnything) {
   EXPECT_TRUE(n.has_pending());  // rank 2's join waits for ranks 0 and 1
 }
 
+// The step fast path: ranks that send the same list of hits are counted once per list, and the
+// result is what counting per hit gives: however the lists split, repeat or arrive late.
+TEST_F(NegotiatorTest, IdenticalHitListsCountedPerListAgreeWithThePerHitPath) {
+  constexpr int kRanks = 70;  // more than one word of rank bits
+  Negotiator n(kRanks, 1 << 20, cache);
+  const std::vector<Request> reqs = {allreduce("a", 2), allreduce("b", 3), allreduce("c", 4)};
+  for (int rank = 0; rank < kRanks; ++rank) n.add(from(rank, reqs), now);
+  auto first = n.compute();
+  ASSERT_EQ(first.size(), 1u);
+  const std::vector<uint32_t> ids = first[0].cache_ids;  // a, b, c fused
+  auto hits = [](int rank, std::vector<uint32_t> list) {
+    RequestList l;
+    l.rank = rank;
+    l.cache_hits = std::move(list);
+    return l;
+  };
+  // Every rank the same list: one fused response, in the list's order.
+  for (int rank = 0; rank < kRanks; ++rank) n.add(hits(rank, ids), now);
+  auto same = n.compute();
+  ASSERT_EQ(same.size(), 1u);
+  EXPECT_EQ(same[0].cache_ids, ids);
+  EXPECT_FALSE(n.has_pending());
+
+  // Rank 69 late: nothing runs, the stall names it, and its list next cycle completes the step.
+  for (int rank = 0; rank < kRanks - 1; ++rank) n.add(hits(rank, ids), now);
+  auto stalls = n.stalls(now + std::chrono::seconds(61), 60);
+  ASSERT_EQ(stalls.size(), 3u);
+  EXPECT_EQ(stalls[0].missing_ranks, std::vector<int32_t>{kRanks - 1});
+  EXPECT_TRUE(n.compute().empty());
+  n.add(hits(kRanks - 1, ids), now);
+  auto late = n.compute();
+  ASSERT_EQ(late.size(), 1u);
+  EXPECT_EQ(late[0].cache_ids, ids);
+
+  // Half the ranks send the hits in two lists, the others in one: still one step's worth.
+  for (int rank = 0; rank < kRanks; ++rank) {
+    if (rank % 2) {
+      n.add(hits(rank, {ids[0]}), now);
+      n.add(hits(rank, {ids[1], ids[2]}), now);
+    } else {
+      n.add(hits(rank, ids), now);
+    }
+  }
+  auto split = n.compute();
+  std::vector<uint32_t> got;
+  for (const auto& r : split) got.insert(got.end(), r.cache_ids.begin(), r.cache_ids.end());
+  EXPECT_EQ(got, ids);
+  EXPECT_FALSE(n.has_pending());
+
+  // A list sent twice leaves the fast path for the general one, which completes the step as
+  // the per-hit path always did.
+  n.add(hits(0, ids), now);
+  n.add(hits(0, ids), now);
+  for (int rank = 1; rank < kRanks; ++rank) n.add(hits(rank, ids), now);
+  got.clear();
+  for (auto& r : n.compute()) {
+    EXPECT_EQ(r.type, ResponseType::kOp);
+    cache.expand(r);
+    EXPECT_EQ(r.names.size(), r.cache_ids.size());
+    got.insert(got.end(), r.cache_ids.begin(), r.cache_ids.end());
+  }
+  EXPECT_EQ(got, ids);
+  EXPECT_FALSE(n.has_pending());
+}
+
 TEST_F(NegotiatorTest, NewCacheIdsIncreaseAlongTheFusedList) {
   // Fusion pulls a later float32 tensor into the first response; ids must still follow the
   // list order, which is the order every rank inserts them.
