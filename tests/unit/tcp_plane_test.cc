@@ -4,6 +4,7 @@
 // connections that cannot prove the job secret.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <numeric>
@@ -114,6 +115,38 @@ TEST(TcpPlane, ListenerDropsStrangersAndStallersWithoutDelayingMembers) {
   EXPECT_TRUE(taken.valid());
   EXPECT_LT(net::Clock::now() - started, 2s);
   EXPECT_THROW(device.take("set", 1, net::Clock::now() + 200ms), net::NetError);
+}
+
+// Strangers that open hundreds of silent connections fill the listener's handshake slots (the
+// rest are closed at once) until their handshakes time out; a member's dial retries meanwhile,
+// and the collective completes with exact results.
+TEST(TcpPlane, AMemberGetsThroughAFloodOfSilentConnections) {
+  auto store = std::make_shared<rendezvous::InMemoryStore>();
+  auto flooded = std::make_shared<tcp::Device>("127.0.0.1", kSecret, 1, std::chrono::seconds(1));
+  const auto port = static_cast<uint16_t>(std::stoi(flooded->address().substr(10)));
+  std::vector<net::Connection> flood;
+  for (int i = 0; i < 300; ++i)
+    flood.push_back(net::Connection::connect("127.0.0.1", port, net::Clock::now() + 5s));
+  std::vector<std::string> errors(2);
+  std::vector<std::vector<float>> data(2, std::vector<float>(1000));
+  std::vector<std::thread> members;
+  for (int r = 0; r < 2; ++r)
+    members.emplace_back([&, r] {
+      try {
+        auto device = r == 1 ? flooded : std::make_shared<tcp::Device>("127.0.0.1", kSecret, r);
+        TcpCommunicator::Options options;
+        options.timeout = kTimeout;
+        TcpCommunicator comm("set", r, 2, std::make_shared<rendezvous::PrefixStore>("set/", store),
+                             device, options);
+        std::fill(data[r].begin(), data[r].end(), r + 1.0f);
+        comm.allreduce(data[r].data(), data[r].size(), DataType::kFloat32, ReduceOp::kSum);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : members) t.join();
+  EXPECT_EQ(errors, (std::vector<std::string>{"", ""}));
+  for (const auto& d : data) EXPECT_EQ(d, std::vector<float>(1000, 3.0f));
 }
 
 }  // namespace

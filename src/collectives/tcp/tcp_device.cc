@@ -29,9 +29,11 @@ std::string join_address(const std::string& host, uint16_t port) {
 
 }  // namespace
 
-Device::Device(const std::string& bind_host, std::string secret, int rank)
+Device::Device(const std::string& bind_host, std::string secret, int rank,
+               std::chrono::milliseconds handshake_timeout)
     : secret_(std::move(secret)),
       rank_(rank),
+      handshake_timeout_(handshake_timeout),
       listener_(bind_host, 0),
       address_(join_address(bind_host, listener_.port())),
       acceptor_([this](const std::stop_token& stop) { accept_loop(stop); }) {}
@@ -87,7 +89,7 @@ void Device::reap_finished_handshakes() {
 }
 
 void Device::handshake(net::Connection conn, const std::stop_token& stop) {
-  const net::Deadline deadline(net::Clock::now() + kHandshakeTimeout, stop);
+  const net::Deadline deadline(net::Clock::now() + handshake_timeout_, stop);
   const std::string peer = conn.peer();
   try {
     if (auto reason = conn.authenticate_as_server(secret_, deadline)) {

@@ -5,8 +5,9 @@
 // the job secret both ways before it carries a byte of data (net::Connection's mutual
 // handshake), then names the communicator and member it belongs to. A connection that fails the
 // proof is logged with the peer's address and dropped; the job never sees it. Handshakes run on
-// their own threads, at most kMaxPendingHandshakes at once and each within kHandshakeTimeout, so
-// a peer that connects and stalls cannot hold the listener.
+// their own threads, at most kMaxPendingHandshakes at once and each within a deadline
+// (kHandshakeTimeout), so a peer that connects and stalls cannot hold the listener; while the
+// slots are full, new connections are closed at once, and members' dials retry (tcp_links.h).
 #pragma once
 
 #include <chrono>
@@ -30,8 +31,10 @@ class Device {
  public:
   // Listens on `bind_host` (an address of this host that the other ranks can reach) at a free
   // port. `secret`: the job secret every connection must prove (empty: no authentication).
-  // `rank`: this process's rank, for log lines.
-  Device(const std::string& bind_host, std::string secret, int rank);
+  // `rank`: this process's rank, for log lines. `handshake_timeout`: how long a connection may
+  // take to prove the secret (tests shorten it).
+  Device(const std::string& bind_host, std::string secret, int rank,
+         std::chrono::milliseconds handshake_timeout = kHandshakeTimeout);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -54,6 +57,7 @@ class Device {
 
   std::string secret_;
   int rank_;
+  std::chrono::milliseconds handshake_timeout_;
   net::Listener listener_;
   std::string address_;
 
