@@ -6,11 +6,12 @@
 // hostile peer cannot stall the clients already being served.
 #include "rendezvous/server.h"
 
-#include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
@@ -283,8 +284,8 @@ void RendezvousServer::Impl::drop(uint64_t id, const std::string& why) {
   clients.erase(it);
 }
 
-RendezvousServer::RendezvousServer(const std::string& bind_host, uint16_t port, std::string secret,
-                                   std::function<void(const std::string&)> log)
+RendezvousServer::RendezvousServer(const std::string& bind_host, uint16_t port,
+                                   std::string secret, std::function<void(const std::string&)> log)
     : impl_(std::make_unique<Impl>(bind_host, port, std::move(secret), std::move(log))) {
   // One connection per rank (and per Spark or Ray task): a default soft limit of 1024 would stop
   // a large job that the hard limit allows.
