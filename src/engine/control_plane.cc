@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/log.h"
+#include "net/address.h"
 #include "net/limits.h"
 
 namespace krug::engine {
@@ -50,7 +51,7 @@ bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous:
       fmt::format("rank 0's control plane (a connection per rank, {} ranks)", size_));
   // Bound to the advertised address only: peers reach it there, and nothing else should.
   net::Listener listener(advertise_host, 0);
-  store.set(kAddressKey, to_bytes(fmt::format("{}:{}", advertise_host, listener.port())));
+  store.set(kAddressKey, to_bytes(net::join_host_port(advertise_host, listener.port())));
   workers_.resize(size_);
   int connected = 0;
   while (connected < size_ - 1) {
@@ -107,9 +108,8 @@ bool ControlPlane::connect_to_coordinator(const std::string& hostname, rendezvou
         "output for why it did not (raise KRUG_TIMEOUT_SECONDS for slow starts)",
         rank_, timeout_.count() / 1000.0, e.what()));
   }
-  auto colon = address.rfind(':');
-  coordinator_ = net::Connection::connect(
-      address.substr(0, colon), static_cast<uint16_t>(std::stoi(address.substr(colon + 1))), until);
+  const auto [host, port] = net::split_host_port(address);
+  coordinator_ = net::Connection::connect(host, port, until);
   coordinator_.authenticate_as_client(secret, until);
   net::Writer hello;
   hello.i64(rank_);

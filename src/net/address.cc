@@ -94,4 +94,19 @@ std::string advertise_address(const std::string& iface, const std::string& rende
   return source_address_toward(rendezvous_addr);
 }
 
+std::string join_host_port(const std::string& host, uint16_t port) {
+  return host.find(':') == std::string::npos ? fmt::format("{}:{}", host, port)
+                                             : fmt::format("[{}]:{}", host, port);
+}
+
+std::pair<std::string, uint16_t> split_host_port(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size())
+    throw NetError("malformed address '" + address + "': expected host:port");
+  std::string host = address.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return {host, static_cast<uint16_t>(std::stoul(address.substr(colon + 1)))};
+}
+
 }  // namespace krug::net

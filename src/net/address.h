@@ -2,7 +2,9 @@
 // any rank can advertise itself to the others.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace krug::net {
@@ -23,5 +25,10 @@ std::vector<std::string> local_addresses();
 // `iface` when one is named, else the source address toward the rendezvous server (which every
 // peer reaches too), else "127.0.0.1" for a job without one.
 std::string advertise_address(const std::string& iface, const std::string& rendezvous_addr);
+
+// "host:port", an IPv6 host in brackets: how a listener's address travels through the store.
+std::string join_host_port(const std::string& host, uint16_t port);
+// The inverse (brackets removed). Throws NetError naming `address` when it has no port.
+std::pair<std::string, uint16_t> split_host_port(const std::string& address);
 
 }  // namespace krug::net

@@ -5,27 +5,13 @@
 #include <vector>
 
 #include "common/log.h"
+#include "net/address.h"
 
 namespace krug::collectives::tcp {
 namespace {
 
 // A hello names the communicator (a store prefix) and the member: a few hundred bytes at most.
 constexpr size_t kMaxHelloBytes = 4096;
-
-std::pair<std::string, uint16_t> split_address(const std::string& address) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size())
-    throw net::NetError("malformed data-plane address '" + address + "'");
-  std::string host = address.substr(0, colon);
-  if (host.size() > 1 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return {host, static_cast<uint16_t>(std::stoul(address.substr(colon + 1)))};
-}
-
-std::string join_address(const std::string& host, uint16_t port) {
-  return host.find(':') == std::string::npos ? fmt::format("{}:{}", host, port)
-                                             : fmt::format("[{}]:{}", host, port);
-}
 
 }  // namespace
 
@@ -35,7 +21,7 @@ Device::Device(const std::string& bind_host, std::string secret, int rank,
       rank_(rank),
       handshake_timeout_(handshake_timeout),
       listener_(bind_host, 0),
-      address_(join_address(bind_host, listener_.port())),
+      address_(net::join_host_port(bind_host, listener_.port())),
       acceptor_([this](const std::stop_token& stop) { accept_loop(stop); }) {}
 
 Device::~Device() {
@@ -114,7 +100,7 @@ void Device::handshake(net::Connection conn, const std::stop_token& stop) {
 
 net::Connection Device::dial(const std::string& address, const std::string& name, int from,
                              net::Clock::time_point deadline) const {
-  const auto [host, port] = split_address(address);
+  const auto [host, port] = net::split_host_port(address);
   auto conn = net::Connection::connect(host, port, deadline);
   conn.authenticate_as_client(secret_, deadline);
   net::Writer hello;
