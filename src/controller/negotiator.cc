@@ -95,6 +95,13 @@ const std::vector<int32_t>& Negotiator::members(int32_t process_set) const {
   return it->second;
 }
 
+int Negotiator::size_if_member(int32_t process_set, int32_t rank) const {
+  auto set = sets_.find(process_set);
+  if (set == sets_.end() || !std::binary_search(set->second.begin(), set->second.end(), rank))
+    return 0;
+  return static_cast<int>(set->second.size());
+}
+
 void Negotiator::add(const RequestList& list, Clock::time_point now) {
   if (!list.cache_hits.empty() && add_step(list.rank, list.cache_hits, now)) {
     for (const auto& request : list.requests) add_request(list.rank, request, now);
@@ -110,11 +117,7 @@ void Negotiator::add(const RequestList& list, Clock::time_point now) {
     if (table_.empty() && joined_.empty()) {
       if (q.process_set != set_id) {
         set_id = q.process_set;
-        auto set = sets_.find(set_id);
-        const bool member =
-            set != sets_.end() &&
-            std::binary_search(set->second.begin(), set->second.end(), list.rank);
-        set_size = member ? static_cast<int>(set->second.size()) : 0;
+        set_size = size_if_member(set_id, list.rank);
       }
       if (set_size > 0 && add_cached(list.rank, id, set_size, now)) continue;
     }
@@ -151,35 +154,32 @@ bool Negotiator::add_step(int32_t rank, const std::vector<uint32_t>& hits,
   const size_t word = static_cast<size_t>(rank) / 64;
   const uint64_t bit = uint64_t{1} << (rank % 64);
   if (step_.active) {
-    if (hits == step_.hits && !(step_.ranks[word] & bit)) {
-      const auto& members = sets_.at(step_.process_set);
-      if (std::binary_search(members.begin(), members.end(), rank)) {
-        step_.ranks[word] |= bit;
-        if (track_readiness_) step_.arrived_at[rank] = now;
-        if (++step_.count == step_.set_size) spread_step();
-        return true;
-      }
+    if (hits == step_.hits && !(step_.ranks[word] & bit) &&
+        size_if_member(step_.process_set, rank) > 0) {
+      step_.ranks[word] |= bit;
+      if (track_readiness_) step_.arrived_at[rank] = now;
+      if (++step_.count == step_.set_size) spread_step();
+      return true;
     }
     spread_step();
     return false;
   }
   if (!cached_pending_.empty()) return false;
-  // A new step: every hit valid, one process set, and this rank one of its members.
-  for (uint32_t id : hits)
-    if (!cache_.contains(id)) return false;  // the per-hit path reports it
+  // A new step: every hit valid (else the per-hit path reports it), one process set, and this
+  // rank one of its members.
+  if (!cache_.contains(hits.front())) return false;
   const int32_t set_id = cache_.at(hits.front()).process_set;
   for (uint32_t id : hits)
-    if (cache_.at(id).process_set != set_id) return false;
-  auto set = sets_.find(set_id);
-  if (set == sets_.end() || !std::binary_search(set->second.begin(), set->second.end(), rank))
-    return false;
+    if (!cache_.contains(id) || cache_.at(id).process_set != set_id) return false;
+  const int set_size = size_if_member(set_id, rank);
+  if (set_size == 0) return false;
   std::vector<uint32_t> sorted = hits;
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) return false;
   step_.active = true;
   step_.hits = hits;
   step_.process_set = set_id;
-  step_.set_size = static_cast<int>(set->second.size());
+  step_.set_size = set_size;
   step_.ranks.assign((static_cast<size_t>(world_size_) + 63) / 64, 0);
   step_.ranks[word] |= bit;
   if (track_readiness_) {
@@ -600,25 +600,19 @@ std::optional<Clock::time_point> Negotiator::oldest_pending(Clock::time_point af
 
 std::vector<Stall> Negotiator::stalls(Clock::time_point now, double older_than_seconds) const {
   std::vector<Stall> result;
-  for (uint32_t id : cached_pending_) {
-    const CachedPending& c = cached_[id];
-    double waited = std::chrono::duration<double>(now - c.first_seen).count();
-    if (waited < older_than_seconds) continue;
+  // A counted hit: its entry's rank bits say who sent it.
+  auto counted = [&](uint32_t id, const std::vector<uint64_t>& ranks, Clock::time_point first_seen) {
+    const double waited = std::chrono::duration<double>(now - first_seen).count();
+    if (waited < older_than_seconds) return;
     const Request& q = cache_.at(id);
     Stall s{q.name, q.op, q.process_set, {}, {}, waited};
     for (int32_t m : members(q.process_set))
-      (c.ranks[m / 64] >> (m % 64) & 1 ? s.ready_ranks : s.missing_ranks).push_back(m);
+      (ranks[m / 64] >> (m % 64) & 1 ? s.ready_ranks : s.missing_ranks).push_back(m);
     result.push_back(std::move(s));
-  }
-  const double step_waited = std::chrono::duration<double>(now - step_.first_seen).count();
-  for (uint32_t id : step_.active && step_waited >= older_than_seconds ? step_.hits
-                                                                        : std::vector<uint32_t>{}) {
-    const Request& q = cache_.at(id);
-    Stall s{q.name, q.op, q.process_set, {}, {}, step_waited};
-    for (int32_t m : members(q.process_set))
-      (step_.ranks[m / 64] >> (m % 64) & 1 ? s.ready_ranks : s.missing_ranks).push_back(m);
-    result.push_back(std::move(s));
-  }
+  };
+  for (uint32_t id : cached_pending_) counted(id, cached_[id].ranks, cached_[id].first_seen);
+  if (step_.active)
+    for (uint32_t id : step_.hits) counted(id, step_.ranks, step_.first_seen);
   for (const auto& [key, p] : table_) {
     double waited = std::chrono::duration<double>(now - p.first_seen).count();
     if (waited < older_than_seconds) continue;

@@ -90,6 +90,8 @@ class Negotiator {
   // sent twice), which then reports it. `set_size`: members of the hit's process set, of which
   // `rank` is one.
   bool add_cached(int32_t rank, uint32_t id, int set_size, Clock::time_point now);
+  // Members of `process_set` if `rank` is one of them, else 0 (also for an unknown set).
+  int size_if_member(int32_t process_set, int32_t rank) const;
   // The step fast path: in steady state every rank sends the same list of hits, so rank 0
   // compares a list with the first one (a memcmp) and counts the rank once, instead of once per
   // hit: its cost per cycle grows with ranks, not ranks x tensors. Returns false when the list
