@@ -177,8 +177,7 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_communicator(
   for (int32_t r : ranks) hosts.push_back(control_.host_of(r));
   const bool one_host = std::all_of(hosts.begin(), hosts.end(),
                                     [&](const std::string& h) { return h == hosts.front(); });
-  const bool network_only = requested_ == DataPlane::kGloo || requested_ == DataPlane::kTcp;
-  if (!network_only && one_host) {
+  if (!network_only() && one_host) {
     auto shm = make_shm(id, "", index, size);
     shm->set_point_to_point([this, id, index, size] { return make_tcp(id, "", index, size); });
     return shm;
@@ -210,7 +209,7 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_hierarchical(
     log::at(log::Level::kInfo, config_.rank,
             "process set {}: hierarchical allreduce ({}), members by host: {}", id,
             hierarchical_ ? "KRUG_HIERARCHICAL_ALLREDUCE=1" : "auto", layout.describe());
-  const bool use_shm = requested_ != DataPlane::kGloo && requested_ != DataPlane::kTcp;
+  const bool use_shm = !network_only();
   return std::make_unique<collectives::HierarchicalCommunicator>(
       std::move(layout), index, std::move(flat),
       [&](const std::string& scope, int rank,

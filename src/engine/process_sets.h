@@ -68,6 +68,10 @@ class ProcessSets {
   std::unique_ptr<collectives::Communicator> make_hierarchical(
       int32_t id, const std::vector<int32_t>& ranks, int index,
       const std::vector<std::string>& hosts);
+  // KRUG_CPU_OPERATIONS=tcp or gloo: TCP everywhere, no shared memory even inside a host.
+  bool network_only() const {
+    return requested_ == DataPlane::kGloo || requested_ == DataPlane::kTcp;
+  }
   // The plane between hosts: krug's TCP plane, or Gloo's where KRUG_CPU_OPERATIONS=gloo.
   std::unique_ptr<collectives::Communicator> make_network(int32_t id, const std::string& scope,
                                                           int rank, int size);
