@@ -7,6 +7,10 @@
 // both nonces change; the labels keep one side's proof from being reflected as the other's; and
 // a client never talks to a server that cannot prove the secret (a stray listener on the
 // coordinator's address, say).
+//
+// A connection that is to be encrypted (Protection::kEncrypt) proves under labels of its own, so
+// the two ends cannot disagree about it unnoticed, and takes its two keys (one per direction)
+// from HMAC(secret, key label | nonce_s | nonce_c): fresh for every connection.
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -26,6 +30,10 @@ constexpr uint8_t kAccepted = 1;
 constexpr uint8_t kRejected = 0;
 constexpr std::string_view kClientLabel = "krug client";
 constexpr std::string_view kServerLabel = "krug server";
+constexpr std::string_view kEncryptingClientLabel = "krug client aes-256-gcm";
+constexpr std::string_view kEncryptingServerLabel = "krug server aes-256-gcm";
+constexpr std::string_view kClientToServerKey = "krug key client to server";
+constexpr std::string_view kServerToClientKey = "krug key server to client";
 // Handshake frames are tiny; refuse anything bigger from a peer we do not trust yet.
 constexpr size_t kMaxHandshakeFrame = 4096;
 
@@ -55,6 +63,31 @@ std::vector<uint8_t> fresh_nonce() {
   return nonce;
 }
 
+std::string_view client_label(Protection p) {
+  return p == Protection::kEncrypt ? kEncryptingClientLabel : kClientLabel;
+}
+
+std::string_view server_label(Protection p) {
+  return p == Protection::kEncrypt ? kEncryptingServerLabel : kServerLabel;
+}
+
+Protection other(Protection p) {
+  return p == Protection::kEncrypt ? Protection::kAuthenticate : Protection::kEncrypt;
+}
+
+std::string describe(Protection p) {
+  return p == Protection::kEncrypt ? "encrypts (KRUG_ENCRYPT=1)" : "does not encrypt";
+}
+
+std::unique_ptr<Cipher> make_cipher(const std::string& secret,
+                                    const std::vector<uint8_t>& server_nonce,
+                                    const std::vector<uint8_t>& client_nonce, bool client) {
+  const auto to_server = proof(secret, kClientToServerKey, server_nonce, client_nonce);
+  const auto to_client = proof(secret, kServerToClientKey, server_nonce, client_nonce);
+  return std::make_unique<Cipher>(Cipher{Aead(client ? to_server : to_client, true),
+                                         Aead(client ? to_client : to_server, false)});
+}
+
 bool same_mac(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   return a.size() == kMacSize && b.size() == kMacSize &&
          CRYPTO_memcmp(a.data(), b.data(), kMacSize) == 0;
@@ -73,7 +106,8 @@ void send_verdict(Connection& conn, std::optional<std::string> reason,
 
 }  // namespace
 
-void Connection::authenticate_as_client(const std::string& secret, const Deadline& deadline) {
+void Connection::authenticate_as_client(const std::string& secret, const Deadline& deadline,
+                                        Protection protection) {
   const auto server_nonce = recv_frame(deadline, kMaxHandshakeFrame);
   if (server_nonce.size() != kNonceSize)
     throw NetError(
@@ -82,7 +116,7 @@ void Connection::authenticate_as_client(const std::string& secret, const Deadlin
                     peer_, kNonceSize, server_nonce.size()));
   const auto client_nonce = fresh_nonce();
   std::vector<uint8_t> answer = client_nonce;
-  const auto mine = proof(secret, kClientLabel, server_nonce, client_nonce);
+  const auto mine = proof(secret, client_label(protection), server_nonce, client_nonce);
   answer.insert(answer.end(), mine.begin(), mine.end());
   send_frame(answer, deadline);
   const auto verdict = recv_frame(deadline, kMaxHandshakeFrame);
@@ -95,17 +129,20 @@ void Connection::authenticate_as_client(const std::string& secret, const Deadlin
   const std::vector<uint8_t> theirs(verdict.begin() + 1, verdict.end());
   // With an empty secret (authentication off) there is nothing the server could prove.
   if (!secret.empty() &&
-      !same_mac(theirs, proof(secret, kServerLabel, client_nonce, server_nonce))) {
+      !same_mac(theirs, proof(secret, server_label(protection), client_nonce, server_nonce))) {
     close();
     throw NetError(
         fmt::format("{} accepted the handshake but could not prove the job secret: it "
                     "is not this job's server (another process on that address?)",
                     peer_));
   }
+  if (protection == Protection::kEncrypt)
+    cipher_ = make_cipher(secret, server_nonce, client_nonce, /*client=*/true);
 }
 
 std::optional<std::string> Connection::authenticate_as_server(const std::string& secret,
-                                                              const Deadline& deadline) {
+                                                              const Deadline& deadline,
+                                                              Protection protection) {
   std::optional<std::string> reason;
   try {
     const auto server_nonce = fresh_nonce();
@@ -119,14 +156,23 @@ std::optional<std::string> Connection::authenticate_as_server(const std::string&
       client_nonce.assign(answer.begin(), answer.begin() + kNonceSize);
       theirs.assign(answer.begin() + kNonceSize, answer.end());
       // An empty secret accepts everyone, but keeps the same exchange.
-      if (!secret.empty() &&
-          !same_mac(theirs, proof(secret, kClientLabel, server_nonce, client_nonce)))
-        reason = "wrong job secret (HMAC mismatch)";
+      auto proves = [&](Protection p) {
+        return same_mac(theirs, proof(secret, client_label(p), server_nonce, client_nonce));
+      };
+      if (!secret.empty() && !proves(protection))
+        reason = proves(other(protection))
+                     ? fmt::format(
+                           "this server {} and the client {}: give every process of "
+                           "the job the same KRUG_ENCRYPT",
+                           describe(protection), describe(other(protection)))
+                     : "wrong job secret (HMAC mismatch)";
     }
-    send_verdict(
-        *this, reason,
-        reason ? std::vector<uint8_t>{} : proof(secret, kServerLabel, client_nonce, server_nonce),
-        deadline);
+    send_verdict(*this, reason,
+                 reason ? std::vector<uint8_t>{}
+                        : proof(secret, server_label(protection), client_nonce, server_nonce),
+                 deadline);
+    if (!reason && protection == Protection::kEncrypt)
+      cipher_ = make_cipher(secret, server_nonce, client_nonce, /*client=*/false);
   } catch (const Stopped&) {
     close();
     throw;  // our own stop, not the peer's failure: nothing to report about the peer

@@ -150,11 +150,22 @@ void Connection::send_frame(const void* data, size_t size, const Deadline& deadl
   if (size > kMaxFrameSize)
     throw NetError(fmt::format("send to {}: frame of {} bytes exceeds the {} byte limit", peer_,
                                size, kMaxFrameSize));
+  if (cipher_) {
+    std::vector<uint8_t> sealed;
+    append_sealed_frame(cipher_->send, data, size, sealed);
+    send_all(nullptr, 0, sealed.data(), sealed.size(), deadline);
+    return;
+  }
   uint8_t header[4];
   for (int i = 0; i < 4; ++i) header[i] = static_cast<uint8_t>(size >> (8 * i));
+  send_all(header, sizeof header, data, size, deadline);
+}
+
+void Connection::send_all(const void* header, size_t header_size, const void* data, size_t size,
+                          const Deadline& deadline) {
   // Header and payload leave in one sendmsg where possible: one packet for small frames.
-  iovec iov[2] = {{header, 4}, {const_cast<void*>(data), size}};
-  size_t total = 4 + size, sent = 0;
+  iovec iov[2] = {{const_cast<void*>(header), header_size}, {const_cast<void*>(data), size}};
+  size_t total = header_size + size, sent = 0;
   auto started = Clock::now();
   while (sent < total) {
     iovec cur[2];
@@ -214,11 +225,21 @@ std::vector<uint8_t> Connection::recv_frame(const Deadline& deadline, size_t max
   size_t size = 0;
   for (int i = 0; i < 4; ++i) size |= static_cast<size_t>(header[i]) << (8 * i);
   // Bound the allocation before trusting a length from the wire.
-  if (size > max_size)
+  const size_t overhead = cipher_ ? kTagSize : 0;
+  if (size < overhead || size - overhead > max_size)
     throw NetError(fmt::format("receive from {}: frame of {} bytes exceeds the {} byte limit",
                                peer_, size, max_size));
   std::vector<uint8_t> frame(size);
   recv_exact(frame.data(), size, started, deadline);
+  if (cipher_) {
+    const size_t n = size - kTagSize;
+    if (!cipher_->recv.open(header, frame.data(), n, frame.data() + n))
+      throw NetError(fmt::format(
+          "receive from {}: a frame failed authentication (altered on the way, or the peer is "
+          "not this job's)",
+          peer_));
+    frame.resize(n);
+  }
   return frame;
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "krug/types.h"
+#include "net/cipher.h"
 
 namespace krug::net {
 
@@ -41,6 +43,13 @@ class Stopped : public NetError {
 
 // Largest frame sent or accepted (bounds what a peer can make us allocate).
 inline constexpr size_t kMaxFrameSize = size_t{1} << 30;
+
+// What a connection's handshake sets up: proof of the job secret only, or also encryption of
+// every byte after it (KRUG_ENCRYPT=1). Both ends must ask for the same.
+enum class Protection : uint8_t { kAuthenticate, kEncrypt };
+inline Protection protection_for(bool encrypt) {
+  return encrypt ? Protection::kEncrypt : Protection::kAuthenticate;
+}
 
 // Owns a file descriptor; closes it on destruction.
 class Fd {
@@ -81,14 +90,20 @@ class Connection {
 
   // Client side of the mutual handshake (handshake.cc): proves knowledge of `secret` and checks
   // the server proves it too. Throws NetError with the server's reason if rejected, or naming
-  // the peer if the server cannot prove the secret.
-  void authenticate_as_client(const std::string& secret, const Deadline& deadline);
+  // the peer if the server cannot prove the secret. With Protection::kEncrypt, every frame after
+  // it is sealed (cipher.h), and the server must encrypt too.
+  void authenticate_as_client(const std::string& secret, const Deadline& deadline,
+                              Protection protection = Protection::kAuthenticate);
   // Server side: returns std::nullopt on success (the client then holds the server's proof), or
   // the reason the peer was rejected (the connection is then closed). An empty secret accepts
-  // everyone. A stop of `deadline` is not the peer's fault: it closes the connection and throws
-  // Stopped.
-  std::optional<std::string> authenticate_as_server(const std::string& secret,
-                                                    const Deadline& deadline);
+  // everyone. A client that does not ask for the same protection is rejected. A stop of
+  // `deadline` is not the peer's fault: it closes the connection and throws Stopped.
+  std::optional<std::string> authenticate_as_server(
+      const std::string& secret, const Deadline& deadline,
+      Protection protection = Protection::kAuthenticate);
+  // The connection's keys when its handshake set up encryption, else null. Code that moves
+  // bytes on fd() itself must seal and open them with it (send_frame and recv_frame do).
+  Cipher* cipher() { return cipher_.get(); }
 
   int fd() const { return fd_.get(); }
   bool valid() const { return fd_.valid(); }
@@ -97,8 +112,11 @@ class Connection {
 
  private:
   void recv_exact(void* out, size_t size, Clock::time_point started, const Deadline& deadline);
+  void send_all(const void* header, size_t header_size, const void* data, size_t size,
+                const Deadline& deadline);
   Fd fd_;
   std::string peer_;
+  std::unique_ptr<Cipher> cipher_;
 };
 
 // A listening TCP socket. Port 0 picks a free port.
