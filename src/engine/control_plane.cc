@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "collectives/tcp/tcp_device.h"
 #include "common/log.h"
 #include "net/address.h"
 #include "net/limits.h"
@@ -15,6 +16,10 @@ namespace krug::engine {
 namespace {
 
 constexpr const char* kAddressKey = "control/address";
+// What the control plane's connections name themselves on rank 0's device (tcp_device.h).
+constexpr const char* kControlPlane = "control";
+// A rank's host name, its first frame after the handshake.
+constexpr size_t kMaxHostFrame = 4096;
 // Ring bytes per mailbox: a step's lists of a few hundred tensors (about 100 bytes each, a few
 // bytes once cached) fit; larger lists, and lists a busy peer has no room for yet, go over the
 // socket.
@@ -31,57 +36,54 @@ std::string to_string(const std::vector<uint8_t>& b) {
 
 ControlPlane::ControlPlane(int rank, int size, const std::string& advertise_host,
                            const std::string& hostname, rendezvous::Store& store,
-                           const std::string& secret, std::chrono::milliseconds timeout,
-                           bool mailboxes, const SegmentFactory& segment, std::stop_token stop)
+                           const std::string& secret, net::Protection protection,
+                           std::chrono::milliseconds timeout, bool mailboxes,
+                           const SegmentFactory& segment, std::stop_token stop)
     : rank_(rank), size_(size), timeout_(timeout), hosts_(size) {
   hosts_[rank] = hostname;
   stash_.resize(is_coordinator() ? size : 1);
   if (size == 1) return;
   const net::Deadline until(net::Clock::now() + timeout_, std::move(stop));
-  mailboxes = is_coordinator() ? accept_workers(advertise_host, store, secret, mailboxes, until)
-                               : connect_to_coordinator(hostname, store, secret, until);
+  mailboxes = is_coordinator()
+                  ? accept_workers(advertise_host, store, secret, protection, mailboxes, until)
+                  : connect_to_coordinator(hostname, store, secret, protection, until);
   if (mailboxes) map_mailboxes(segment);
 }
 
 bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous::Store& store,
-                                  const std::string& secret, bool mailboxes,
-                                  const net::Deadline& until) {
+                                  const std::string& secret, net::Protection protection,
+                                  bool mailboxes, const net::Deadline& until) {
   net::require_open_files(
       static_cast<size_t>(size_) + 128,
       fmt::format("rank 0's control plane (a connection per rank, {} ranks)", size_));
-  // Bound to the advertised address only: peers reach it there, and nothing else should.
-  net::Listener listener(advertise_host, 0);
-  store.set(kAddressKey, to_bytes(net::join_host_port(advertise_host, listener.port())));
+  // Bound to the advertised address only: peers reach it there, and nothing else should. The
+  // device authenticates connections on threads of their own, at most 64 at a time and each
+  // within its deadline: a stranger that connects and stalls cannot hold up the ranks.
+  collectives::tcp::Device listener(advertise_host, secret, 0, collectives::tcp::kHandshakeTimeout,
+                                    protection);
+  store.set(kAddressKey, to_bytes(listener.address()));
   workers_.resize(size_);
-  int connected = 0;
-  while (connected < size_ - 1) {
-    auto conn = listener.accept(until);
-    if (!conn) {
+  for (int r = 1; r < size_; ++r) {
+    try {
+      workers_[r] = listener.take(kControlPlane, r, until);
+    } catch (const net::Stopped&) {
+      throw;
+    } catch (const net::NetError&) {
       std::vector<int> missing;
-      for (int r = 1; r < size_; ++r)
-        if (!workers_[r].valid()) missing.push_back(r);
+      for (int q = r; q < size_; ++q) {
+        try {
+          workers_[q] = listener.take(kControlPlane, q, net::Clock::now());
+        } catch (const net::NetError&) {
+          missing.push_back(q);
+        }
+      }
       throw Error(fmt::format(
           "rank 0 timed out after {} s waiting for ranks [{}] to connect to the control plane; "
           "check that they started (krugrun output) and can reach {} (raise "
           "KRUG_TIMEOUT_SECONDS for slow starts)",
           timeout_.count() / 1000.0, fmt::join(missing, ", "), advertise_host));
     }
-    if (auto reason = conn->authenticate_as_server(secret, until)) {
-      // A stray process (or another job) found the port: refuse it and keep waiting.
-      log::at(log::Level::kWarning, 0, "control plane: rejected connection from {}: {}",
-              conn->peer(), *reason);
-      continue;
-    }
-    const auto hello_frame = conn->recv_frame(until);  // Reader borrows; keep the bytes alive
-    net::Reader hello(hello_frame);
-    int peer = static_cast<int>(hello.i64());
-    std::string peer_host = hello.str();
-    if (peer <= 0 || peer >= size_ || workers_[peer].valid())
-      throw Error(
-          fmt::format("control plane: unexpected hello from rank {} on {}", peer, peer_host));
-    hosts_[peer] = peer_host;
-    workers_[peer] = std::move(*conn);
-    ++connected;
+    hosts_[r] = to_string(workers_[r].recv_frame(until, kMaxHostFrame));
   }
   // Every rank learns every host name, for error messages, and whether lists go through
   // mailboxes (only when all ranks share one host).
@@ -96,7 +98,8 @@ bool ControlPlane::accept_workers(const std::string& advertise_host, rendezvous:
 }
 
 bool ControlPlane::connect_to_coordinator(const std::string& hostname, rendezvous::Store& store,
-                                          const std::string& secret, const net::Deadline& until) {
+                                          const std::string& secret, net::Protection protection,
+                                          const net::Deadline& until) {
   std::string address;
   try {
     address = to_string(store.get(kAddressKey, timeout_));
@@ -108,13 +111,9 @@ bool ControlPlane::connect_to_coordinator(const std::string& hostname, rendezvou
         "output for why it did not (raise KRUG_TIMEOUT_SECONDS for slow starts)",
         rank_, timeout_.count() / 1000.0, e.what()));
   }
-  const auto [host, port] = net::split_host_port(address);
-  coordinator_ = net::Connection::connect(host, port, until);
-  coordinator_.authenticate_as_client(secret, until);
-  net::Writer hello;
-  hello.i64(rank_);
-  hello.str(hostname);
-  coordinator_.send_frame(hello.take(), until);
+  coordinator_ =
+      collectives::tcp::Device::dial(address, secret, protection, kControlPlane, rank_, until);
+  coordinator_.send_frame(to_bytes(hostname), until);
   const auto table_frame = coordinator_.recv_frame(until);
   net::Reader table(table_frame);
   for (auto& h : hosts_) h = table.str();

@@ -38,7 +38,7 @@ class ControlPlane {
   // mailboxes: when `mailboxes` is set on rank 0 and every rank is on its host. Requesting
   // `stop` ends the wait for the others early (net::Stopped).
   ControlPlane(int rank, int size, const std::string& advertise_host, const std::string& hostname,
-               rendezvous::Store& store, const std::string& secret,
+               rendezvous::Store& store, const std::string& secret, net::Protection protection,
                std::chrono::milliseconds timeout, bool mailboxes, const SegmentFactory& segment,
                std::stop_token stop = {});
 
@@ -78,10 +78,12 @@ class ControlPlane {
   // Rank 0: waits for every worker's hello, then sends all of them the host table. Returns
   // whether lists go through mailboxes.
   bool accept_workers(const std::string& advertise_host, rendezvous::Store& store,
-                      const std::string& secret, bool mailboxes, const net::Deadline& until);
+                      const std::string& secret, net::Protection protection, bool mailboxes,
+                      const net::Deadline& until);
   // Other ranks: connects to rank 0 and reads the host table; returns the mailbox choice.
   bool connect_to_coordinator(const std::string& hostname, rendezvous::Store& store,
-                              const std::string& secret, const net::Deadline& until);
+                              const std::string& secret, net::Protection protection,
+                              const net::Deadline& until);
   void map_mailboxes(const SegmentFactory& segment);
   void send(int peer, const std::vector<uint8_t>& frame, const net::Deadline& until);
   std::optional<std::vector<uint8_t>> next_frame(int peer);

@@ -14,7 +14,8 @@ namespace {
 TEST(ControlPlaneStart, AWorkerWhoseCoordinatorNeverStartsIsToldSo) {
   rendezvous::InMemoryStore store;
   try {
-    ControlPlane plane(1, 2, "127.0.0.1", "host-b", store, "secret", std::chrono::milliseconds(50),
+    ControlPlane plane(1, 2, "127.0.0.1", "host-b", store, "secret", net::Protection::kAuthenticate,
+                       std::chrono::milliseconds(50),
                        /*mailboxes=*/false, {});
     FAIL() << "the control plane started without rank 0";
   } catch (const rendezvous::StoreTimeout& e) {

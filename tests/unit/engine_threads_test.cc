@@ -3,14 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <thread>
 
 #include "engine/engine.h"
 #include "engine_test_util.h"
+#include "net/address.h"
 #include "net/socket.h"
 #include "rendezvous/store.h"
 
@@ -348,6 +349,40 @@ TEST(EngineThreadsSecurity, ControlPlaneRefusesAClientWithoutTheSecret) {
   for (auto& t : ranks) t.join();
   EXPECT_NE(stray_error.find("rejected"), std::string::npos) << stray_error;
   EXPECT_EQ(results, (std::vector<float>{3.0f, 3.0f}));
+}
+
+// Strangers that connect to the control plane while the job starts and then say nothing hold
+// handshake slots, not rank 0: the ranks join and reduce while the strangers are still connected.
+// (Rank 0 once authenticated connections one after another, each with the whole start's deadline:
+// a single silent connection kept every rank waiting until the job timed out.)
+TEST(EngineThreadsSecurity, SilentConnectionsToTheControlPlaneDoNotHoldUpTheStart) {
+  auto store = std::make_shared<rendezvous::InMemoryStore>();
+  std::vector<net::Connection> strangers;
+  std::thread stray([&] {
+    auto bytes = store->get("control/address", std::chrono::seconds(30));
+    const auto [host, port] = net::split_host_port({bytes.begin(), bytes.end()});
+    for (int i = 0; i < 5; ++i)
+      strangers.push_back(
+          net::Connection::connect(host, port, net::Clock::now() + std::chrono::seconds(10)));
+    store->set("stray/done", {1});
+  });
+  std::vector<std::thread> ranks;
+  std::vector<float> results(2, 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      if (r == 1) store->get("stray/done", std::chrono::seconds(30));
+      Engine e(rank_config(r, 2), store);
+      float v = float(r + 1);
+      auto h = submit(e, request("x", OpType::kAllreduce, DataType::kFloat32, {1}), &v, &v);
+      h->wait();
+      results[r] = h->error().empty() ? v : -1.0f;
+      e.shutdown();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  stray.join();
+  EXPECT_EQ(results, (std::vector<float>{3.0f, 3.0f}));
+  for (auto& c : strangers) EXPECT_TRUE(c.valid());  // still connected all along
 }
 
 }  // namespace

@@ -16,10 +16,11 @@ constexpr size_t kMaxHelloBytes = 4096;
 }  // namespace
 
 Device::Device(const std::string& bind_host, std::string secret, int rank,
-               std::chrono::milliseconds handshake_timeout)
+               std::chrono::milliseconds handshake_timeout, net::Protection protection)
     : secret_(std::move(secret)),
       rank_(rank),
       handshake_timeout_(handshake_timeout),
+      protection_(protection),
       listener_(bind_host, 0),
       address_(net::join_host_port(bind_host, listener_.port())),
       acceptor_([this](const std::stop_token& stop) { accept_loop(stop); }) {}
@@ -40,16 +41,15 @@ void Device::accept_loop(const std::stop_token& stop) {
     } catch (const net::Stopped&) {
       return;
     } catch (const std::exception& e) {
-      log::at(log::Level::kWarning, rank_, "tcp data plane: accept failed: {}", e.what());
+      log::at(log::Level::kWarning, rank_, "listener {}: accept failed: {}", address_, e.what());
       continue;
     }
     reap_finished_handshakes();
     if (!conn) continue;
     std::lock_guard lock(mu_);
     if (handshakes_.size() >= kMaxPendingHandshakes) {
-      log::at(log::Level::kWarning, rank_,
-              "tcp data plane: refused {}: {} handshakes already pending", conn->peer(),
-              kMaxPendingHandshakes);
+      log::at(log::Level::kWarning, rank_, "listener {}: refused {}: {} handshakes already pending",
+              address_, conn->peer(), kMaxPendingHandshakes);
       continue;
     }
     auto it = handshakes_.emplace(handshakes_.end());
@@ -78,9 +78,9 @@ void Device::handshake(net::Connection conn, const std::stop_token& stop) {
   const net::Deadline deadline(net::Clock::now() + handshake_timeout_, stop);
   const std::string peer = conn.peer();
   try {
-    if (auto reason = conn.authenticate_as_server(secret_, deadline)) {
-      log::at(log::Level::kWarning, rank_, "tcp data plane: rejected a connection from {}: {}",
-              peer, *reason);
+    if (auto reason = conn.authenticate_as_server(secret_, deadline, protection_)) {
+      log::at(log::Level::kWarning, rank_, "listener {}: rejected a connection from {}: {}",
+              address_, peer, *reason);
       return;
     }
     const auto hello = conn.recv_frame(deadline, kMaxHelloBytes);
@@ -93,16 +93,17 @@ void Device::handshake(net::Connection conn, const std::stop_token& stop) {
     arrived_cv_.notify_all();
   } catch (const net::Stopped&) {
   } catch (const std::exception& e) {
-    log::at(log::Level::kWarning, rank_, "tcp data plane: dropped a connection from {}: {}", peer,
-            e.what());
+    log::at(log::Level::kWarning, rank_, "listener {}: dropped a connection from {}: {}", address_,
+            peer, e.what());
   }
 }
 
-net::Connection Device::dial(const std::string& address, const std::string& name, int from,
-                             net::Clock::time_point deadline) const {
+net::Connection Device::dial(const std::string& address, const std::string& secret,
+                             net::Protection protection, const std::string& name, int from,
+                             const net::Deadline& deadline) {
   const auto [host, port] = net::split_host_port(address);
   auto conn = net::Connection::connect(host, port, deadline);
-  conn.authenticate_as_client(secret_, deadline);
+  conn.authenticate_as_client(secret, deadline, protection);
   net::Writer hello;
   hello.str(name);
   hello.u32(static_cast<uint32_t>(from));
@@ -110,11 +111,19 @@ net::Connection Device::dial(const std::string& address, const std::string& name
   return conn;
 }
 
-net::Connection Device::take(const std::string& name, int from, net::Clock::time_point deadline) {
+net::Connection Device::take(const std::string& name, int from, const net::Deadline& deadline) {
   std::unique_lock lock(mu_);
   const auto key = std::make_pair(name, from);
-  if (!arrived_cv_.wait_until(lock, deadline, [&] { return arrived_.count(key) > 0; }))
-    throw net::NetError(fmt::format("member {} never connected to {}", from, address_));
+  const auto arrived = [&] { return arrived_.count(key) > 0; };
+  while (!arrived()) {
+    if (deadline.stop.stop_requested())
+      throw net::Stopped(fmt::format("stopped (interrupted) while waiting for member {}", from));
+    if (net::Clock::now() >= deadline.at)
+      throw net::NetError(fmt::format("member {} never connected to {}", from, address_));
+    auto until = deadline.at;
+    if (deadline.stop.stop_possible()) until = std::min(until, net::Clock::now() + net::kStopCheck);
+    arrived_cv_.wait_until(lock, until, arrived);
+  }
   auto conn = std::move(arrived_.at(key));
   arrived_.erase(key);
   return conn;

@@ -32,9 +32,11 @@ class Device {
   // Listens on `bind_host` (an address of this host that the other ranks can reach) at a free
   // port. `secret`: the job secret every connection must prove (empty: no authentication).
   // `rank`: this process's rank, for log lines. `handshake_timeout`: how long a connection may
-  // take to prove the secret (tests shorten it).
+  // take to prove the secret (tests shorten it). `protection`: whether connections are also
+  // encrypted (KRUG_ENCRYPT=1), on both ends.
   Device(const std::string& bind_host, std::string secret, int rank,
-         std::chrono::milliseconds handshake_timeout = kHandshakeTimeout);
+         std::chrono::milliseconds handshake_timeout = kHandshakeTimeout,
+         net::Protection protection = net::Protection::kAuthenticate);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -45,10 +47,16 @@ class Device {
   // Dials `address` ("host:port") and introduces this end as member `from` of communicator
   // `name`. Throws net::NetError naming the address when it cannot connect or authenticate.
   net::Connection dial(const std::string& address, const std::string& name, int from,
-                       net::Clock::time_point deadline) const;
+                       net::Clock::time_point deadline) const {
+    return dial(address, secret_, protection_, name, from, deadline);
+  }
+  // The same from a process that has no Device of its own (a rank dialling the control plane).
+  static net::Connection dial(const std::string& address, const std::string& secret,
+                              net::Protection protection, const std::string& name, int from,
+                              const net::Deadline& deadline);
   // The connection member `from` of communicator `name` dialled to this device, waited for until
-  // `deadline` (then throws net::NetError).
-  net::Connection take(const std::string& name, int from, net::Clock::time_point deadline);
+  // `deadline` (then throws net::NetError, or net::Stopped once its stop is requested).
+  net::Connection take(const std::string& name, int from, const net::Deadline& deadline);
 
  private:
   void accept_loop(const std::stop_token& stop);
@@ -58,6 +66,7 @@ class Device {
   std::string secret_;
   int rank_;
   std::chrono::milliseconds handshake_timeout_;
+  net::Protection protection_;
   net::Listener listener_;
   std::string address_;
 
