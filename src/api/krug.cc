@@ -165,7 +165,7 @@ std::shared_ptr<rendezvous::Store> job_store(Config& config, std::stop_token sto
   }
   return std::make_shared<rendezvous::RendezvousClient>(
       config.rendezvous_addr, static_cast<uint16_t>(config.rendezvous_port), config.secret,
-      whole_ms(config.timeout), std::move(stop));
+      whole_ms(config.timeout), std::move(stop), net::protection_for(config.encrypt));
 }
 
 // init()'s work, with the runtime locked.

@@ -19,9 +19,11 @@ namespace {
 void start_server(const Config& config, bool single_host, MpiBootstrap& b) {
   b.secret = rendezvous::make_job_secret();
   b.server = std::make_unique<rendezvous::RendezvousServer>(
-      single_host ? "127.0.0.1" : "", 0, b.secret, [rank = config.rank](const std::string& m) {
+      single_host ? "127.0.0.1" : "", 0, b.secret,
+      [rank = config.rank](const std::string& m) {
         log::at(log::Level::kWarning, rank, "rendezvous: {}", m);
-      });
+      },
+      net::protection_for(config.encrypt));
   b.addr = single_host ? "127.0.0.1" : config.hostname;
   b.port = b.server->port();
 }
@@ -77,7 +79,8 @@ void configure_from_mpi(Config& config, MpiBootstrap& bootstrap) {
   config.local_size = world.local_size;
   config.cross_rank = world.cross_rank;
   config.cross_size = world.cross_size;
-  if (config.data_plane == DataPlane::kAuto) config.data_plane = DataPlane::kMpi;
+  // MPI's transport sends in the clear: an encrypted job keeps krug's own planes.
+  if (config.data_plane == DataPlane::kAuto && !config.encrypt) config.data_plane = DataPlane::kMpi;
   // krugrun --mpi runs the rendezvous server and passes its address; a job of one needs none.
   if (!config.rendezvous_addr.empty() || config.size == 1) return;
   if (bootstrap.port == 0)

@@ -144,6 +144,19 @@ void read(const Knob& knob, const GetEnv& getenv, Config& config, Sources& sourc
   sources[knob.name] = setting->var;
 }
 
+// Gloo's and MPI's transports carry bytes in the clear: asking for them and for encryption
+// together is a contradiction to report, not to resolve silently.
+void check_encryption(const Sources& sources, const Config& config) {
+  if (!config.encrypt) return;
+  if (config.data_plane != DataPlane::kGloo && config.data_plane != DataPlane::kMpi) return;
+  throw Error(fmt::format(
+      "KRUG_ENCRYPT=1 and {}={}: that plane sends data in the clear; unset it (or set it to "
+      "tcp) so that krug's own planes, which encrypt, carry the job",
+      sources.count("KRUG_CPU_OPERATIONS") ? sources.at("KRUG_CPU_OPERATIONS")
+                                           : std::string_view("KRUG_CPU_OPERATIONS"),
+      data_plane_name(config.data_plane)));
+}
+
 }  // namespace
 
 std::string_view data_plane_name(DataPlane plane) {
@@ -179,6 +192,7 @@ Config load_config(const GetEnv& getenv) {
   check_rank_below_size(sources, "KRUG_CROSS_RANK", config.cross_rank, "KRUG_CROSS_SIZE",
                         config.cross_size);
   if (config.hostname.empty()) config.hostname = local_hostname();
+  check_encryption(sources, config);
   return config;
 }
 

@@ -78,6 +78,7 @@ struct Config {
   std::string rendezvous_addr;  // KRUG_RENDEZVOUS_ADDR
   int rendezvous_port = 0;      // KRUG_RENDEZVOUS_PORT
   std::string secret;           // KRUG_SECRET
+  bool encrypt = false;         // KRUG_ENCRYPT: connections are sealed, not only authenticated
   std::string job_id;           // KRUG_JOB_ID
   // Elastic (docs/elastic.md): set by krugrun's elastic driver; init() then takes the topology
   // above from the driver's round assignment.

@@ -157,6 +157,12 @@ std::vector<Knob> make_table() {
        .default_text = "unset",
        .doc = "Per-job secret that authenticates workers to the rendezvous server and to each "
               "other (HMAC). Set by krugrun; never logged."},
+      {.name = "KRUG_ENCRYPT", .aliases = {}, .unit = "bool", .field = &Config::encrypt,
+       .doc = "Encrypt every connection between processes of the job (AES-256-GCM with keys of "
+              "each connection's own, from the job secret): the rendezvous store, the control "
+              "plane and the TCP data plane. For networks the user does not trust; costs CPU "
+              "time (docs/security.md). Set by krugrun --encrypt; every process of a job must "
+              "agree."},
       {.name = "KRUG_JOB_ID", .aliases = {} /* none: krugrun-only */, .unit = "string",
        .field = &Config::job_id, .default_text = "unset",
        .doc = "Identifies the job's shared-memory segments (/dev/shm/krug-<id>-*), which krugrun "

@@ -93,9 +93,14 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
     return std::make_unique<transport::Segment>(config_.rank, config_.size, bytes, config_.job_id,
                                                 prefixed, timeout);
   };
-  control_ = std::make_unique<ControlPlane>(config_.rank, config_.size, advertise, config_.hostname,
-                                            *store_, config_.secret, timeout, mailboxes,
-                                            mailbox_segment, std::move(stop));
+  control_ = std::make_unique<ControlPlane>(
+      config_.rank, config_.size, advertise, config_.hostname, *store_, config_.secret,
+      net::protection_for(config_.encrypt), timeout, mailboxes, mailbox_segment, std::move(stop));
+  if (config_.encrypt && config_.rank == 0 && config_.size > 1)
+    log::at(log::Level::kInfo, 0,
+            "connections are encrypted (KRUG_ENCRYPT=1): rendezvous store, control plane and "
+            "TCP data plane; shared memory stays within a host, and NCCL's own traffic is not "
+            "encrypted");
   sets_ = std::make_unique<ProcessSets>(config_, store_, *control_, advertise);
   std::vector<int32_t> all(config_.size);
   for (int i = 0; i < config_.size; ++i) all[i] = i;

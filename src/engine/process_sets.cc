@@ -136,8 +136,9 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_tcp(int32_t id,
   // One listener per engine, opened on first use like Gloo's device; it makes no connection
   // until a collective needs one.
   std::call_once(tcp_once_, [&] {
-    tcp_device_ =
-        std::make_shared<collectives::tcp::Device>(advertise_, config_.secret, config_.rank);
+    tcp_device_ = std::make_shared<collectives::tcp::Device>(
+        advertise_, config_.secret, config_.rank, collectives::tcp::kHandshakeTimeout,
+        net::protection_for(config_.encrypt));
   });
   collectives::TcpCommunicator::Options options;
   options.timeout = whole_ms(config_.timeout);

@@ -59,14 +59,15 @@ struct RendezvousClient::Impl {
 
 RendezvousClient::RendezvousClient(const std::string& host, uint16_t port,
                                    const std::string& secret,
-                                   std::chrono::milliseconds connect_timeout, std::stop_token stop)
+                                   std::chrono::milliseconds connect_timeout, std::stop_token stop,
+                                   net::Protection protection)
     : impl_(std::make_unique<Impl>()) {
   impl_->address = fmt::format("{}:{}", host, port);
   impl_->stop = std::move(stop);
   net::Deadline deadline(net::Clock::now() + connect_timeout, impl_->stop);
   try {
     impl_->conn = net::Connection::connect(host, port, deadline);
-    impl_->conn.authenticate_as_client(secret, deadline);
+    impl_->conn.authenticate_as_client(secret, deadline, protection);
   } catch (const net::NetError& e) {
     throw Error(fmt::format("cannot join rendezvous server {}: {}", impl_->address, e.what()));
   }

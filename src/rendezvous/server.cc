@@ -37,6 +37,7 @@ struct RendezvousServer::Impl {
   struct Client {
     net::Connection conn;
     Bytes in;        // received bytes not yet parsed into frames
+    Bytes sealed;    // bytes of an encrypted client's frames not yet opened
     Bytes out;       // reply frames not yet sent
     size_t out_pos = 0;
   };
@@ -52,8 +53,11 @@ struct RendezvousServer::Impl {
   };
 
   Impl(const std::string& bind_host, uint16_t port, std::string secret_,
-       std::function<void(const std::string&)> log_)
-      : listener(bind_host, port), secret(std::move(secret_)), log(std::move(log_)),
+       std::function<void(const std::string&)> log_, net::Protection protection_)
+      : listener(bind_host, port),
+        secret(std::move(secret_)),
+        protection(protection_),
+        log(std::move(log_)),
         wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     if (!wake.valid()) throw Error("rendezvous server: eventfd failed");
     if (!log)
@@ -84,6 +88,7 @@ struct RendezvousServer::Impl {
   void start_handshake(net::Connection conn);
   void collect_handshakes();
   bool read_client(uint64_t id, Client& c);
+  bool open_frames(uint64_t id, Client& c);
   bool flush_client(Client& c);
   bool process_frames(uint64_t id, Client& c, std::vector<ServerState::Reply>& replies);
   void deliver(std::vector<ServerState::Reply>& replies);
@@ -91,6 +96,7 @@ struct RendezvousServer::Impl {
 
   net::Listener listener;
   std::string secret;
+  net::Protection protection;
   std::function<void(const std::string&)> log;
   net::Fd wake;
   std::atomic<bool> stopping{false};
@@ -176,7 +182,8 @@ void RendezvousServer::Impl::start_handshake(net::Connection conn) {
   hs.dup = net::Fd(::dup(conn.fd()));
   hs.thread = std::thread([this, id, conn = std::move(conn)]() mutable {
     std::string peer = conn.peer();
-    auto reason = conn.authenticate_as_server(secret, net::Clock::now() + kHandshakeTimeout);
+    auto reason =
+        conn.authenticate_as_server(secret, net::Clock::now() + kHandshakeTimeout, protection);
     {
       std::lock_guard lock(hs_mu);
       finished.push_back({id, std::move(conn), std::move(peer), std::move(reason)});
@@ -208,17 +215,34 @@ void RendezvousServer::Impl::collect_handshakes() {
 }
 
 bool RendezvousServer::Impl::read_client(uint64_t id, Client& c) {
+  // An encrypted client's bytes land in `sealed`; its frames reach `in` once opened.
+  net::Cipher* cipher = c.conn.cipher();
+  Bytes& raw = cipher ? c.sealed : c.in;
   for (;;) {
-    size_t old = c.in.size();
-    c.in.resize(old + kReadChunk);
-    ssize_t n = ::recv(c.conn.fd(), c.in.data() + old, kReadChunk, MSG_DONTWAIT);
-    c.in.resize(old + static_cast<size_t>(std::max<ssize_t>(n, 0)));
-    if (n > 0) continue;
+    size_t old = raw.size();
+    raw.resize(old + kReadChunk);
+    ssize_t n = ::recv(c.conn.fd(), raw.data() + old, kReadChunk, MSG_DONTWAIT);
+    raw.resize(old + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    if (n > 0) {
+      if (cipher && !open_frames(id, c)) return false;
+      continue;
+    }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
     // EOF is how a client says goodbye; anything else is worth a line in the log.
     if (n < 0) drop(id, std::strerror(errno));
     else drop(id, "");
+    return false;
+  }
+}
+
+bool RendezvousServer::Impl::open_frames(uint64_t id, Client& c) {
+  try {
+    net::open_sealed_frames(c.conn.cipher()->recv, c.sealed, c.in, net::kMaxFrameSize);
+    return true;
+  } catch (const net::NetError& e) {
+    log(fmt::format("rendezvous server: dropping {}: {}", c.conn.peer(), e.what()));
+    drop(id, "");
     return false;
   }
 }
@@ -240,6 +264,10 @@ void RendezvousServer::Impl::deliver(std::vector<ServerState::Reply>& replies) {
     auto it = clients.find(r.client);
     if (it == clients.end()) continue;  // the client left while its request was parked
     Bytes& out = it->second.out;
+    if (net::Cipher* cipher = it->second.conn.cipher()) {
+      net::append_sealed_frame(cipher->send, r.payload.data(), r.payload.size(), out);
+      continue;
+    }
     for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(r.payload.size() >> (8 * i)));
     out.insert(out.end(), r.payload.begin(), r.payload.end());
   }
@@ -284,9 +312,11 @@ void RendezvousServer::Impl::drop(uint64_t id, const std::string& why) {
   clients.erase(it);
 }
 
-RendezvousServer::RendezvousServer(const std::string& bind_host, uint16_t port,
-                                   std::string secret, std::function<void(const std::string&)> log)
-    : impl_(std::make_unique<Impl>(bind_host, port, std::move(secret), std::move(log))) {
+RendezvousServer::RendezvousServer(const std::string& bind_host, uint16_t port, std::string secret,
+                                   std::function<void(const std::string&)> log,
+                                   net::Protection protection)
+    : impl_(
+          std::make_unique<Impl>(bind_host, port, std::move(secret), std::move(log), protection)) {
   // One connection per rank (and per Spark or Ray task): a default soft limit of 1024 would stop
   // a large job that the hard limit allows.
   net::raise_open_file_limit();

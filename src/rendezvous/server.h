@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "net/socket.h"
 #include "rendezvous/store.h"
 
 namespace krug::rendezvous {
@@ -17,8 +18,10 @@ class RendezvousServer {
  public:
   // Listens on bind_host:port (port 0 = any free port) and serves until destroyed. Clients must
   // prove `secret` (HMAC handshake); rejected clients are logged through `log` with the reason.
+  // With Protection::kEncrypt, every client must encrypt too (KRUG_ENCRYPT=1).
   RendezvousServer(const std::string& bind_host, uint16_t port, std::string secret,
-                   std::function<void(const std::string&)> log = {});
+                   std::function<void(const std::string&)> log = {},
+                   net::Protection protection = net::Protection::kAuthenticate);
   ~RendezvousServer();  // stops the server thread and closes every connection
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
@@ -40,7 +43,8 @@ class RendezvousClient : public Store {
   // Every wait of this client (connecting, and each request until release_stop()) also ends
   // once `stop` is requested, throwing krug::Error: what makes init() interruptible.
   RendezvousClient(const std::string& host, uint16_t port, const std::string& secret,
-                   std::chrono::milliseconds connect_timeout, std::stop_token stop = {});
+                   std::chrono::milliseconds connect_timeout, std::stop_token stop = {},
+                   net::Protection protection = net::Protection::kAuthenticate);
   ~RendezvousClient() override;
   // Later requests no longer watch the constructor's `stop`: init() is over, and a stop
   // requested after it must not break the job's store.

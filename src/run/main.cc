@@ -178,9 +178,10 @@ int launch_step(const LaunchOptions& options) {
   const std::string bind_addr = step.multi_host() ? "0.0.0.0" : kLocalBindAddr;
   step.job =
       JobInfo{kLocalBindAddr, 0, rendezvous::make_job_secret(), make_job_id(), build_python_dir()};
-  rendezvous::RendezvousServer server(bind_addr, 0, step.job.secret, [](const std::string& m) {
-    std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
-  });
+  rendezvous::RendezvousServer server(
+      bind_addr, 0, step.job.secret,
+      [](const std::string& m) { std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str()); },
+      job_protection(options));
   step.job.rendezvous_port = server.port();
   if (options.verbose)
     fmt::print(stderr, "krugrun: job {}: {} ranks on {} host(s), rendezvous server on {}:{}\n",

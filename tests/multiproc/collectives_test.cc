@@ -371,6 +371,18 @@ TEST(HierarchicalChoice, AutoUsesItAndTheLauncherFlagTurnsItOff) {
   EXPECT_FALSE(contains(err, "process set 0: hierarchical allreduce")) << err;
 }
 
+// krugrun --encrypt: the rendezvous store, the control plane and the TCP plane between the two
+// "hosts" all encrypted, and every collective still exact.
+TEST(Encryption, KrugrunEncryptRunsEveryCollectiveAcrossHosts) {
+  if (mpi_launch()) GTEST_SKIP() << "MPI's transport does not encrypt: KRUG_ENCRYPT refuses it";
+  const std::vector<std::string> env{"KRUG_LOG_LEVEL=info"};
+  std::string err;
+  expect_passes(4, "ops", env, {"-H", "localhost:2,127.0.0.1:2", "--encrypt"}, &err);
+  EXPECT_TRUE(contains(err, "connections are encrypted")) << err;
+  expect_passes(2, "ops", env, {"-H", "localhost:1,127.0.0.1:1"}, &err);
+  EXPECT_FALSE(contains(err, "connections are encrypted")) << err;
+}
+
 // ---- Autotune through the launcher: krugrun --autotune and its flags reach the engine, and
 // rank 0 writes every sample and the settled choice.
 

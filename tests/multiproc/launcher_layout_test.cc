@@ -404,6 +404,18 @@ TEST(Options, HierarchicalAllreduceFlags) {
       Error);
 }
 
+TEST(Options, EncryptFlagAndEnvironmentBothMakeTheJobEncrypt) {
+  const auto encrypted = parse({"-np", "2", "--encrypt", "true"});
+  EXPECT_EQ(encrypted.knob_env.at("KRUG_ENCRYPT"), "1");
+  EXPECT_EQ(job_protection(encrypted), net::Protection::kEncrypt);
+  EXPECT_EQ(job_protection(parse({"-np", "2", "true"})), net::Protection::kAuthenticate);
+  ::setenv("KRUG_ENCRYPT", "yes", 1);
+  const auto from_env = parse({"-np", "2", "true"});
+  ::unsetenv("KRUG_ENCRYPT");
+  EXPECT_EQ(from_env.knob_env.at("KRUG_ENCRYPT"), "1");  // so that every rank gets it
+  EXPECT_EQ(job_protection(from_env), net::Protection::kEncrypt);
+}
+
 TEST(Options, UsageErrors) {
   EXPECT_THROW(parse({"true"}), Error);                                  // no -np
   EXPECT_THROW(parse({"-np", "2"}), Error);                              // no command

@@ -34,8 +34,18 @@ using conformance::Association;
 constexpr auto kTimeout = 120s;
 
 // kTcp: the TCP plane as the engine makes it (rank order at these sizes); kTcpTree and
-// kHierarchicalTcp: its trees, forced at a few members.
-enum class Backend { kGloo, kShm, kHierarchical, kTcp, kTcpTree, kHierarchicalTcp };
+// kHierarchicalTcp: its trees, forced at a few members. The Sealed ones: the same, encrypted
+// (KRUG_ENCRYPT=1), which must not change a bit of any result.
+enum class Backend {
+  kGloo,
+  kShm,
+  kHierarchical,
+  kTcp,
+  kTcpTree,
+  kHierarchicalTcp,
+  kTcpSealed,
+  kTcpTreeSealed
+};
 
 std::string backend_name(Backend b) {
   switch (b) {
@@ -51,6 +61,10 @@ std::string backend_name(Backend b) {
       return "tcp_tree";
     case Backend::kHierarchicalTcp:
       return "hierarchical_tcp";
+    case Backend::kTcpSealed:
+      return "tcp_sealed";
+    case Backend::kTcpTreeSealed:
+      return "tcp_tree_sealed";
   }
   return "?";
 }
@@ -67,8 +81,10 @@ Association association_of(Backend b, int size) {
     case Backend::kGloo:
     case Backend::kShm:
     case Backend::kTcp:
+    case Backend::kTcpSealed:
       return conformance::rank_order(size);
     case Backend::kTcpTree:
+    case Backend::kTcpTreeSealed:
       return conformance::tcp_tree(size);
     case Backend::kHierarchical:
       return {HostLayout::from_host_names(hosts_of(size)).hosts};
@@ -108,11 +124,17 @@ std::unique_ptr<Communicator> tcp(const Job& job, const std::string& scope, int 
 std::unique_ptr<Communicator> make_member(Backend b, const Job& job, int rank) {
   auto device = make_gloo_device("127.0.0.1", "");
   // Each member its own listener and the job's secret, as each process of a job has.
-  auto tcp_device = std::make_shared<tcp::Device>("127.0.0.1", "conformance secret", rank);
+  const bool sealed = b == Backend::kTcpSealed || b == Backend::kTcpTreeSealed;
+  auto tcp_device = std::make_shared<tcp::Device>(
+      "127.0.0.1", "conformance secret", rank, tcp::kHandshakeTimeout,
+      sealed ? net::Protection::kEncrypt : net::Protection::kAuthenticate);
   switch (b) {
     case Backend::kTcp:
     case Backend::kTcpTree:
-      return tcp(job, "flat", rank, job.size, tcp_device, b == Backend::kTcpTree);
+    case Backend::kTcpSealed:
+    case Backend::kTcpTreeSealed:
+      return tcp(job, "flat", rank, job.size, tcp_device,
+                 b == Backend::kTcpTree || b == Backend::kTcpTreeSealed);
     case Backend::kHierarchicalTcp:
       return std::make_unique<HierarchicalCommunicator>(
           HostLayout::from_host_names(hosts_of(job.size)), rank,
@@ -182,6 +204,13 @@ INSTANTIATE_TEST_SUITE_P(
                                          Backend::kTcp, Backend::kTcpTree,
                                          Backend::kHierarchicalTcp),
                        ::testing::Values(1, 2, 3, 4),
+                       ::testing::Range(size_t{0}, conformance::cases().size())),
+    case_name);
+
+INSTANTIATE_TEST_SUITE_P(
+    Encrypted, Conformance,
+    ::testing::Combine(::testing::Values(Backend::kTcpSealed, Backend::kTcpTreeSealed),
+                       ::testing::Values(2, 3),
                        ::testing::Range(size_t{0}, conformance::cases().size())),
     case_name);
 

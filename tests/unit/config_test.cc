@@ -166,6 +166,21 @@ TEST(ConfigTest, ErrorsSayWhatIsAccepted) {
   EXPECT_NE(error_of({{"KRUG_STALL_CHECK_DISABLE", "2"}}).find("yes, no"), std::string::npos);
 }
 
+// Gloo's and MPI's transports send in the clear: asking for them and for encryption is an error
+// that names both settings, not a silent downgrade.
+TEST(ConfigTest, EncryptionRefusesPlanesThatSendInTheClear) {
+  EXPECT_TRUE(load({{"KRUG_ENCRYPT", "1"}}).encrypt);
+  EXPECT_EQ(load({{"KRUG_ENCRYPT", "1"}, {"KRUG_CPU_OPERATIONS", "tcp"}}).data_plane,
+            DataPlane::kTcp);
+  for (const char* plane : {"gloo", "mpi"}) {
+    const std::string msg = error_of({{"KRUG_ENCRYPT", "1"}, {"HOROVOD_CPU_OPERATIONS", plane}});
+    EXPECT_NE(msg.find("KRUG_ENCRYPT=1 and HOROVOD_CPU_OPERATIONS=" + std::string(plane)),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_FALSE(load({{"KRUG_CPU_OPERATIONS", "gloo"}}).encrypt);
+}
+
 TEST(ConfigTest, DataPlaneNamesAreTheKnobsSpellings) {
   for (DataPlane plane : {DataPlane::kShm, DataPlane::kGloo, DataPlane::kMpi})
     EXPECT_EQ(parse_data_plane(data_plane_name(plane)), plane) << data_plane_name(plane);
@@ -289,6 +304,7 @@ TEST(ConfigTest, EveryHorovodAliasIsDeclared) {
       {"KRUG_RENDEZVOUS_ADDR", {"HOROVOD_GLOO_RENDEZVOUS_ADDR"}},
       {"KRUG_RENDEZVOUS_PORT", {"HOROVOD_GLOO_RENDEZVOUS_PORT"}},
       {"KRUG_SECRET", {}},
+      {"KRUG_ENCRYPT", {}},
       {"KRUG_JOB_ID", {}},
       {"KRUG_ELASTIC", {"HOROVOD_ELASTIC"}},
       {"KRUG_ELASTIC_WORKER_ID", {}},

@@ -17,18 +17,26 @@ Bytes b(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
 // Every store test runs against the in-process store and against a real server + client, so
 // both implementations keep the same contract.
-class StoreTest : public ::testing::TestWithParam<bool> {
+// Every store test runs on the in-memory store, the server, and the server with every
+// connection encrypted (KRUG_ENCRYPT=1).
+enum class StoreKind { kInMemory, kServer, kEncryptedServer };
+
+class StoreTest : public ::testing::TestWithParam<StoreKind> {
  protected:
   void SetUp() override {
-    if (!GetParam()) return;
-    server_ = std::make_unique<RendezvousServer>("127.0.0.1", 0, "secret");
+    if (GetParam() == StoreKind::kInMemory) return;
+    server_ = std::make_unique<RendezvousServer>("127.0.0.1", 0, "secret", nullptr, protection());
+  }
+  net::Protection protection() const {
+    return net::protection_for(GetParam() == StoreKind::kEncryptedServer);
   }
   std::shared_ptr<Store> make_store() {
-    if (!GetParam()) {
+    if (GetParam() == StoreKind::kInMemory) {
       if (!memory_) memory_ = std::make_shared<InMemoryStore>();
       return memory_;
     }
-    return std::make_shared<RendezvousClient>("127.0.0.1", server_->port(), "secret", 5s);
+    return std::make_shared<RendezvousClient>("127.0.0.1", server_->port(), "secret", 5s,
+                                              std::stop_token{}, protection());
   }
 
   std::unique_ptr<RendezvousServer> server_;
@@ -150,8 +158,31 @@ TEST_P(StoreTest, PrefixStoresAreIsolated) {
   EXPECT_TRUE(two.check({"k"}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Server" : "InMemory"; });
+INSTANTIATE_TEST_SUITE_P(Stores, StoreTest,
+                         ::testing::Values(StoreKind::kInMemory, StoreKind::kServer,
+                                           StoreKind::kEncryptedServer),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case StoreKind::kInMemory:
+                               return "InMemory";
+                             case StoreKind::kServer:
+                               return "Server";
+                             case StoreKind::kEncryptedServer:
+                               return "EncryptedServer";
+                           }
+                           return "?";
+                         });
+
+TEST(RendezvousServerTest, AClientThatDoesNotEncryptIsRefusedByAnEncryptingServer) {
+  RendezvousServer server(
+      "127.0.0.1", 0, "s", [](const std::string&) {}, net::Protection::kEncrypt);
+  try {
+    RendezvousClient client("127.0.0.1", server.port(), "s", 5s);
+    FAIL() << "expected the server to refuse the client";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KRUG_ENCRYPT"), std::string::npos) << e.what();
+  }
+}
 
 TEST(RendezvousServerTest, WrongSecretIsRefusedAndLogged) {
   std::mutex mu;

@@ -200,4 +200,8 @@ def rank_environment(slot, addr, port, secret, job_id):
     env["KRUG_SECRET"] = secret
     env["KRUG_JOB_ID"] = job_id
     env["HOROVOD_CONTROLLER"] = "gloo"
+    # The driver's rendezvous server reads KRUG_ENCRYPT from this process's environment: every
+    # rank must encrypt exactly when it does.
+    if os.environ.get("KRUG_ENCRYPT"):
+        env["KRUG_ENCRYPT"] = os.environ["KRUG_ENCRYPT"]
     return env

@@ -117,40 +117,55 @@ void Links::post_recv(int index, void* data, size_t bytes, size_t tag) {
 }
 
 bool Links::pump(int index) {
+  const bool sealed = peer(index).conn.cipher() != nullptr;
+  const bool sent = sealed ? pump_sealed_sends(index) : pump_sends(index);
+  const bool received = sealed ? pump_sealed_recvs(index) : pump_recvs(index);
+  return sent || received;
+}
+
+size_t Links::moved_bytes(int index, ssize_t n, bool sending) {
+  if (n > 0) return static_cast<size_t>(n);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+  if (n == 0 && !sending)
+    throw net::NetError(describe(index) + " closed the connection (did it exit?)");
+  throw net::NetError(fmt::format("{} {} failed: {}", sending ? "send to" : "receive from",
+                                  describe(index), std::strerror(errno)));
+}
+
+void Links::finish_recv(Peer& p) {
+  auto tag = pending_recvs_.find(p.recvs.front().tag);
+  if (--tag->second == 0) pending_recvs_.erase(tag);
+  p.recvs.pop_front();
+}
+
+bool Links::pump_sends(int index) {
   Peer& p = peer(index);
-  const int fd = p.conn.fd();
   bool moved = false;
   while (!p.sends.empty()) {
     Message& m = p.sends.front();
-    const ssize_t n = ::send(fd, m.data, m.left, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (n < 0)
-      throw net::NetError(
-          fmt::format("send to {} failed: {}", describe(index), std::strerror(errno)));
+    const size_t n = moved_bytes(index, ::send(p.conn.fd(), m.data, m.left, MSG_NOSIGNAL), true);
+    if (n == 0) break;
     moved = true;
     m.data += n;
-    m.left -= static_cast<size_t>(n);
+    m.left -= n;
     if (m.left > 0) continue;
     p.sends.pop_front();
     --pending_sends_;
   }
+  return moved;
+}
+
+bool Links::pump_recvs(int index) {
+  Peer& p = peer(index);
+  bool moved = false;
   while (!p.recvs.empty()) {
     Message& m = p.recvs.front();
-    const ssize_t n = ::recv(fd, m.data, m.left, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (n == 0) throw net::NetError(describe(index) + " closed the connection (did it exit?)");
-    if (n < 0)
-      throw net::NetError(
-          fmt::format("receive from {} failed: {}", describe(index), std::strerror(errno)));
+    const size_t n = moved_bytes(index, ::recv(p.conn.fd(), m.data, m.left, 0), false);
+    if (n == 0) break;
     moved = true;
     m.data += n;
-    m.left -= static_cast<size_t>(n);
-    if (m.left > 0) continue;
-    auto tag = pending_recvs_.find(m.tag);
-    if (--tag->second == 0) pending_recvs_.erase(tag);
-    p.recvs.pop_front();
+    m.left -= n;
+    if (m.left == 0) finish_recv(p);
   }
   return moved;
 }

@@ -72,10 +72,23 @@ class Links {
     size_t left;
     size_t tag;
   };
+  // An encrypted connection (KRUG_ENCRYPT=1) carries each message as records of at most
+  // kRecordBytes (ciphertext, then its tag). Both ends cut a message the same way, as they post
+  // the same sizes, so records need no length. A record to send is sealed into `sealed` first; a
+  // record received lands in the message's own buffer and is opened there once its tag is in.
+  struct Records {
+    std::vector<uint8_t> sealed;
+    size_t sealed_sent = 0;
+    size_t recv_size = 0;  // of the record being received; 0 between records
+    size_t recv_left = 0;  // its ciphertext bytes still to come
+    uint8_t tag[net::kTagSize] = {};
+    size_t tag_got = 0;
+  };
   struct Peer {
     net::Connection conn;
     std::deque<Message> sends, recvs;
     bool active = false;  // listed in active_
+    Records records;
   };
 
   Peer& peer(int index) { return peers_.at(static_cast<size_t>(index)); }
@@ -86,6 +99,13 @@ class Links {
   void enqueue(int index, bool is_send, const void* data, size_t bytes, size_t tag);
   // Moves what the socket takes or has now; returns whether anything moved.
   bool pump(int index);
+  bool pump_sends(int index);
+  bool pump_recvs(int index);
+  bool pump_sealed_sends(int index);  // tcp_records.cc
+  bool pump_sealed_recvs(int index);
+  // Bytes moved by one send or recv: 0 when the socket would block; throws on failure.
+  size_t moved_bytes(int index, ssize_t n, bool sending);
+  void finish_recv(Peer& p);
   void progress_until(const std::function<bool()>& done);
   std::string describe(int index);
 

@@ -107,7 +107,7 @@ void add_knob_switch(CLI::App& app, LaunchOptions& o, const std::string& flag, c
 // carry no timestamp.
 void add_horovodrun_no_ops(CLI::App& app, LaunchOptions& o) {
   app.add_flag("--gloo")
-      ->description("horovodrun's: krugrun's ranks use Gloo across hosts unless --mpi")
+      ->description("horovodrun's: krugrun's ranks use krug's TCP plane across hosts unless --mpi")
       ->excludes(app.get_option("--mpi"));
   app.add_flag("--disable-cache")->description("horovodrun's: krugrun caches no host checks");
   app.add_flag("--log-without-timestamp,--log-hide-timestamp")
@@ -173,6 +173,9 @@ void add_flags(CLI::App& app, LaunchOptions& o, RawFlags& raw) {
                   "KRUG_HIERARCHICAL_ALLREDUCE=1 (default: auto)");
   add_knob_switch(app, o, "--no-hierarchical-allreduce", "KRUG_HIERARCHICAL_ALLREDUCE", "0",
                   "KRUG_HIERARCHICAL_ALLREDUCE=0");
+  add_knob_switch(app, o, "--encrypt", "KRUG_ENCRYPT", "1",
+                  "KRUG_ENCRYPT=1: encrypt every connection of the job (AES-256-GCM), for "
+                  "networks you do not trust (docs/security.md)");
   add_knob_switch(app, o, "--autotune", "KRUG_AUTOTUNE", "1",
                   "KRUG_AUTOTUNE=1: tune the fusion threshold and cycle time online "
                   "(docs/autotune.md)");
@@ -436,6 +439,10 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
       raw.nics = CLI::detail::split(o.network_interface, ',');
     if (!raw.nics.empty()) set_network_interfaces(raw.nics, o);
     if (!o.network_interface.empty()) o.knob_env["KRUG_GLOO_IFACE"] = o.network_interface;
+    // krugrun's servers and every rank must agree on encryption: KRUG_ENCRYPT in krugrun's own
+    // environment becomes the job's setting, as --encrypt does.
+    if (!o.knob_env.count("KRUG_ENCRYPT") && load_knobs({"KRUG_ENCRYPT"}).encrypt)
+      o.knob_env["KRUG_ENCRYPT"] = "1";
     if (o.check_hosts_only) {
       if (o.hosts.empty())
         throw Error("krugrun: --check-hosts needs -H, --hostfile or workers in --config");
@@ -462,6 +469,14 @@ std::variant<LaunchOptions, int> parse_command_line(int argc, const char* const*
     return 2;
   }
   return o;
+}
+
+net::Protection job_protection(const LaunchOptions& o) {
+  const Config knob = load_knobs({"KRUG_ENCRYPT"}, [&o](const char* name) -> const char* {
+    auto it = o.knob_env.find(name);
+    return it == o.knob_env.end() ? nullptr : it->second.c_str();
+  });
+  return net::protection_for(knob.encrypt);
 }
 
 }  // namespace krug::run

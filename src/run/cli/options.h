@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "net/socket.h"
 #include "run/cli/env_name.h"
 #include "run/cli/hosts.h"
 
@@ -56,6 +57,10 @@ struct LaunchOptions {
   std::vector<std::vector<std::string>> steps;
   ElasticOptions elastic;
 };
+
+// Whether the job's connections are encrypted (--encrypt, or KRUG_ENCRYPT in krugrun's own
+// environment): for krugrun's own rendezvous server, which every rank must match.
+net::Protection job_protection(const LaunchOptions& o);
 
 // Parses argv (argv[0] is the program) and checks that -H covers -np. Without -H inside a Slurm
 // allocation (SLURM_JOB_ID set), the hosts are the allocation's and -np defaults to its tasks. Returns the options, or the

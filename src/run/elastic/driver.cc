@@ -38,10 +38,12 @@ class Driver {
         job_{"127.0.0.1", 0, rendezvous::make_job_secret(), make_job_id(), build_python_dir()},
         // Hosts may be added later from anywhere: listen on every interface; the secret keeps
         // strangers out.
-        server_("0.0.0.0", 0, job_.secret,
-                [](const std::string& m) {
-                  std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
-                }),
+        server_(
+            "0.0.0.0", 0, job_.secret,
+            [](const std::string& m) {
+              std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
+            },
+            job_protection(o)),
         store_(connect_store()),
         hosts_(e_),
         workers_(o, job_),
@@ -94,7 +96,8 @@ class Driver {
   std::unique_ptr<rendezvous::RendezvousClient> connect_store() {
     job_.rendezvous_port = server_.port();
     return std::make_unique<rendezvous::RendezvousClient>("127.0.0.1", job_.rendezvous_port,
-                                                          job_.secret, std::chrono::seconds(10));
+                                                          job_.secret, std::chrono::seconds(10),
+                                                          std::stop_token{}, job_protection(o_));
   }
 
   std::chrono::milliseconds discovery_interval() const {

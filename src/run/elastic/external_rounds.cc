@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/config.h"
 #include "krug/types.h"
 #include "rendezvous/server.h"
 #include "transport/shm_segment.h"
@@ -251,11 +252,14 @@ int elastic_rendezvous_main(int argc, char** argv) {
     return 2;
   }
   try {
-    rendezvous::RendezvousServer server(bind, 0, secret, [](const std::string& m) {
-      std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
-    });
+    const auto protection = net::protection_for(load_knobs({"KRUG_ENCRYPT"}).encrypt);
+    rendezvous::RendezvousServer server(
+        bind, 0, secret,
+        [](const std::string& m) { std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str()); },
+        protection);
     rendezvous::RendezvousClient store(bind == "0.0.0.0" ? "127.0.0.1" : bind, server.port(),
-                                       secret, std::chrono::seconds(10));
+                                       secret, std::chrono::seconds(10), std::stop_token{},
+                                       protection);
     ExternalRounds rounds(store, options);
     std::printf("KRUG_RENDEZVOUS_PORT=%u\n", static_cast<unsigned>(server.port()));
     std::fflush(stdout);

@@ -47,9 +47,10 @@ int launch_mpi(const LaunchOptions& options) {
 
   Fd signal_fd = open_signal_fd();
   JobInfo job{place.advertise, 0, rendezvous::make_job_secret(), make_job_id(), build_python_dir()};
-  rendezvous::RendezvousServer server(place.bind_host, 0, job.secret, [](const std::string& m) {
-    std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
-  });
+  rendezvous::RendezvousServer server(
+      place.bind_host, 0, job.secret,
+      [](const std::string& m) { std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str()); },
+      job_protection(options));
   job.rendezvous_port = server.port();
 
   const MpirunCommand cmd =

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/config.h"
 #include "krug/types.h"
 #include "rendezvous/server.h"
 #include "transport/shm_segment.h"
@@ -71,9 +72,10 @@ int rendezvous_serve_main(int argc, char** argv) {
     return 2;
   }
   try {
-    rendezvous::RendezvousServer server(bind, 0, secret, [](const std::string& m) {
-      std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str());
-    });
+    rendezvous::RendezvousServer server(
+        bind, 0, secret,
+        [](const std::string& m) { std::fprintf(stderr, "krugrun: rendezvous: %s\n", m.c_str()); },
+        net::protection_for(load_knobs({"KRUG_ENCRYPT"}).encrypt));
     fmt::print("KRUG_RENDEZVOUS_PORT={}\n", server.port());
     std::fflush(stdout);
     wait_for_stop();
