@@ -48,7 +48,8 @@ def impostor_driver(accept_anyone_secret):
             server_nonce = os.urandom(32)
             messages._send(conn, server_nonce)
             answer = messages._recv(conn)
-            messages._send(conn, messages._proof(accept_anyone_secret, messages._SERVER,
+            server_label = messages._LABELS[False][1]
+            messages._send(conn, messages._proof(accept_anyone_secret, server_label,
                                                  answer[:32], server_nonce))
             time.sleep(1)
 
@@ -81,3 +82,80 @@ def test_a_silent_peer_is_dropped_after_the_handshake_deadline(server, monkeypat
         messages._recv(sock)
         sock.settimeout(10)
         assert sock.recv(1) == b""  # the server gave up on us
+
+
+# ---- KRUG_ENCRYPT=1: the channel seals every message after the handshake (AES-256-GCM).
+
+def test_an_encrypted_channel_flows_both_ways_and_hides_its_messages():
+    pytest.importorskip("cryptography")
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen = {}
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            channel = messages._handshake_as_server(conn, "the-secret", True)
+            raw = messages._recv_exact(conn, 4)
+            raw += messages._recv_exact(conn, struct.unpack("!I", raw)[0])
+            seen["wire"] = raw
+            channel.send(conn, b"reply")
+
+    threading.Thread(target=serve, daemon=True).start()
+    with listener:
+        client = messages.MessageClient("127.0.0.1", listener.getsockname()[1], "the-secret",
+                                        encrypt=True)
+        client.send("gradients of layer 7", 0.125)
+        assert client._channel.recv(client._sock) == b"reply"
+        client.close()
+    assert b"gradients" not in seen["wire"] and b"layer" not in seen["wire"]
+
+    server = messages.MessageServer("the-secret", encrypt=True)
+    try:
+        client = messages.MessageClient("127.0.0.1", server.port, "the-secret", encrypt=True)
+        client.send("hello", "k1", 7)
+        assert server.queue.get(timeout=10) == ("hello", "k1", 7)
+        assert server.reply("k1", "go", [1, 2])
+        assert client.receive(10) == ("go", [1, 2])
+        client.close()
+    finally:
+        server.close()
+
+
+def test_ends_that_disagree_about_encryption_are_refused():
+    pytest.importorskip("cryptography")
+    for server_encrypts in (True, False):
+        server = messages.MessageServer("the-secret", encrypt=server_encrypts)
+        try:
+            with pytest.raises(ConnectionError, match="KRUG_ENCRYPT"):
+                messages.MessageClient("127.0.0.1", server.port, "the-secret",
+                                       encrypt=not server_encrypts)
+        finally:
+            server.close()
+
+
+def test_an_altered_encrypted_message_is_refused():
+    pytest.importorskip("cryptography")
+    listener = socket.create_server(("127.0.0.1", 0))
+    outcome = {}
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            channel = messages._handshake_as_server(conn, "the-secret", True)
+            try:
+                channel.recv(conn)
+            except ConnectionError as e:
+                outcome["error"] = str(e)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    with listener:
+        client = messages.MessageClient("127.0.0.1", listener.getsockname()[1], "the-secret",
+                                        encrypt=True)
+        header = struct.pack("!I", 5 + messages._TAG)
+        box = client._channel._send.encrypt(bytes(12), b"hello", header)
+        altered = bytes([box[0] ^ 1]) + box[1:]
+        client._sock.sendall(header + altered)
+        t.join(10)
+        client.close()
+    assert "failed authentication" in outcome.get("error", "")

@@ -11,6 +11,13 @@ import subprocess
 import time
 
 
+def encryption_requested():
+    """Whether KRUG_ENCRYPT in this (driver) process's environment asks for encrypted
+    connections (docs/security.md): the job's server, its ranks and its driver channel then all
+    encrypt."""
+    return os.environ.get("KRUG_ENCRYPT", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class RendezvousServer:
     """krug's rendezvous server in a child process of this (driver) process.
 
@@ -24,7 +31,9 @@ class RendezvousServer:
 
         self.secret = secrets.token_hex(32)
         self.job_id = secrets.token_hex(4)
-        env = dict(os.environ, KRUG_SECRET=self.secret, KRUG_JOB_ID=self.job_id)
+        self.encrypt = encryption_requested()
+        env = dict(os.environ, KRUG_SECRET=self.secret, KRUG_JOB_ID=self.job_id,
+                   KRUG_ENCRYPT="1" if self.encrypt else "0")
         self._proc = subprocess.Popen(
             [krugrun_path(), mode, "--bind", bind] + list(extra_args), env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
@@ -124,7 +133,8 @@ class ElasticRendezvous(RendezvousServer):
         self._command("exit %s %d" % (worker_id, status))
 
 
-def elastic_worker_environment(worker_id, host, addr, port, secret, job_id, timeout=7 * 24 * 3600):
+def elastic_worker_environment(worker_id, host, addr, port, secret, job_id, timeout=7 * 24 * 3600,
+                               encrypt=False):
     """What an elastic worker needs (src/run/launch/rank_env.cc, elastic_worker_environment): no
     rank; init() asks the elastic rendezvous for one every round."""
     env = {
@@ -134,6 +144,8 @@ def elastic_worker_environment(worker_id, host, addr, port, secret, job_id, time
         "KRUG_RENDEZVOUS_PORT": str(port), "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "KRUG_SECRET": secret, "KRUG_JOB_ID": job_id, "HOROVOD_CONTROLLER": "gloo",
     }
+    if encrypt:
+        env["KRUG_ENCRYPT"] = "1"
     return env
 
 
@@ -186,9 +198,10 @@ def interface_environment(nics):
     return {"KRUG_GLOO_IFACE": nics[0], "NCCL_SOCKET_IFNAME": ",".join(nics)}
 
 
-def rank_environment(slot, addr, port, secret, job_id):
+def rank_environment(slot, addr, port, secret, job_id, encrypt=False):
     """The environment variables krugrun gives a rank (src/run/launch/rank_env.cc), for ``slot``
-    of a job whose rendezvous server listens on addr:port."""
+    of a job whose rendezvous server listens on addr:port (``encrypt``: the server's
+    :attr:`RendezvousServer.encrypt`, which every rank must match)."""
     env = {}
     for name, value in (("RANK", slot.rank), ("SIZE", slot.size),
                         ("LOCAL_RANK", slot.local_rank), ("LOCAL_SIZE", slot.local_size),
@@ -200,8 +213,6 @@ def rank_environment(slot, addr, port, secret, job_id):
     env["KRUG_SECRET"] = secret
     env["KRUG_JOB_ID"] = job_id
     env["HOROVOD_CONTROLLER"] = "gloo"
-    # The driver's rendezvous server reads KRUG_ENCRYPT from this process's environment: every
-    # rank must encrypt exactly when it does.
-    if os.environ.get("KRUG_ENCRYPT"):
-        env["KRUG_ENCRYPT"] = os.environ["KRUG_ENCRYPT"]
+    if encrypt:
+        env["KRUG_ENCRYPT"] = "1"
     return env

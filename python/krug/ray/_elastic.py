@@ -120,7 +120,8 @@ class ElasticJob:
 
     def _environment(self, worker, host):
         env = elastic_worker_environment(worker, host, self.addr, self.rdv.port,
-                                         self.rdv.secret, self.rdv.job_id)
+                                         self.rdv.secret, self.rdv.job_id,
+                                         encrypt=self.rdv.encrypt)
         env.update(self.ex._settings_env())
         env.update(self.extra_env)
         return env

@@ -190,7 +190,7 @@ class RayExecutor:
             envs = []
             for slot in self.slots:
                 env = rank_environment(slot, addr, self._rendezvous.port, self._rendezvous.secret,
-                                       self._rendezvous.job_id)
+                                       self._rendezvous.job_id, encrypt=self._rendezvous.encrypt)
                 env.update(self._settings_env())
                 env.update(extra_env_vars or {})
                 envs.append(env)

@@ -148,7 +148,7 @@ class _Job:
         else:
             server = ElasticRendezvous(bind, **self.elastic)
         with server as rdv:
-            messages = MessageServer(rdv.secret, bind)
+            messages = MessageServer(rdv.secret, bind, encrypt=rdv.encrypt)
             try:
                 return self._supervise(addr, rdv, messages)
             finally:
@@ -158,6 +158,7 @@ class _Job:
         job = {"payload": self.payload, "env": self.env, "driver_addr": addr,
                "message_port": messages.port, "rendezvous_addr": addr,
                "rendezvous_port": rdv.port, "secret": rdv.secret, "job_id": rdv.job_id,
+               "encrypt": rdv.encrypt,
                "start_timeout": self.start_timeout, "executable": self.executable}
         if self.verbose >= 2:
             print("%s: %d ranks, rendezvous server on %s:%d" % (self.what, self.num_proc, addr,

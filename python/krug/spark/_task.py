@@ -207,7 +207,7 @@ def _assigned_gpus():
 def _run_slot(job, slot, client):
     """Runs the rank of ``slot`` to its end, reporting to the driver through ``client``."""
     env = rank_environment(slot, job["rendezvous_addr"], job["rendezvous_port"], job["secret"],
-                           job["job_id"])
+                           job["job_id"], encrypt=job["encrypt"])
     env.update(_assigned_gpus())
     client.send("started", slot.rank, slot.host)
     run_rank(job, env, slot.rank, client,
@@ -225,7 +225,8 @@ def barrier_task(job):
         ctx = BarrierTaskContext.get()
         hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
         slot = layout(hosts)[ctx.partitionId()]
-        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
+        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"],
+                               encrypt=job["encrypt"])
         try:
             _run_slot(job, slot, client)
         finally:
@@ -250,7 +251,8 @@ def gang_task(job):
         if ctx.attemptNumber() > 0:
             return iter([])
         partition = ctx.partitionId()
-        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
+        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"],
+                               encrypt=job["encrypt"])
         try:
             client.send("hello", partition, socket.gethostname())
             try:
@@ -278,9 +280,11 @@ def elastic_task(job):
         worker = "p%da%d" % (ctx.partitionId(), ctx.attemptNumber())
         host = socket.gethostname()
         env = elastic_worker_environment(worker, host, job["rendezvous_addr"],
-                                         job["rendezvous_port"], job["secret"], job["job_id"])
+                                         job["rendezvous_port"], job["secret"], job["job_id"],
+                                         encrypt=job["encrypt"])
         env.update(_assigned_gpus())
-        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"])
+        client = MessageClient(job["driver_addr"], job["message_port"], job["secret"],
+                               encrypt=job["encrypt"])
         try:
             client.send("started", worker, host)
             run_rank(job, env, worker, client,
