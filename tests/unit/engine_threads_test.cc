@@ -313,25 +313,11 @@ namespace {
 
 using namespace testing;
 
-TEST(EngineThreadsSecurity, ControlPlaneRefusesAClientWithoutTheSecret) {
-  auto store = std::make_shared<rendezvous::InMemoryStore>();
-  std::string stray_error;
-  std::thread stray([&] {
-    // Find the coordinator's address the way a rank does, then fail the handshake.
-    auto bytes = store->get("control/address", std::chrono::seconds(30));
-    std::string address(bytes.begin(), bytes.end());
-    auto colon = address.rfind(':');
-    auto deadline = net::Clock::now() + std::chrono::seconds(10);
-    auto conn = net::Connection::connect(address.substr(0, colon),
-                                         uint16_t(std::stoi(address.substr(colon + 1))), deadline);
-    try {
-      conn.authenticate_as_client("not-the-job-secret", deadline);
-    } catch (const std::exception& e) {
-      stray_error = e.what();
-    }
-    // Only now may the real rank 1 join; the coordinator must still accept it.
-    store->set("stray/done", {1});
-  });
+// Runs `stranger` on a thread of its own while two ranks start: rank 1 joins only once the
+// stranger set "stray/done" in `store`. Returns each rank's allreduce of rank + 1 (-1 on error).
+std::vector<float> two_ranks_alongside(const std::shared_ptr<rendezvous::InMemoryStore>& store,
+                                       const std::function<void()>& stranger) {
+  std::thread stray(stranger);
   std::vector<std::thread> ranks;
   std::vector<float> results(2, 0.0f);
   for (int r = 0; r < 2; ++r) {
@@ -345,8 +331,32 @@ TEST(EngineThreadsSecurity, ControlPlaneRefusesAClientWithoutTheSecret) {
       e.shutdown();
     });
   }
-  stray.join();
   for (auto& t : ranks) t.join();
+  stray.join();
+  return results;
+}
+
+// The coordinator's address, found the way a rank finds it.
+std::pair<std::string, uint16_t> control_plane_address(rendezvous::Store& store) {
+  const auto bytes = store.get("control/address", std::chrono::seconds(30));
+  return net::split_host_port({bytes.begin(), bytes.end()});
+}
+
+TEST(EngineThreadsSecurity, ControlPlaneRefusesAClientWithoutTheSecret) {
+  auto store = std::make_shared<rendezvous::InMemoryStore>();
+  std::string stray_error;
+  const auto results = two_ranks_alongside(store, [&] {
+    const auto [host, port] = control_plane_address(*store);
+    auto deadline = net::Clock::now() + std::chrono::seconds(10);
+    auto conn = net::Connection::connect(host, port, deadline);
+    try {
+      conn.authenticate_as_client("not-the-job-secret", deadline);
+    } catch (const std::exception& e) {
+      stray_error = e.what();
+    }
+    // Only now may the real rank 1 join; the coordinator must still accept it.
+    store->set("stray/done", {1});
+  });
   EXPECT_NE(stray_error.find("rejected"), std::string::npos) << stray_error;
   EXPECT_EQ(results, (std::vector<float>{3.0f, 3.0f}));
 }
@@ -358,29 +368,13 @@ TEST(EngineThreadsSecurity, ControlPlaneRefusesAClientWithoutTheSecret) {
 TEST(EngineThreadsSecurity, SilentConnectionsToTheControlPlaneDoNotHoldUpTheStart) {
   auto store = std::make_shared<rendezvous::InMemoryStore>();
   std::vector<net::Connection> strangers;
-  std::thread stray([&] {
-    auto bytes = store->get("control/address", std::chrono::seconds(30));
-    const auto [host, port] = net::split_host_port({bytes.begin(), bytes.end()});
+  const auto results = two_ranks_alongside(store, [&] {
+    const auto [host, port] = control_plane_address(*store);
     for (int i = 0; i < 5; ++i)
       strangers.push_back(
           net::Connection::connect(host, port, net::Clock::now() + std::chrono::seconds(10)));
     store->set("stray/done", {1});
   });
-  std::vector<std::thread> ranks;
-  std::vector<float> results(2, 0.0f);
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      if (r == 1) store->get("stray/done", std::chrono::seconds(30));
-      Engine e(rank_config(r, 2), store);
-      float v = float(r + 1);
-      auto h = submit(e, request("x", OpType::kAllreduce, DataType::kFloat32, {1}), &v, &v);
-      h->wait();
-      results[r] = h->error().empty() ? v : -1.0f;
-      e.shutdown();
-    });
-  }
-  for (auto& t : ranks) t.join();
-  stray.join();
   EXPECT_EQ(results, (std::vector<float>{3.0f, 3.0f}));
   for (auto& c : strangers) EXPECT_TRUE(c.valid());  // still connected all along
 }
