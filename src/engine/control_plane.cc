@@ -111,8 +111,15 @@ bool ControlPlane::connect_to_coordinator(const std::string& hostname, rendezvou
         "output for why it did not (raise KRUG_TIMEOUT_SECONDS for slow starts)",
         rank_, timeout_.count() / 1000.0, e.what()));
   }
-  coordinator_ =
-      collectives::tcp::Device::dial(address, secret, protection, kControlPlane, rank_, until);
+  try {
+    coordinator_ =
+        collectives::tcp::Device::dial(address, secret, protection, kControlPlane, rank_, until);
+  } catch (const net::Stopped&) {
+    throw;
+  } catch (const net::NetError& e) {
+    throw Error(fmt::format("rank {} cannot join rank 0's control plane at {}: {}", rank_,
+                            address, e.what()));
+  }
   coordinator_.send_frame(to_bytes(hostname), until);
   const auto table_frame = coordinator_.recv_frame(until);
   net::Reader table(table_frame);

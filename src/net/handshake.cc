@@ -17,7 +17,9 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <string_view>
+#include <thread>
 
 #include "net/socket.h"
 
@@ -108,7 +110,15 @@ void send_verdict(Connection& conn, std::optional<std::string> reason,
 
 void Connection::authenticate_as_client(const std::string& secret, const Deadline& deadline,
                                         Protection protection) {
-  const auto server_nonce = recv_frame(deadline, kMaxHandshakeFrame);
+  std::vector<uint8_t> server_nonce;
+  try {
+    server_nonce = recv_frame(deadline, kMaxHandshakeFrame);
+  } catch (const PeerClosed&) {
+    throw ListenerBusy(fmt::format(
+        "{} closed the connection before the handshake began (its listener is busy with other "
+        "connections, or it is not a krug server)",
+        peer_));
+  }
   if (server_nonce.size() != kNonceSize)
     throw NetError(
         fmt::format("handshake with {}: expected a {}-byte nonce, got {} bytes "
@@ -181,6 +191,24 @@ std::optional<std::string> Connection::authenticate_as_server(const std::string&
   }
   if (reason) close();
   return reason;
+}
+
+Connection dial_authenticated(const std::string& host, uint16_t port, const std::string& secret,
+                              const Deadline& deadline, Protection protection) {
+  for (auto backoff = std::chrono::milliseconds(10);;
+       backoff = std::min(backoff * 2, std::chrono::milliseconds(500))) {
+    auto conn = Connection::connect(host, port, deadline);
+    try {
+      conn.authenticate_as_client(secret, deadline, protection);
+      return conn;
+    } catch (const ListenerBusy& e) {
+      if (Clock::now() + backoff >= deadline.at)
+        throw ListenerBusy(std::string(e.what()) + "; gave up at the deadline");
+    }
+    std::this_thread::sleep_for(backoff);
+    if (deadline.stop.stop_requested())
+      throw Stopped(fmt::format("stopped (interrupted) while connecting to {}:{}", host, port));
+  }
 }
 
 }  // namespace krug::net

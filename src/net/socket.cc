@@ -204,7 +204,7 @@ void Connection::recv_exact(void* out, size_t size, Clock::time_point started,
     if (rc > 0) {
       got += static_cast<size_t>(rc);
     } else if (rc == 0 || errno == ECONNRESET) {
-      throw NetError("receive from " + peer_ + ": peer closed the connection");
+      throw PeerClosed("receive from " + peer_ + ": peer closed the connection");
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       wait_for(fd_.get(), POLLIN, started, deadline, "waiting for data from " + peer_);
     } else if (errno != EINTR) {

@@ -41,6 +41,20 @@ class Stopped : public NetError {
   using NetError::NetError;
 };
 
+// The peer closed the connection (end of stream or reset) while we read from it.
+class PeerClosed : public NetError {
+ public:
+  using NetError::NetError;
+};
+
+// A server closed a new connection before its handshake began: its listener has all its
+// handshake slots taken (strangers that connect and stall), or it is not a krug server. Waiting
+// and dialling again helps in the first case; dial_authenticated does.
+class ListenerBusy : public NetError {
+ public:
+  using NetError::NetError;
+};
+
 // Largest frame sent or accepted (bounds what a peer can make us allocate).
 inline constexpr size_t kMaxFrameSize = size_t{1} << 30;
 
@@ -118,6 +132,14 @@ class Connection {
   std::string peer_;
   std::unique_ptr<Cipher> cipher_;
 };
+
+// Connects to host:port and runs the client's handshake, dialling again with backoff while the
+// server is not listening yet or closes new connections unheard (ListenerBusy), until the
+// deadline. Other failures (a rejected proof, a server that cannot prove the secret) are thrown
+// at once.
+Connection dial_authenticated(const std::string& host, uint16_t port, const std::string& secret,
+                              const Deadline& deadline,
+                              Protection protection = Protection::kAuthenticate);
 
 // A listening TCP socket. Port 0 picks a free port.
 class Listener {

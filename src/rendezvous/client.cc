@@ -66,8 +66,7 @@ RendezvousClient::RendezvousClient(const std::string& host, uint16_t port,
   impl_->stop = std::move(stop);
   net::Deadline deadline(net::Clock::now() + connect_timeout, impl_->stop);
   try {
-    impl_->conn = net::Connection::connect(host, port, deadline);
-    impl_->conn.authenticate_as_client(secret, deadline, protection);
+    impl_->conn = net::dial_authenticated(host, port, secret, deadline, protection);
   } catch (const net::NetError& e) {
     throw Error(fmt::format("cannot join rendezvous server {}: {}", impl_->address, e.what()));
   }

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <stop_token>
 #include <thread>
 
@@ -226,6 +227,56 @@ TEST(NetTest, HandshakeRejectsAReplayedAnswer) {
   serving.join();
   ASSERT_TRUE(verdict.has_value());
   EXPECT_NE(verdict->find("wrong job secret"), std::string::npos) << *verdict;
+}
+
+// A listener whose handshake slots are full closes new connections before saying anything: a
+// client that dials again gets through once a slot frees, and says what happened if none does.
+TEST(NetTest, DialAuthenticatedWaitsOutABusyListener) {
+  Listener listener("127.0.0.1", 0);
+  const auto busy_until = Clock::now() + 300ms;
+  std::thread server([&] {
+    for (;;) {
+      auto conn = listener.accept(in(10s));
+      if (!conn) return;
+      if (Clock::now() < busy_until) continue;  // closed unheard, as a full listener does
+      EXPECT_FALSE(conn->authenticate_as_server("s3cret", in(5s)).has_value());
+      return;
+    }
+  });
+  auto conn = dial_authenticated("127.0.0.1", listener.port(), "s3cret", in(10s));
+  EXPECT_TRUE(conn.valid());
+  EXPECT_GE(Clock::now(), busy_until);
+  server.join();
+}
+
+TEST(NetTest, DialAuthenticatedGivesUpAtTheDeadlineAndDoesNotRetryARejection) {
+  Listener busy("127.0.0.1", 0);
+  std::atomic<bool> done{false};
+  std::thread closer([&] {
+    while (!done) (void)busy.accept(in(50ms));  // every connection closed unheard
+  });
+  EXPECT_THROW(dial_authenticated("127.0.0.1", busy.port(), "s3cret", in(300ms)), ListenerBusy);
+  done = true;
+  closer.join();
+
+  Listener strict("127.0.0.1", 0);
+  int attempts = 0;
+  std::thread server([&] {
+    while (auto conn = strict.accept(in(1s))) {
+      ++attempts;
+      (void)conn->authenticate_as_server("right", in(5s));
+    }
+  });
+  const auto started = Clock::now();
+  try {
+    (void)dial_authenticated("127.0.0.1", strict.port(), "wrong", in(30s));
+    ADD_FAILURE() << "a wrong secret was accepted";
+  } catch (const NetError& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong job secret"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - started, 5s);  // not retried until the deadline
+  server.join();
+  EXPECT_EQ(attempts, 1);
 }
 
 TEST(NetTest, HandshakeServerGivesUpOnASilentClient) {

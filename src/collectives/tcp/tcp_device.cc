@@ -102,8 +102,7 @@ net::Connection Device::dial(const std::string& address, const std::string& secr
                              net::Protection protection, const std::string& name, int from,
                              const net::Deadline& deadline) {
   const auto [host, port] = net::split_host_port(address);
-  auto conn = net::Connection::connect(host, port, deadline);
-  conn.authenticate_as_client(secret, deadline, protection);
+  auto conn = net::dial_authenticated(host, port, secret, deadline, protection);
   net::Writer hello;
   hello.str(name);
   hello.u32(static_cast<uint32_t>(from));

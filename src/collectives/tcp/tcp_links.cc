@@ -10,12 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 
 namespace krug::collectives::tcp {
 namespace {
-
-constexpr std::chrono::milliseconds kMaxBackoff{500};
 
 // Tag of a round's receives: rounds wait for all of theirs, so one tag serves every round.
 constexpr size_t kRoundTag = 0;
@@ -54,20 +51,6 @@ std::string Links::describe(int index) {
   return fmt::format("rank {} ({})", index, peer(index).conn.peer());
 }
 
-net::Connection Links::dial(const std::string& address, net::Clock::time_point deadline) {
-  // A listener whose handshake slots are all taken (strangers that connect and stall) closes
-  // new connections until its handshakes time out: a member tries again until its deadline.
-  for (auto backoff = std::chrono::milliseconds(10);;
-       backoff = std::min(backoff * 2, kMaxBackoff)) {
-    try {
-      return device_->dial(address, name_, rank_, deadline);
-    } catch (const net::NetError&) {
-      if (net::Clock::now() + backoff >= deadline) throw;
-    }
-    std::this_thread::sleep_for(backoff);
-  }
-}
-
 void Links::connect(std::vector<int> peers) {
   std::erase_if(peers, [&](int p) { return peer(p).conn.valid(); });
   if (peers.empty()) return;
@@ -79,7 +62,8 @@ void Links::connect(std::vector<int> peers) {
   for (int p : peers) {
     if (p < rank_) continue;
     const auto bytes = store_->get(address_key(p), timeout_);
-    peer(p).conn = dial({bytes.begin(), bytes.end()}, deadline);
+    // The device dials again while the peer's listener is busy with strangers that stall.
+    peer(p).conn = device_->dial({bytes.begin(), bytes.end()}, name_, rank_, deadline);
     tune(peer(p).conn.fd());
   }
   for (int p : peers) {

@@ -94,8 +94,6 @@ class Links {
   Peer& peer(int index) { return peers_.at(static_cast<size_t>(index)); }
   // Connects to every listed peer not yet connected: dials first, then takes.
   void connect(std::vector<int> peers);
-  // Dials `address` until it accepts this member or `deadline` passes.
-  net::Connection dial(const std::string& address, net::Clock::time_point deadline);
   void enqueue(int index, bool is_send, const void* data, size_t bytes, size_t tag);
   // Moves what the socket takes or has now; returns whether anything moved.
   bool pump(int index);
