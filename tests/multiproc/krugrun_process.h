@@ -92,6 +92,8 @@ class FakeSsh {
     std::ofstream(dir_ / "ssh") << "#!/bin/sh\n"
                                    "{ echo '--- call'; for a; do printf '%s\\n' \"$a\"; done; } "
                                    ">> \"$FAKE_SSH_LOG\"\n"
+                                   "echo \"KRUG_SECRET=${KRUG_SECRET-(unset)}\" "
+                                   ">> \"$FAKE_SSH_LOG.env\"\n"
                                    "for a; do last=$a; done\n"
                                    "exec /bin/sh -c \"$last\"\n";
     fs::permissions(dir_ / "ssh", fs::perms::owner_all);
@@ -107,6 +109,11 @@ class FakeSsh {
     ::unsetenv("FAKE_SSH_LOG");
     std::error_code ec;
     fs::remove_all(dir_, ec);
+  }
+
+  // KRUG_SECRET in each call's own environment, as "KRUG_SECRET=value" or "KRUG_SECRET=(unset)".
+  std::vector<std::string> secrets_in_environment() const {
+    return lines_of(read_file(dir_ / "calls.env"));
   }
 
   // Every call's arguments, in order.

@@ -436,15 +436,22 @@ TEST_P(HostileHostNames, ReachTheRemoteShellOnlyQuoted) {
   FakeSsh ssh;
   std::vector<std::string> args{"--network-interface", "lo", "-np", "5"};
   for (const auto& a : host_args()) args.push_back(a);
-  for (const char* a : {"sh", "-c", "echo \"HOST=$KRUG_HOSTNAME\""}) args.push_back(a);
+  for (const char* a :
+       {"sh", "-c", "echo \"HOST=$KRUG_HOSTNAME\"; [ -n \"$KRUG_SECRET\" ] && echo HAS_SECRET"})
+    args.push_back(a);
   Krugrun run(args);
   ASSERT_EQ(run.wait(), 0) << run.output();
   EXPECT_FALSE(fs::exists(injected_)) << "a host name ran a command";
+  // The rank gets the secret over ssh's stdin; ssh itself never holds it in its environment.
+  for (const auto& line : ssh.secrets_in_environment())
+    EXPECT_EQ(line, "KRUG_SECRET=(unset)");
+  EXPECT_FALSE(ssh.secrets_in_environment().empty());
   const auto calls = ssh.calls();
   const auto hosts = names();
   for (size_t r = 0; r < hosts.size(); ++r) {
     const std::string& host = hosts[r];
     EXPECT_TRUE(run.rank_printed(static_cast<int>(r), "HOST=" + host)) << run.output();
+    EXPECT_TRUE(run.rank_printed(static_cast<int>(r), "HAS_SECRET")) << run.output();
     int as_destination = 0;  // the probe and the rank's start
     for (const auto& call : calls) {
       const auto dashes = std::find(call.begin(), call.end(), "--");

@@ -91,7 +91,11 @@ StartedRank SshStarter::start(const RankLaunch& launch) {
                     "more than the {} a remote rank accepts; unset large variables",
                     what, block.size(), kMaxEnvBlockBytes));
   auto argv = ssh_argv(options_, launch.slot.host, remote_rank_command(options_, launch.argv));
-  StartedRank started = spawn_process(argv, launch.envp, /*stdin_pipe=*/true, what);
+  // The secret travels in the block on ssh's stdin only: in ssh's own environment it would sit
+  // in /proc/<ssh pid>/environ on this host for as long as the rank runs.
+  std::vector<std::string> ssh_env = launch.envp;
+  std::erase_if(ssh_env, [](const std::string& kv) { return kv.starts_with("KRUG_SECRET="); });
+  StartedRank started = spawn_process(argv, ssh_env, /*stdin_pipe=*/true, what);
   // A pipe that holds the whole block lets the write return at once, whatever ssh is doing;
   // the remote wrapper reads it as soon as its session starts.
   const int fd = started.stdin_keepalive.get();
