@@ -121,8 +121,16 @@ std::unique_ptr<collectives::Communicator> ProcessSets::make_gloo(int32_t id,
   // Gloo carries what shared memory does not: sets across hosts, point-to-point messages. Its
   // device starts an event-loop thread that wakes every 10 ms, so it is made on first use: a
   // job whose sets all use shared memory never wakes the cores its training runs on.
-  std::call_once(device_once_,
-                 [&] { device_ = collectives::make_gloo_device(advertise_, config_.iface); });
+  std::call_once(device_once_, [&] {
+    device_ = collectives::make_gloo_device(advertise_, config_.iface);
+    // The only listener of krug that takes connections without the job secret's proof
+    // (docs/security.md); said once, by rank 0, for the job.
+    if (config_.rank == 0)
+      log::at(log::Level::kWarning, 0,
+              "KRUG_CPU_OPERATIONS=gloo: Gloo's connections are not authenticated; a machine "
+              "that reaches a rank's Gloo port can join its collectives. krug's default TCP "
+              "plane authenticates every connection (unset KRUG_CPU_OPERATIONS)");
+  });
   return std::make_unique<collectives::GlooCommunicator>(rank, size, std::move(prefixed), device_,
                                                          whole_ms(config_.timeout));
 }
