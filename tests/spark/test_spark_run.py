@@ -49,6 +49,31 @@ def test_results_in_rank_order_with_local_ranks_and_output(spark):
     assert_no_stray_processes()
 
 
+def encrypted_allreduce():
+    import os
+
+    import torch
+
+    import krug.torch as hvd
+
+    hvd.init()
+    try:
+        total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum, name="sum")
+        return {"sum": float(total[0]), "encrypt": os.environ.get("KRUG_ENCRYPT")}
+    finally:
+        hvd.shutdown()
+
+
+def test_krug_encrypt_on_the_driver_encrypts_the_whole_job(spark, monkeypatch):
+    # The driver's KRUG_ENCRYPT reaches every rank (through the job, not the executors'
+    # environment), its rendezvous server and its driver channel: a rank that did not match
+    # would be refused at the handshake.
+    monkeypatch.setenv("KRUG_ENCRYPT", "1")
+    results = krug.spark.run(encrypted_allreduce, num_proc=2, start_timeout=120)
+    assert results == [{"sum": 3.0, "encrypt": "1"}] * 2
+    assert_no_stray_processes()
+
+
 def test_without_barrier_mode_tasks_learn_the_hosts_from_the_driver(spark, monkeypatch):
     # What runs under dynamic allocation, where Spark refuses barrier stages.
     from krug.spark._driver import barrier_mode, dynamic_allocation
