@@ -82,18 +82,20 @@ inline bool wait_for_no_process(const std::string& marker) {
   return wait_until([&] { return count_processes_with(marker) == 0; });
 }
 
-// A stand-in for ssh, first on PATH while it lives: records each call's arguments (a line each,
-// "--- call" before every call) and runs the remote command through /bin/sh on this machine, as
-// sshd runs it through the user's shell. Jobs then take krugrun's real ssh path without a server.
+// A stand-in for ssh, first on PATH while it lives: records each call's arguments and runs the
+// remote command through /bin/sh on this machine, as sshd runs it through the user's shell. Jobs
+// then take krugrun's real ssh path without a server.
 class FakeSsh {
  public:
+  // Each call writes a file of its own (calls.XXXXXX: its arguments, one per line, and
+  // calls.XXXXXX.env: KRUG_SECRET as it saw it): ssh runs concurrently, one per host, and
+  // lines appended to one shared file by several calls would interleave.
   FakeSsh() : dir_(fs::temp_directory_path() / unique_marker("fakessh")) {
     fs::create_directories(dir_);
     std::ofstream(dir_ / "ssh") << "#!/bin/sh\n"
-                                   "{ echo '--- call'; for a; do printf '%s\\n' \"$a\"; done; } "
-                                   ">> \"$FAKE_SSH_LOG\"\n"
-                                   "echo \"KRUG_SECRET=${KRUG_SECRET-(unset)}\" "
-                                   ">> \"$FAKE_SSH_LOG.env\"\n"
+                                   "log=$(mktemp \"$FAKE_SSH_LOG.XXXXXX\")\n"
+                                   "for a; do printf '%s\\n' \"$a\"; done > \"$log\"\n"
+                                   "echo \"KRUG_SECRET=${KRUG_SECRET-(unset)}\" > \"$log.env\"\n"
                                    "for a; do last=$a; done\n"
                                    "exec /bin/sh -c \"$last\"\n";
     fs::permissions(dir_ / "ssh", fs::perms::owner_all);
@@ -113,22 +115,30 @@ class FakeSsh {
 
   // KRUG_SECRET in each call's own environment, as "KRUG_SECRET=value" or "KRUG_SECRET=(unset)".
   std::vector<std::string> secrets_in_environment() const {
-    return lines_of(read_file(dir_ / "calls.env"));
+    std::vector<std::string> out;
+    for (const auto& file : logs(true))
+      for (const auto& line : lines_of(read_file(file))) out.push_back(line);
+    return out;
   }
 
-  // Every call's arguments, in order.
+  // Every call's arguments (calls run concurrently: in no particular order).
   std::vector<std::vector<std::string>> calls() const {
     std::vector<std::vector<std::string>> out;
-    for (const auto& line : lines_of(read_file(dir_ / "calls"))) {
-      if (line == "--- call")
-        out.emplace_back();
-      else if (!out.empty())
-        out.back().push_back(line);
-    }
+    for (const auto& file : logs(false)) out.push_back(lines_of(read_file(file)));
     return out;
   }
 
  private:
+  // The calls' files: their environments' (*.env) or their arguments'.
+  std::vector<fs::path> logs(bool env) const {
+    std::vector<fs::path> out;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("calls.", 0) == 0 && name.ends_with(".env") == env) out.push_back(entry.path());
+    }
+    return out;
+  }
+
   fs::path dir_;
   std::string old_path_;
 };
