@@ -9,7 +9,9 @@ training throughput (examples/torch_synthetic_benchmark.py against DDP and one p
 process, with one thread per rank and with as many threads as cores); and TensorFlow (issue
 19): allreduce from eager TensorFlow against krug.torch (bench/tf_small_ops.py,
 bench/krug_small_ops.py) and a Keras model trained with krug, with
-MultiWorkerMirroredStrategy and in one plain process (bench/keras_compare.py).
+MultiWorkerMirroredStrategy and in one plain process (bench/keras_compare.py). With --horovod
+(issue 30), Horovod 0.28.1 with its Gloo and with its MPI controller runs the krug.torch
+scripts (the allreduce sweep, the small-message steps, the training example) beside krug.torch.
 
 Every measure runs on an idle machine and under a fixed competing load that the suite starts
 and stops around each run (--load; one busy process per core), in interleaved rounds: each
@@ -43,7 +45,11 @@ PYTHON = os.environ.get("KRUG_PYTHON") or "/usr/bin/python3"
 DOCS_BEGIN = "<!-- bench-suite results: begin (written by scripts/bench-suite --update-docs) -->"
 DOCS_END = "<!-- bench-suite results: end -->"
 TOOLS = ("krug", "mpi", "gloo")
-TOOL_TITLE = {"krug": "krug", "mpi": "Open MPI", "gloo": "torch Gloo"}
+TOOL_TITLE = {"krug": "krug", "mpi": "Open MPI", "gloo": "torch Gloo",
+              "krug_py": "krug.torch", "hvd_gloo": "Horovod Gloo", "hvd_mpi": "Horovod MPI"}
+# Horovod's two controllers (issue 30): each with its own data plane for CPU tensors.
+HOROVOD = (("hvd_gloo", "gloo"), ("hvd_mpi", "mpi"))
+HOROVOD_VERSION = "0.28.1"
 LOADS = ("idle", "loaded")
 TRAIN_MODEL = ["--model", "resnet18", "--batch-size", "16", "--image-size", "64",
                "--threads", "1"]
@@ -56,7 +62,7 @@ def parse_args():
         prog="scripts/bench-suite", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Presets: --quick (factor 4 up to 256M, one round, shorter training), "
-               "--smoke (allreduce up to 64K, no Python small ops, no training: "
+               "--smoke (allreduce up to 64K, no Python small ops but Horovod's, no training: "
                "checks that everything runs). The defaults fit the whole suite, idle and "
                "loaded, in 25 minutes on 2 cores (issue 30).")
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"),
@@ -97,6 +103,15 @@ def parse_args():
     p.add_argument("--load-procs", type=int, default=os.cpu_count() or 1,
                    help="busy processes of the loaded runs (default one per core: %d)"
                         % (os.cpu_count() or 1))
+    p.add_argument("--horovod", action="store_true",
+                   help="Horovod %s as a peer of krug.torch, with its Gloo and its MPI "
+                        "controller (scripts/bench-suite builds it once: scripts/install-horovod)"
+                        % HOROVOD_VERSION)
+    p.add_argument("--horovod-python",
+                   default=os.environ.get("KRUG_HOROVOD_PYTHON") or
+                   os.path.join(os.environ.get("KRUG_HOROVOD_VENV") or "/opt/krug/horovod-venv",
+                                "bin", "python"),
+                   help="Horovod's interpreter (default /opt/krug/horovod-venv/bin/python)")
     p.add_argument("--no-train", action="store_true", help="skip training throughput")
     p.add_argument("--no-python-ops", action="store_true",
                    help="skip the Python-API small ops (krug.torch, Gloo)")
@@ -120,7 +135,9 @@ def parse_args():
     if args.smoke:
         args.np, args.ops, args.max_bytes, args.factor = "2", "allreduce", "64K", 4
         args.target_seconds, args.step_seconds, args.rounds = 0.02, 0.05, 1
-        args.no_train = args.no_python_ops = args.no_tensorflow = True
+        args.no_train = args.no_tensorflow = True
+        # The Python small ops only where they are Horovod's path (one 4 KiB allreduce).
+        args.no_python_ops = not args.horovod
     if args.tensorflow_only:
         args.no_train, args.no_tensorflow = True, False
     args.nps = [int(n) for n in args.np.split()]
@@ -175,6 +192,12 @@ class Runner:
         os.makedirs(self.raw, exist_ok=True)
         self.errors = []
         self.load = Load(args.load_procs)
+        # Horovod's interpreter and launcher (--horovod): horovodrun of the same environment.
+        self.hvd_python = args.horovod_python
+        self.horovodrun = os.path.join(os.path.dirname(self.hvd_python), "horovodrun")
+        self.have_horovod = args.horovod and os.access(self.horovodrun, os.X_OK) and \
+            subprocess.run([self.hvd_python, "-c", "import horovod.torch"],
+                           capture_output=True).returncode == 0
         b = args.build_dir
         self.krugrun = os.path.join(b, "krugrun")
         self.bin = {name: os.path.join(b, "bench", name)
@@ -245,7 +268,7 @@ class Runner:
         out = self.run(tag, cmd, load=load)
         if out is None:
             return None
-        rows = parse(out)
+        rows = parse(untagged(out))
         if not rows:
             self.errors.append("%s: printed no result row (see %s)" % (tag, os.path.join(
                 self.raw, tag + ("" if load == "idle" else "." + load) + ".txt")))
@@ -264,6 +287,14 @@ class Runner:
         return [PYTHON, os.path.join(HERE, "peers", "torch_gloo_bench.py"), "--np", str(np_)] + \
             list(argv)
 
+    def horovod(self, controller, np_, script, *argv):
+        """A krug.torch script run by Horovod (bench/peers/as_horovod.py) under horovodrun with
+        the given controller, Horovod's CPU operations of the same kind, and its other knobs at
+        their defaults."""
+        return ["env", "HOROVOD_CONTROLLER=" + controller, "HOROVOD_CPU_OPERATIONS=" + controller,
+                self.horovodrun, "-np", str(np_), "--" + controller, self.hvd_python,
+                os.path.join(HERE, "peers", "as_horovod.py"), script] + list(argv)
+
 
 def end_group(p):
     """SIGTERM to the run's process group (krugrun and mpirun pass it to their ranks), then
@@ -279,6 +310,16 @@ def end_group(p):
                 os.killpg(p.pid, signal.SIGKILL)  # ranks that outlived their launcher
         except (subprocess.TimeoutExpired, ProcessLookupError):
             pass
+
+
+_OUTPUT_TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+
+
+def untagged(text):
+    """The output without the rank tags horovodrun puts before every line ("[0]<stdout>:" with
+    Gloo, "[1,0]<stdout>:" from mpirun --tag-output, which now and then lands at the end of the
+    line before instead)."""
+    return _OUTPUT_TAG.sub("", text or "")
 
 
 def parse_rows(text, nfields):
@@ -374,6 +415,21 @@ def recompute_bw(res, op, np_):
             row["busbw"] = row["algbw"] * pybench.BUS_FACTOR[op](np_)
 
 
+def run_horovod_sweep(r, args, np_):
+    """The allreduce sweep through the Python API: bench/krug_torch_sweep.py under krugrun and
+    the same script under Horovod with each controller; {load: {tool: median rows}}."""
+    script = os.path.join(HERE, "krug_torch_sweep.py")
+    sizes = sweep_sizes(args, "allreduce")
+    tools = [("krug_py", "krug_torch_sweep.allreduce.np%d" % np_,
+              r.krug(np_, PYTHON, script, *sizes), sweep_rows)]
+    tools += [(key, "horovod_%s_sweep.allreduce.np%d" % (ctl, np_),
+               r.horovod(ctl, np_, script, *sizes), sweep_rows) for key, ctl in HOROVOD]
+    res = interleaved(r, args, tools)
+    for v in res.values():
+        recompute_bw(v, "allreduce", np_)
+    return res
+
+
 SMALL_MEASURES = [
     ("op_4k", "one 4 KiB allreduce", ["--tensors", "1", "--tensor-bytes", "4K"]),
     ("step_100x1k", "step of 100 x 1 KiB", ["--tensors", "100", "--tensor-bytes", "1K"]),
@@ -390,9 +446,10 @@ def step_spec_text(spec):
 
 
 def run_small_ops(r, args, np_):
-    """{load: {measure: {tool: row}}}; tools: krug C++, krug Python, MPI, Gloo. The C++ tools
-    start once per measure (they start in milliseconds); each Python tool measures them all in
-    turn in one process (--steps; importing torch takes seconds)."""
+    """{load: {measure: {tool: row}}}; tools: krug C++, krug Python, MPI, Gloo, and with
+    --horovod the krug Python script under Horovod with each controller. The C++ tools start
+    once per measure (they start in milliseconds); each Python tool measures them all in turn
+    in one process (--steps; importing torch takes seconds)."""
     t = ["--target-seconds", str(args.step_seconds)]
     measures = [(key, spec) for key, _, spec in SMALL_MEASURES
                 if not (args.smoke and key == "step_resnet50")]
@@ -403,7 +460,9 @@ def run_small_ops(r, args, np_):
         if r.have_mpi:
             tools.append((("mpi", key), "mpi_bench.step.%s.np%d" % (key, np_),
                           r.mpi(np_, "step", *spec, *t), step_rows))
-    py_keys = [] if args.no_python_ops else [key for key, _ in measures]
+    # --smoke --horovod: the Python small ops for one 4 KiB allreduce only.
+    py_keys = [] if args.no_python_ops else \
+        [key for key, _ in measures if not (args.smoke and key != "op_4k")]
     if py_keys:
         steps = ["--steps", ",".join(step_spec_text(spec) for key, spec in measures
                                      if key in py_keys)] + t
@@ -420,6 +479,10 @@ def run_small_ops(r, args, np_):
         if r.have_torch:
             tools.append(("gloo", "torch_gloo_bench.step.np%d" % np_,
                           r.gloo(np_, "step", *steps), rows_of(py_keys)))
+        if r.have_horovod:
+            tools += [(hkey, "horovod_%s_small_ops.np%d" % (ctl, np_),
+                       r.horovod(ctl, np_, script, *steps), rows_of(py_keys))
+                      for hkey, ctl in HOROVOD]
     out = {load: {key: {} for key, _ in measures} for load in args.loads}
     for load in args.loads:  # a Python tool that failed: "—" in its column (see Errors)
         for tool in [tool for tool, _, _, _ in tools if not isinstance(tool, tuple)]:
@@ -461,7 +524,9 @@ def run_training(r, args):
     of this shared machine hits all of them alike; each figure is the median over rounds;
     {load: {run: images/s}}. "plain" is one process without distribution, the baseline of
     scaling efficiency. The "_tN" runs give each rank's torch as many threads as the machine
-    has cores (N), as a script that does not set them gets. With --train-ceilings:
+    has cores (N), as a script that does not set them gets. With --horovod: the krug example
+    under Horovod with each controller, and one plain process in Horovod's interpreter when its
+    torch is not krug's (the baseline of Horovod's scaling efficiency). With --train-ceilings:
     "plain_x2", two plain processes at once without communication (they share this machine's
     memory bandwidth and caches); "lockstep_np2", two ranks that also wait for each other once
     per step, with no gradients: the ceiling of any synchronous data-parallel training here;
@@ -488,14 +553,37 @@ def run_training(r, args):
         if r.have_krug_torch:
             runs["krug_np%d" % np_] = r.krug(np_, PYTHON, example, *TRAIN_MODEL, *iters)
         runs["ddp_np%d" % np_] = [PYTHON, ddp, "--np", str(np_)] + TRAIN_MODEL + iters
+    if r.have_horovod:
+        if horovod_torch_differs(r):
+            runs["hvd_plain"] = [r.hvd_python, ddp, "--plain"] + TRAIN_MODEL + iters
+        for key, ctl in HOROVOD:
+            runs["%s_np2" % key] = r.horovod(ctl, 2, example, *TRAIN_MODEL, *iters)
     if cores > 1:
         runs["plain_tN"] = [PYTHON, ddp, "--plain"] + model_n + iters
         if r.have_krug_torch:
             runs["krug_np2_tN"] = r.krug(2, PYTHON, example, *model_n, *iters)
         runs["ddp_np2_tN"] = [PYTHON, ddp, "--np", "2"] + model_n + iters
+        if r.have_horovod:
+            for key, ctl in HOROVOD:
+                runs["%s_np2_tN" % key] = r.horovod(ctl, 2, example, *model_n, *iters)
     tools = [(key, "train.%s" % key, cmd, total) for key, cmd in runs.items()]
     res = interleaved(r, args, tools, rounds=args.train_rounds, combine=lambda v: v)
     return {load: with_rounds(v) for load, v in res.items()}
+
+
+def horovod_torch_differs(r):
+    """Whether Horovod's interpreter has another torch than the ranks of krug (the build's)."""
+    if not hasattr(r, "_hvd_torch_differs"):
+        r._hvd_torch_differs = torch_version(PYTHON) != torch_version(r.hvd_python)
+    return r._hvd_torch_differs
+
+
+def torch_version(python):
+    try:
+        return subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                              capture_output=True, text=True, timeout=120).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def run_tf_ops(r, args):
@@ -622,21 +710,30 @@ def sweep_table(title, res, tools=TOOLS, ref="krug"):
 
 
 SMALL_TOOLS = [("krug_cpp", "krug C++"), ("krug_py", "krug Python"), ("mpi", "Open MPI"),
-               ("gloo", "torch Gloo")]
+               ("gloo", "torch Gloo"), ("hvd_gloo", "Horovod Gloo"), ("hvd_mpi", "Horovod MPI")]
 
 
 def small_ops_table(np_, res, where):
-    headers = ["measure (time per op or step, µs)"] + [title for _, title in SMALL_TOOLS]
+    present = {t for v in res.values() for t, row in v.items() if row}
+    tools = [(t, title) for t, title in SMALL_TOOLS
+             if t in present or t in ("krug_cpp", "krug_py", "mpi", "gloo")]
+    hvd = [(t, title) for t, title in tools if t.startswith("hvd_")]
+    headers = ["measure (time per op or step, µs)"] + [title for _, title in tools] + \
+        ["krug Python/%s" % title for _, title in hvd]
     rows = []
     for key, label, _ in SMALL_MEASURES:
         if key in res:
             m = res[key]
-            rows.append([label] + [fmt_us(m.get(t) and m[t]["time_us"]) for t, _ in SMALL_TOOLS])
+            rows.append([label] + [fmt_us(m.get(t) and m[t]["time_us"]) for t, _ in tools] +
+                        [fmt_ratio(ratio_peer_over_krug(m.get("krug_py"), m.get(t)))
+                         for t, _ in hvd])
     note = rounds_note([row for v in res.values() for row in v.values()])
     return ("### Small messages, %d ranks, %s (C++: krug-step, mpi_bench; Python: "
-            "krug_small_ops.py, torch_gloo_bench.py; a step submits every tensor "
-            "asynchronously and waits for all, MPI makes one blocking call per tensor%s)\n\n"
-            % (np_, where, note)) + table(headers, rows)
+            "krug_small_ops.py%s, torch_gloo_bench.py; a step submits every tensor "
+            "asynchronously and waits for all, MPI makes one blocking call per tensor; "
+            "krug/Horovod = Horovod's time / krug's, above 1 krug is faster%s)\n\n"
+            % (np_, where, " (krug.torch, and Horovod running the same script)" if hvd else "",
+               note)) + table(headers, rows)
 
 
 def at_size(rows, nbytes, key="busbw"):
@@ -671,7 +768,7 @@ def n_rounds(res):
     return max([len(v) for v in res.get("rounds", {}).values()] or [0])
 
 
-def training_table(res, where):
+def training_table(res, where, hvd_torch=None):
     cores = os.cpu_count() or 1
 
     def eff(v, n, plain):
@@ -682,6 +779,11 @@ def training_table(res, where):
 
     def block(sfx, threads):
         plain = res.get("plain" + sfx)
+        # Horovod's efficiency against a plain process of its own torch, when that differs
+        # (measured with 1 thread only).
+        hvd_plain = res.get("hvd_plain" + sfx) if "hvd_plain" in res.get("rounds", {}) \
+            else plain
+        k2 = res.get("krug_np2" + sfx)
         rows = [["one plain process (no distribution)", threads, "1", fmt(plain, "%.1f"), "1.00",
                  ""]]
         for key, what in (("plain_x2", "two plain processes at once, no communication"),
@@ -690,6 +792,10 @@ def training_table(res, where):
             if key + sfx in res.get("rounds", {}):  # --train-ceilings
                 rows.append([what, threads, "2", fmt(res.get(key + sfx), "%.1f"),
                              eff(res.get(key + sfx), 2, plain), ""])
+        if res.get("hvd_plain" + sfx):
+            rows.append(["one plain process in Horovod's interpreter (torch %s)"
+                         % (hvd_torch or "?"), threads, "1", fmt(hvd_plain, "%.1f"), "1.00",
+                         ""])
         nps = (1, 2) if sfx == "" else (2,)
         for np_ in nps:
             k, d = res.get("krug_np%d%s" % (np_, sfx)), res.get("ddp_np%d%s" % (np_, sfx))
@@ -699,15 +805,26 @@ def training_table(res, where):
                          fmt(k, "%.1f"), eff(k, np_, plain), ""])
             rows.append(["PyTorch DDP, gloo (bench/peers/ddp_synthetic.py)", threads, str(np_),
                          fmt(d, "%.1f"), eff(d, np_, plain), ratio(k, d)])
+        for key, ctl in HOROVOD:
+            h = res.get("%s_np2%s" % (key, sfx))
+            if h is not None or "%s_np2%s" % (key, sfx) in res.get("rounds", {}):
+                rows.append(["Horovod %s, %s controller (the same example)"
+                             % (HOROVOD_VERSION, ctl.upper() if ctl == "mpi" else "Gloo"),
+                             threads, "2", fmt(h, "%.1f"), eff(h, 2, hvd_plain), ratio(k2, h)])
         return rows
 
     rows = block("", "1")
     if any(k.endswith("_tN") for k in res.get("rounds", {})):
         rows += block("_tN", str(cores))
+    note = ""
+    if any(k.startswith("hvd_plain") for k in res.get("rounds", {})):
+        note = ("; Horovod runs Debian's torch %s, krug and DDP the build's: compare scaling "
+                "efficiency (each against a plain process of its own torch) more than images/s"
+                % (hvd_torch or "?"))
     return ("### Training throughput, %s: ResNet-18, synthetic 64x64, batch 16 per rank "
             "(efficiency = images/s / (ranks x plain process with as many threads); krug/peer = "
             "krug's images/s (same ranks and threads) / the peer's; median of %d interleaved "
-            "rounds)\n\n" % (where, n_rounds(res)) +
+            "rounds%s)\n\n" % (where, n_rounds(res), note) +
             table(["run", "threads per rank", "ranks", "images/s (all ranks)",
                    "scaling efficiency", "krug/peer"], rows))
 
@@ -817,9 +934,9 @@ def targets(results):
 def peer_verdicts(view, np_=2):
     """[(description, measured text, PASS/FAIL/SKIP)]: krug >= every peer (issue 30), at np_
     ranks. Sweeps: krug's time per op against each peer's at every size both measured (krug's
-    C++ API against Open MPI and torch Gloo); small messages: krug's C++ API against Open MPI,
-    its Python API against torch Gloo; training: krug's images/s against DDP's with the same
-    ranks and threads."""
+    C++ API against Open MPI and torch Gloo, krug.torch against Horovod); small messages: krug's
+    C++ API against Open MPI, its Python API against torch Gloo and Horovod; training: krug's
+    images/s against each peer's with the same ranks and threads."""
     out = []
 
     def sweep_verdict(what, krug_rows, peer, peer_rows):
@@ -843,12 +960,19 @@ def peer_verdicts(view, np_=2):
             if peer in res:
                 sweep_verdict("%s %d ranks (C++ API)" % (op, np_), res.get("krug"), peer,
                               res.get(peer))
+    hsw = view.get("horovod_sweep", {}).get(np_)
+    if hsw:
+        for peer, _ in HOROVOD:
+            sweep_verdict("allreduce %d ranks (krug.torch, the same script)" % np_,
+                          hsw.get("krug_py"), peer, hsw.get(peer))
     small = view.get("small_ops", {}).get(np_, {})
     for key, label, _ in SMALL_MEASURES:
         m = small.get(key)
         if not m:
             continue
-        for mine, peer, api in (("krug_cpp", "mpi", "C++"), ("krug_py", "gloo", "Python")):
+        for mine, peer, api in (("krug_cpp", "mpi", "C++"), ("krug_py", "gloo", "Python"),
+                                ("krug_py", "hvd_gloo", "Python"),
+                                ("krug_py", "hvd_mpi", "Python")):
             if peer not in m:
                 continue
             v = ratio_peer_over_krug(m.get(mine), m.get(peer))
@@ -861,13 +985,31 @@ def peer_verdicts(view, np_=2):
     rounds = train.get("rounds", {})
     for sfx, threads in (("", "1 thread"), ("_tN", "%d threads" % (os.cpu_count() or 1))):
         k = train.get("krug_np2" + sfx)
-        p = train.get("ddp_np2" + sfx)
-        if "ddp_np2" + sfx not in rounds:
-            continue
-        desc = "krug >= PyTorch DDP: ResNet-18 images/s, 2 ranks x %s" % threads
-        out.append((desc, "not measured", "SKIP") if not (k and p) else
-                   (desc, "%.2fx (%.1f against %.1f)" % (k / p, k, p),
-                    "PASS" if k >= p else "FAIL"))
+        for peer, title in (("ddp", "PyTorch DDP"), ("hvd_gloo", "Horovod Gloo"),
+                            ("hvd_mpi", "Horovod MPI")):
+            key = "%s_np2%s" % (peer, sfx)
+            if key not in rounds:
+                continue
+            p = train.get(key)
+            plain, own_plain = train.get("plain" + sfx), train.get("hvd_plain" + sfx)
+            other_torch = peer.startswith("hvd_") and "hvd_plain" in rounds
+            if other_torch and "hvd_plain" + sfx in rounds:
+                # Horovod runs another torch than krug: images/s would compare the two torches
+                # as much as the two frameworks, so compare scaling efficiency, each against a
+                # plain process of its own torch.
+                desc = "krug >= %s: ResNet-18 scaling efficiency, 2 ranks x %s (other torch)" \
+                    % (title, threads)
+                ke = k / (2 * plain) if k and plain else None
+                pe = p / (2 * own_plain) if p and own_plain else None
+                out.append((desc, "not measured", "SKIP") if not (ke and pe) else
+                           (desc, "%.2f against %.2f (%.1f and %.1f images/s)" % (ke, pe, k, p),
+                            "PASS" if ke >= pe else "FAIL"))
+                continue
+            desc = "krug >= %s: ResNet-18 images/s, 2 ranks x %s%s" % (
+                title, threads, " (other torch)" if other_torch else "")
+            out.append((desc, "not measured", "SKIP") if not (k and p) else
+                       (desc, "%.2fx (%.1f against %.1f)" % (k / p, k, p),
+                        "PASS" if k >= p else "FAIL"))
     return out
 
 
@@ -902,6 +1044,9 @@ def machine_info(r):
         "gloo": cmd(["dpkg-query", "-W", "-f=${Version}", "libgloo-dev"]) or None,
         "python": cmd([PYTHON, "-c", "import platform; print(platform.python_version())"]),
         "load_average": os.getloadavg(),
+        "horovod": cmd([r.hvd_python, "-c", "import horovod; print(horovod.__version__)"])
+        if r.have_horovod else None,
+        "horovod_torch": torch_version(r.hvd_python) if r.have_horovod else None,
     }
 
 
@@ -915,11 +1060,15 @@ def plot(results, path):
               file=sys.stderr)
         return False
     views = results["by_load"]
-    # One panel per collective and rank count; each tool a colour, each load a line style.
+    # One panel per collective and rank count (the C++ API's sweeps), one for the Python API's
+    # allreduce (krug.torch and Horovod); each tool a colour, each load a line style.
     cases = []
     for load, view in views.items():
         for np_, ops in view["sweeps"].items():
             cases += [(np_, op, "sweeps", TOOLS) for op in ops]
+        for np_ in view.get("horovod_sweep", {}):
+            cases.append((np_, "allreduce", "horovod_sweep", ("krug_py",) + tuple(
+                k for k, _ in HOROVOD)))
     cases = sorted(set(cases), key=lambda c: (c[0], c[2], c[1]))
     if not cases:  # --tensorflow-only
         return False
@@ -928,7 +1077,7 @@ def plot(results, path):
     limits = sorted(results["machine_limits"], key=lambda l: l["bytes"])
     bound = limits[-1]["bound"] if limits else None
     styles = {"idle": "-", "loaded": ":"}
-    colours = {t: "C%d" % i for i, t in enumerate(TOOLS)}
+    colours = {t: "C%d" % i for i, t in enumerate(TOOLS + ("krug_py", "hvd_gloo", "hvd_mpi"))}
     for ax, (np_, op, part, tools) in zip(axes[:, 0], cases):
         sizes = set()
         for load, view in views.items():
@@ -948,7 +1097,8 @@ def plot(results, path):
         ticks = [b for b in sorted(sizes) if (b.bit_length() - 1) % 4 == 0]
         ax.set_xticks(ticks, [pybench.human_bytes(b).replace(" ", "").replace("iB", "")
                               for b in ticks])
-        ax.set_title("%s, %d ranks" % (op, np_))
+        ax.set_title("%s, %d ranks%s" % (op, np_, ", Python API (krug.torch, Horovod)"
+                                         if part == "horovod_sweep" else ""))
         ax.set_xlabel("size")
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.grid(True, which="both", alpha=0.3)
@@ -969,9 +1119,10 @@ def report(results, args, command):
         "Command: `%s`" % command,
         "Machine: %s, %s cores, %s GiB, %s, kernel %s; load average at start %.2f %.2f %.2f"
         % (m["cpu"], m["cores"], m["memory_gib"], m["os"], m["kernel"], *m["load_average"]),
-        "Date: %s. Versions: krug %s, %s, torch %s (Python %s), libgloo %s."
+        "Date: %s. Versions: krug %s, %s, torch %s (Python %s), libgloo %s%s."
         % (m["date"], m["krug_commit"], m["openmpi"] or "no Open MPI", m["torch"],
-           m["python"], m["gloo"]),
+           m["python"], m["gloo"], ", Horovod %s (torch %s)" % (m["horovod"], m["horovod_torch"])
+           if m.get("horovod") else ""),
         "Machine states: %s. Loaded: %d processes that never sleep (`while :; do :; done`, "
         "normal priority), started by the suite just before each loaded run and ended just "
         "after it. Every round runs every tool once in each state, in turn; each figure is the "
@@ -996,10 +1147,18 @@ def report(results, args, command):
                     parts.append(sweep_table("%s, %d ranks, %s" % (op, np_, where[load]),
                                              v["sweeps"][np_][op]))
         for load, v in views.items():
+            if v["horovod_sweep"].get(np_):
+                parts.append(sweep_table(
+                    "allreduce through the Python API, %d ranks, %s: bench/krug_torch_sweep.py "
+                    "under krugrun (krug.torch) and under horovodrun (Horovod %s, Gloo and MPI "
+                    "controllers); in place" % (np_, where[load], HOROVOD_VERSION),
+                    v["horovod_sweep"][np_], tools=("krug_py",) + tuple(k for k, _ in HOROVOD),
+                    ref="krug_py"))
+        for load, v in views.items():
             if v["small_ops"].get(np_):
                 parts.append(small_ops_table(np_, v["small_ops"][np_], where[load]))
-    for key, fn in (("training", training_table), ("tf_ops", tf_ops_table),
-                    ("keras", keras_table)):
+    for key, fn in (("training", lambda res, w: training_table(res, w, m.get("horovod_torch"))),
+                    ("tf_ops", tf_ops_table), ("keras", keras_table)):
         for load, v in views.items():
             if v.get(key):
                 parts.append(fn(v[key], where[load]))
@@ -1050,12 +1209,19 @@ def main():
         print("bench-suite: torch Gloo peer and training skipped: %s cannot import torch "
               "(apt-get install python3-torch)" % PYTHON, file=sys.stderr)
         args.no_train = True
-
+    if args.horovod and not r.have_horovod:
+        # An asked-for peer that is missing is a failure, not a silent skip.
+        r.errors.append("--horovod: %s cannot import horovod.torch, or %s is missing "
+                        "(scripts/install-horovod builds it)" % (r.hvd_python, r.horovodrun))
+    if r.have_horovod and not r.have_krug_torch:
+        r.errors.append("--horovod: krug.torch is not built in %s: nothing to compare Horovod "
+                        "with" % args.build_dir)
+        r.have_horovod = False
     t0 = time.monotonic()
     results = {"machine": machine_info(r), "command": command, "loads": args.loads,
                "load_procs": args.load_procs}
-    views = {load: {"sweeps": {}, "small_ops": {}, "training": None, "tf_ops": None,
-                    "keras": None} for load in args.loads}
+    views = {load: {"sweeps": {}, "small_ops": {}, "horovod_sweep": {}, "training": None,
+                    "tf_ops": None, "keras": None} for load in args.loads}
     results["by_load"] = views
     # The machine's own limits: measured idle only (they are the bound of an idle machine).
     results["machine_limits"] = [] if args.tensorflow_only else run_machine_limits(r, args)
@@ -1069,6 +1235,8 @@ def main():
 
     for np_ in [] if args.tensorflow_only else args.nps:
         spread("sweeps", run_sweeps(r, args, np_), np_)
+        if r.have_horovod:
+            spread("horovod_sweep", run_horovod_sweep(r, args, np_), np_)
         spread("small_ops", run_small_ops(r, args, np_), np_)
     if not args.no_train:
         spread("training", run_training(r, args))
