@@ -77,8 +77,8 @@ def parse_args():
     p.add_argument("--min-bytes", default="4", help="smallest size (default 4)")
     p.add_argument("--max-bytes", default="256M", help="largest size (default 256M)")
     p.add_argument("--factor", type=int, default=None,
-                   help="size step of every sweep (default 2 for allreduce, 4 for allgather "
-                        "and broadcast)")
+                   help="size step of every sweep (default 2 for krug-bench's allreduce, 4 "
+                        "for allgather, broadcast and the Python API's allreduce)")
     p.add_argument("--target-seconds", type=float, default=0.1,
                    help="timed seconds per size and tool (default 0.1)")
     p.add_argument("--step-seconds", type=float, default=0.25,
@@ -380,11 +380,12 @@ def interleaved(r, args, tools, rounds=None, combine=median_rows):
     return {load: {key: combine(v) for key, v in res.items()} for load, res in results.items()}
 
 
-def sweep_sizes(args, op):
-    """The size options of op's sweep: allreduce every factor 2 by default, the other
-    collectives every factor 4 (they have no target of their own; half the time)."""
+def sweep_sizes(args, fine):
+    """The size options of a sweep: by default every factor 2 where fine (krug-bench's
+    allreduce, which the targets read), every factor 4 elsewhere (the other collectives and the
+    Python API's allreduce beside Horovod: 4 B, 16 B, ..., 256 MiB; half the time)."""
     return ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
-            "--factor", str(args.factor or (2 if op == "allreduce" else 4)),
+            "--factor", str(args.factor or (2 if fine else 4)),
             "--target-seconds", str(args.target_seconds)]
 
 
@@ -392,7 +393,7 @@ def run_sweeps(r, args, np_):
     """{load: {op: {tool: median rows}}}."""
     result = {load: {} for load in args.loads}
     for op in args.ops:
-        sizes = sweep_sizes(args, op)
+        sizes = sweep_sizes(args, op == "allreduce")
         tools = [("krug", "krug-bench.%s.np%d" % (op, np_),
                   r.krug(np_, r.bin["krug-bench"], op, *sizes), sweep_rows)]
         if r.have_mpi:
@@ -419,7 +420,7 @@ def run_horovod_sweep(r, args, np_):
     """The allreduce sweep through the Python API: bench/krug_torch_sweep.py under krugrun and
     the same script under Horovod with each controller; {load: {tool: median rows}}."""
     script = os.path.join(HERE, "krug_torch_sweep.py")
-    sizes = sweep_sizes(args, "allreduce")
+    sizes = sweep_sizes(args, False)
     tools = [("krug_py", "krug_torch_sweep.allreduce.np%d" % np_,
               r.krug(np_, PYTHON, script, *sizes), sweep_rows)]
     tools += [(key, "horovod_%s_sweep.allreduce.np%d" % (ctl, np_),
@@ -533,6 +534,10 @@ def run_training(r, args):
     and 1 rank of krug and of DDP."""
     iters = ["--num-warmup-batches", "2", "--num-batches-per-iter", "3",
              "--num-iters", str(args.train_iters)]
+    # N threads per rank oversubscribe the cores: a step takes 3-4 times as long, so fewer of
+    # them (1 warm-up, 2 x 2 timed at the default --train-iters 3).
+    iters_n = ["--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+               "--num-iters", str(max(1, args.train_iters - 1))]
     example = os.path.join(ROOT, "examples", "torch_synthetic_benchmark.py")
     ddp = os.path.join(HERE, "peers", "ddp_synthetic.py")
     cores = os.cpu_count() or 1
@@ -559,13 +564,13 @@ def run_training(r, args):
         for key, ctl in HOROVOD:
             runs["%s_np2" % key] = r.horovod(ctl, 2, example, *TRAIN_MODEL, *iters)
     if cores > 1:
-        runs["plain_tN"] = [PYTHON, ddp, "--plain"] + model_n + iters
+        runs["plain_tN"] = [PYTHON, ddp, "--plain"] + model_n + iters_n
         if r.have_krug_torch:
-            runs["krug_np2_tN"] = r.krug(2, PYTHON, example, *model_n, *iters)
-        runs["ddp_np2_tN"] = [PYTHON, ddp, "--np", "2"] + model_n + iters
+            runs["krug_np2_tN"] = r.krug(2, PYTHON, example, *model_n, *iters_n)
+        runs["ddp_np2_tN"] = [PYTHON, ddp, "--np", "2"] + model_n + iters_n
         if r.have_horovod:
             for key, ctl in HOROVOD:
-                runs["%s_np2_tN" % key] = r.horovod(ctl, 2, example, *model_n, *iters)
+                runs["%s_np2_tN" % key] = r.horovod(ctl, 2, example, *model_n, *iters_n)
     tools = [(key, "train.%s" % key, cmd, total) for key, cmd in runs.items()]
     res = interleaved(r, args, tools, rounds=args.train_rounds, combine=lambda v: v)
     return {load: with_rounds(v) for load, v in res.items()}
