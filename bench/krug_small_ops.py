@@ -4,6 +4,8 @@
     krugrun -np 2 /usr/bin/python3 bench/krug_small_ops.py --tensors 1 --tensor-bytes 4K
     krugrun -np 2 /usr/bin/python3 bench/krug_small_ops.py --tensors 100 --tensor-bytes 1K
     krugrun -np 2 /usr/bin/python3 bench/krug_small_ops.py --shapes bench/resnet50_gradients.txt
+    krugrun -np 2 /usr/bin/python3 bench/krug_small_ops.py \
+        --steps 1x4K,100x1K,bench/resnet50_gradients.txt     # each in turn, a row each
 
 A step calls hvd.allreduce_async_ (in place, op Sum, float32, one name per tensor that stays
 the same from step to step, as DistributedOptimizer's gradients do) for every tensor and then
@@ -39,10 +41,24 @@ def main():
     args = parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    spec, what = pybench.step_tensors(args)
+    wrong = 0
+    for i, step in enumerate(pybench.step_list(args)):
+        # Names of their own for every step of --steps: the same name keeps its shape.
+        wrong += measure(step, "small_ops.%s" % ("m%d." % i if args.steps else ""),
+                         header=i == 0, what=args.steps and "each in turn, a row each: " +
+                         args.steps)
+    hvd.shutdown()
+    return 0 if wrong == 0 else 1
+
+
+def measure(args, prefix, header, what=None):
+    """Times one step (args.tensors x args.tensor_bytes, or args.shapes) and prints its row
+    (after the header, if header; `what` overrides the step's description there); returns the
+    number of wrong elements over all ranks."""
+    spec, step_what = pybench.step_tensors(args)
     # Zeros while timing: in-place sums of zeros stay zero (no overflow over many steps).
     tensors = [torch.zeros(shape) for _, shape in spec]
-    names = ["small_ops." + name for name, _ in spec]
+    names = [prefix + name for name, _ in spec]
 
     def once():
         if args.sync:
@@ -54,9 +70,9 @@ def main():
             for h in handles:
                 hvd.synchronize(h)
 
-    if hvd.rank() == 0:
+    if header and hvd.rank() == 0:
         pybench.print_step_header(
-            "krug_small_ops", what, hvd.size(),
+            "krug_small_ops", what or step_what, hvd.size(),
             "hvd.allreduce_ one after the other" if args.sync
             else "hvd.allreduce_async_ for every tensor, then hvd.synchronize on every handle")
     iters, secs = pybench.time_operation(once, slowest, hvd.barrier, iters=args.iters,
@@ -71,8 +87,7 @@ def main():
     if hvd.rank() == 0:
         pybench.print_step_row(len(tensors), 4 * sum(t.numel() for t in tensors), iters, secs,
                                wrong)
-    hvd.shutdown()
-    return 0 if wrong == 0 else 1
+    return wrong
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ The timing loop and the output lines are those of the C++ tools (bench/common/be
 bench/krug-bench.cc), so that every tool's columns mean the same thing and scripts/bench-suite
 parses them alike.
 """
+import argparse
 import os
 import re
 import socket
@@ -81,6 +82,26 @@ def step_tensors(args):
     n = max(1, parse_size(args.tensor_bytes) // 4)
     return ([("step.%d" % i, (n,)) for i in range(args.tensors)],
             "%d x %s" % (args.tensors, human_bytes(parse_size(args.tensor_bytes))))
+
+
+_STEP = re.compile(r"^(\d+)x(\d+[KMG]?(?:I?B)?)$", re.IGNORECASE)
+
+
+def step_list(args):
+    """The steps to measure: [args] itself, or with --steps one copy of args per item, with its
+    --tensors and --tensor-bytes (NxSIZE) or --shapes (anything else: a gradient list)."""
+    if not args.steps:
+        return [args]
+    steps = []
+    for item in args.steps.split(","):
+        step = argparse.Namespace(**vars(args))
+        m = _STEP.match(item)
+        if m:
+            step.tensors, step.tensor_bytes, step.shapes = int(m.group(1)), m.group(2), None
+        else:
+            step.shapes = item
+        steps.append(step)
+    return steps
 
 
 def human_bytes(b):
@@ -195,5 +216,10 @@ def add_step_arguments(p, tensors, tensor_bytes):
     p.add_argument("--tensors", type=int, default=tensors)
     p.add_argument("--tensor-bytes", default=tensor_bytes)
     p.add_argument("--shapes", default=None, help="a gradient list (bench/resnet50_gradients.txt)")
+    p.add_argument("--steps", default=None,
+                   help="several steps measured in turn in this one process, a row each: "
+                        "comma-separated NxSIZE (N tensors of SIZE bytes) or gradient lists, "
+                        "e.g. 1x4K,100x1K,bench/resnet50_gradients.txt (instead of --tensors, "
+                        "--tensor-bytes, --shapes)")
     p.add_argument("--iters", type=int, default=None)
     p.add_argument("--target-seconds", type=float, default=0.5)

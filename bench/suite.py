@@ -6,11 +6,19 @@ Gloo) over the same sweep of sizes for allreduce, allgather and broadcast; the s
 measures (one 4 KiB allreduce, a step of 100 x 1 KiB, a step of ResNet-50's 161 gradients)
 through krug's C++ and Python APIs, MPI and Gloo; the machine's memcpy and reduction bandwidth;
 training throughput (examples/torch_synthetic_benchmark.py against DDP and one plain
-process); and TensorFlow (issue 19): allreduce from eager TensorFlow against krug.torch
-(bench/tf_small_ops.py, bench/krug_small_ops.py) and a Keras model trained with krug, with
-MultiWorkerMirroredStrategy and in one plain process (bench/keras_compare.py). Prints the
-tables side by side and a PASS/FAIL line per target of issues 6 and 19, writes
-results.json, every tool's raw output and a plot of bus bandwidth against size.
+process, with one thread per rank and with as many threads as cores); and TensorFlow (issue
+19): allreduce from eager TensorFlow against krug.torch (bench/tf_small_ops.py,
+bench/krug_small_ops.py) and a Keras model trained with krug, with
+MultiWorkerMirroredStrategy and in one plain process (bench/keras_compare.py). With --horovod
+(issue 30), Horovod 0.28.1 with its Gloo and with its MPI controller runs the krug.torch
+scripts (the allreduce sweep, the small-message steps, the training example) beside krug.torch.
+
+Every measure runs on an idle machine and under a fixed competing load that the suite starts
+and stops around each run (--load; one busy process per core), in interleaved rounds: each
+round runs every tool once under every load, and each figure is the median of its rounds.
+Prints the tables side by side, a PASS/FAIL line per target of issues 6, 19 and 30 and per
+peer (krug >= every peer), and writes results.json, every tool's raw output and a plot of bus
+bandwidth against size.
 """
 import argparse
 import datetime
@@ -37,7 +45,12 @@ PYTHON = os.environ.get("KRUG_PYTHON") or "/usr/bin/python3"
 DOCS_BEGIN = "<!-- bench-suite results: begin (written by scripts/bench-suite --update-docs) -->"
 DOCS_END = "<!-- bench-suite results: end -->"
 TOOLS = ("krug", "mpi", "gloo")
-TOOL_TITLE = {"krug": "krug", "mpi": "Open MPI", "gloo": "torch Gloo"}
+TOOL_TITLE = {"krug": "krug", "mpi": "Open MPI", "gloo": "torch Gloo",
+              "krug_py": "krug.torch", "hvd_gloo": "Horovod Gloo", "hvd_mpi": "Horovod MPI"}
+# Horovod's two controllers (issue 30): each with its own data plane for CPU tensors.
+HOROVOD = (("hvd_gloo", "gloo"), ("hvd_mpi", "mpi"))
+HOROVOD_VERSION = "0.28.1"
+LOADS = ("idle", "loaded")
 TRAIN_MODEL = ["--model", "resnet18", "--batch-size", "16", "--image-size", "64",
                "--threads", "1"]
 # The TensorFlow comparison's allreduce sizes (one tensor each, TF eager against krug.torch).
@@ -48,36 +61,65 @@ def parse_args():
     p = argparse.ArgumentParser(
         prog="scripts/bench-suite", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Presets: --quick (2 ranks, factor 4 up to 256M, shorter training), "
-               "--smoke (2 ranks, allreduce up to 64K, no Python small ops, no training: "
-               "checks that everything runs).")
+        epilog="Presets: --quick (factor 4 up to 256M, one round, shorter training), "
+               "--smoke (allreduce up to 64K, no Python small ops but Horovod's, no training: "
+               "checks that everything runs). The defaults fit the whole suite, idle and "
+               "loaded, in 25 minutes on 2 cores (issue 30).")
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"),
                    help="where krugrun and build/bench/* are (default build/)")
     p.add_argument("--out", default=None,
                    help="results folder (default bench-results/<date>-<time>)")
-    p.add_argument("--np", default="2 4", help='rank counts (default "2 4")')
+    p.add_argument("--np", default="2",
+                   help='rank counts, e.g. "2 4" (default 2: 4 ranks on 2 cores are '
+                        'oversubscribed and have no targets)')
     p.add_argument("--ops", default="allreduce allgather broadcast",
                    help="collectives of the sweep (default all three)")
     p.add_argument("--min-bytes", default="4", help="smallest size (default 4)")
     p.add_argument("--max-bytes", default="256M", help="largest size (default 256M)")
-    p.add_argument("--factor", type=int, default=2, help="size step (default 2)")
-    p.add_argument("--target-seconds", type=float, default=0.2,
-                   help="timed seconds per size and tool (default 0.2)")
-    p.add_argument("--step-seconds", type=float, default=0.5,
-                   help="timed seconds per small-op measure (default 0.5)")
+    p.add_argument("--factor", type=int, default=None,
+                   help="size step of every sweep (default 2 for krug-bench's allreduce, 4 "
+                        "for allgather, broadcast and the Python API's allreduce)")
+    p.add_argument("--target-seconds", type=float, default=0.1,
+                   help="timed seconds per size and tool (default 0.1)")
+    p.add_argument("--step-seconds", type=float, default=0.25,
+                   help="timed seconds per small-op measure (default 0.25)")
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of the sweeps and small-op measures, the tools interleaved; "
                         "each figure is the median of its rounds (default 3)")
-    p.add_argument("--train-iters", type=int, default=5,
-                   help="timed iterations of 5 steps per training run (default 5)")
-    p.add_argument("--train-rounds", type=int, default=2,
+    p.add_argument("--train-iters", type=int, default=3,
+                   help="timed iterations of 3 steps per training run, after 2 warm-up steps "
+                        "(default 3)")
+    p.add_argument("--train-ceilings", action="store_true",
+                   help="also train two plain processes at once, two ranks in lock-step, and "
+                        "1 rank of krug and DDP (the ceiling of synchronous training here)")
+    p.add_argument("--train-rounds", type=int, default=3,
                    help="rounds of the training runs, interleaved; each figure is the median "
-                        "of its rounds (default 2)")
+                        "of its rounds (default 3)")
+    p.add_argument("--load", default="idle,loaded",
+                   help="machine states to measure every row in, comma-separated: idle, loaded "
+                        "(a competing load the suite starts and stops around every run: "
+                        "--load-procs busy processes at normal priority); default both, "
+                        "interleaved round by round")
+    p.add_argument("--load-procs", type=int, default=os.cpu_count() or 1,
+                   help="busy processes of the loaded runs (default one per core: %d)"
+                        % (os.cpu_count() or 1))
+    p.add_argument("--horovod", action="store_true",
+                   help="Horovod %s as a peer of krug.torch, with its Gloo and its MPI "
+                        "controller (scripts/bench-suite builds it once: scripts/install-horovod)"
+                        % HOROVOD_VERSION)
+    p.add_argument("--horovod-python",
+                   default=os.environ.get("KRUG_HOROVOD_PYTHON") or
+                   os.path.join(os.environ.get("KRUG_HOROVOD_VENV") or "/opt/krug/horovod-venv",
+                                "bin", "python"),
+                   help="Horovod's interpreter (default /opt/krug/horovod-venv/bin/python)")
     p.add_argument("--no-train", action="store_true", help="skip training throughput")
     p.add_argument("--no-python-ops", action="store_true",
                    help="skip the Python-API small ops (krug.torch, Gloo)")
+    p.add_argument("--tensorflow", action="store_true",
+                   help="also the TensorFlow comparison (eager allreduce, Keras training; "
+                        "about 15 min idle and loaded)")
     p.add_argument("--no-tensorflow", action="store_true",
-                   help="skip the TensorFlow comparison (eager allreduce, Keras training)")
+                   help="no TensorFlow comparison (the default without --tensorflow)")
     p.add_argument("--tensorflow-only", action="store_true",
                    help="only the TensorFlow comparison (no sweeps, small ops, torch training)")
     p.add_argument("--quick", action="store_true", help="the quick preset (see below)")
@@ -86,16 +128,26 @@ def parse_args():
                    help="write the results section of docs/benchmarks.md and its plot")
     p.add_argument("--timeout", type=int, default=900, help="seconds per tool run")
     args = p.parse_args()
+    args.no_tensorflow = args.no_tensorflow or not args.tensorflow
     if args.quick:
-        args.np, args.factor, args.train_iters, args.train_rounds = "2", 4, 3, 1
+        args.np, args.factor, args.train_iters, args.train_rounds = "2", 4, 2, 1
         args.rounds = 1
     if args.smoke:
         args.np, args.ops, args.max_bytes, args.factor = "2", "allreduce", "64K", 4
         args.target_seconds, args.step_seconds, args.rounds = 0.02, 0.05, 1
-        args.no_train = args.no_python_ops = args.no_tensorflow = True
+        args.no_train = args.no_tensorflow = True
+        # The Python small ops only where they are Horovod's path (one 4 KiB allreduce).
+        args.no_python_ops = not args.horovod
     if args.tensorflow_only:
         args.no_train, args.no_tensorflow = True, False
     args.nps = [int(n) for n in args.np.split()]
+    args.train_nps = (1, 2) if args.train_ceilings else (2,)
+    args.loads = [x for x in args.load.replace(",", " ").split()]
+    for x in args.loads:
+        if x not in LOADS:
+            p.error("unknown load '%s' (idle, loaded)" % x)
+    if not args.loads or len(set(args.loads)) != len(args.loads):
+        p.error("--load: idle, loaded or both, each once")
     args.ops = args.ops.split()
     for op in args.ops:
         if op not in pybench.BUS_FACTOR:
@@ -108,6 +160,29 @@ def parse_args():
 
 # ---- running the tools ------------------------------------------------------------------------
 
+class Load:
+    """The competing load of the loaded runs: `procs` processes that never sleep (a shell loop),
+    at the suite's own priority (normal, unless the suite was started under nice), started just
+    before a run and ended just after it, so that the idle runs in between find the cores free
+    and nothing of the load outlives the suite."""
+
+    def __init__(self, procs):
+        self.n = procs
+        self.procs = []
+
+    def start(self):
+        self.stop()
+        self.procs = [subprocess.Popen(["/bin/sh", "-c", "while :; do :; done"],
+                                       stdin=subprocess.DEVNULL) for _ in range(self.n)]
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+
+
 class Runner:
     """Runs each tool with a deadline, keeps its raw output under <out>/raw/."""
 
@@ -116,6 +191,13 @@ class Runner:
         self.raw = os.path.join(args.out, "raw")
         os.makedirs(self.raw, exist_ok=True)
         self.errors = []
+        self.load = Load(args.load_procs)
+        # Horovod's interpreter and launcher (--horovod): horovodrun of the same environment.
+        self.hvd_python = args.horovod_python
+        self.horovodrun = os.path.join(os.path.dirname(self.hvd_python), "horovodrun")
+        self.have_horovod = args.horovod and os.access(self.horovodrun, os.X_OK) and \
+            subprocess.run([self.hvd_python, "-c", "import horovod.torch"],
+                           capture_output=True).returncode == 0
         b = args.build_dir
         self.krugrun = os.path.join(b, "krugrun")
         self.bin = {name: os.path.join(b, "bench", name)
@@ -128,7 +210,8 @@ class Runner:
         # TensorFlow runs in the ranks' interpreter when it has TensorFlow (the project's
         # environment), else in KRUG_TF_PYTHON (default that environment's).
         self.tf_python = None
-        for py in (PYTHON, os.environ.get("KRUG_TF_PYTHON") or "/opt/krug/venv/bin/python"):
+        for py in [] if args.no_tensorflow else \
+                (PYTHON, os.environ.get("KRUG_TF_PYTHON") or "/opt/krug/venv/bin/python"):
             if os.access(py, os.X_OK) and subprocess.run(
                     [py, "-c", "import tensorflow, tf_keras"], capture_output=True,
                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).returncode == 0:
@@ -137,10 +220,21 @@ class Runner:
         self.have_krug_tf = self.tf_python is not None and os.path.isdir(
             os.path.join(b, "python", "krug", "tensorflow"))
 
-    def run(self, tag, cmd, env=None):
-        """Returns the tool's stdout, or None when it failed (the failure is recorded)."""
+    def run(self, tag, cmd, env=None, load="idle"):
+        """Returns the tool's stdout, or None when it failed (the failure is recorded). Under
+        load "loaded" the competing load runs for exactly as long as the tool does."""
+        if load != "idle":
+            tag += "." + load
         log = os.path.join(self.raw, tag + ".txt")
         print("  running %s" % tag, file=sys.stderr, flush=True)
+        if load == "loaded":
+            self.load.start()
+        try:
+                return self._run(tag, cmd, env, log, load)
+        finally:
+            self.load.stop()
+
+    def _run(self, tag, cmd, env, log, load):
         t0 = time.monotonic()
         # Its own session, so that a run that overstays is ended with all of its ranks.
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -161,22 +255,23 @@ class Runner:
             end_group(p)
             raise
         with open(log, "w") as f:
-            f.write("$ %s\n%s\n# stderr:\n%s# exit %d, %.1f s\n"
-                    % (" ".join(cmd), out, err, rc, time.monotonic() - t0))
+            f.write("$ %s\n%s%s\n# stderr:\n%s# exit %d, %.1f s\n"
+                    % (" ".join(cmd), "# competing load: %d busy processes\n" % self.load.n
+                       if load == "loaded" else "", out, err, rc, time.monotonic() - t0))
         if rc != 0:
             self.errors.append("%s: exit %d (see %s): %s" % (tag, rc, log, err.strip()[-300:]))
             return None
         return out
 
-    def parsed(self, tag, cmd, parse):
+    def parsed(self, tag, cmd, parse, load="idle"):
         """Runs a tool and parses its table; a run that prints no row is a failure too."""
-        out = self.run(tag, cmd)
+        out = self.run(tag, cmd, load=load)
         if out is None:
             return None
-        rows = parse(out)
+        rows = parse(untagged(out))
         if not rows:
-            self.errors.append("%s: printed no result row (see %s)"
-                               % (tag, os.path.join(self.raw, tag + ".txt")))
+            self.errors.append("%s: printed no result row (see %s)" % (tag, os.path.join(
+                self.raw, tag + ("" if load == "idle" else "." + load) + ".txt")))
         return rows
 
     def krug(self, np_, prog, *argv):
@@ -191,6 +286,14 @@ class Runner:
     def gloo(self, np_, *argv):
         return [PYTHON, os.path.join(HERE, "peers", "torch_gloo_bench.py"), "--np", str(np_)] + \
             list(argv)
+
+    def horovod(self, controller, np_, script, *argv):
+        """A krug.torch script run by Horovod (bench/peers/as_horovod.py) under horovodrun with
+        the given controller, Horovod's CPU operations of the same kind, and its other knobs at
+        their defaults."""
+        return ["env", "HOROVOD_CONTROLLER=" + controller, "HOROVOD_CPU_OPERATIONS=" + controller,
+                self.horovodrun, "-np", str(np_), "--" + controller, self.hvd_python,
+                os.path.join(HERE, "peers", "as_horovod.py"), script] + list(argv)
 
 
 def end_group(p):
@@ -207,6 +310,16 @@ def end_group(p):
                 os.killpg(p.pid, signal.SIGKILL)  # ranks that outlived their launcher
         except (subprocess.TimeoutExpired, ProcessLookupError):
             pass
+
+
+_OUTPUT_TAG = re.compile(r"\[\d+(?:,\d+)?\]<std(?:out|err)>:")
+
+
+def untagged(text):
+    """The output without the rank tags horovodrun puts before every line ("[0]<stdout>:" with
+    Gloo, "[1,0]<stdout>:" from mpirun --tag-output, which now and then lands at the end of the
+    line before instead)."""
+    return _OUTPUT_TAG.sub("", text or "")
 
 
 def parse_rows(text, nfields):
@@ -252,24 +365,35 @@ def median_rows(rounds):
     return out or None
 
 
-def interleaved(r, args, tools):
-    """tools: [(key, tag, cmd, parse)]. Runs every tool once per round, rounds interleaved, so a
-    slow spell of this shared machine hits the peers alike; {key: median rows}."""
-    rounds = {key: [] for key, _, _, _ in tools}
-    n = max(1, args.rounds)
+def interleaved(r, args, tools, rounds=None, combine=median_rows):
+    """tools: [(key, tag, cmd, parse)]. Every round runs every tool once under every load of
+    --load (idle, then loaded), rounds interleaved, so that a slow spell of this shared machine
+    hits the peers alike; {load: {key: combine(the parsed results of its rounds)}}."""
+    results = {load: {key: [] for key, _, _, _ in tools} for load in args.loads}
+    n = max(1, rounds or args.rounds)
     for i in range(n):
-        for key, tag, cmd, parse in tools:
-            rows = r.parsed(tag if n == 1 else "%s.r%d" % (tag, i + 1), cmd, parse)
-            if rows:
-                rounds[key].append(rows)
-    return {key: median_rows(v) for key, v in rounds.items()}
+        for load in args.loads:
+            for key, tag, cmd, parse in tools:
+                got = r.parsed(tag if n == 1 else "%s.r%d" % (tag, i + 1), cmd, parse, load)
+                if got:
+                    results[load][key].append(got)
+    return {load: {key: combine(v) for key, v in res.items()} for load, res in results.items()}
+
+
+def sweep_sizes(args, fine):
+    """The size options of a sweep: by default every factor 2 where fine (krug-bench's
+    allreduce, which the targets read), every factor 4 elsewhere (the other collectives and the
+    Python API's allreduce beside Horovod: 4 B, 16 B, ..., 256 MiB; half the time)."""
+    return ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
+            "--factor", str(args.factor or (2 if fine else 4)),
+            "--target-seconds", str(args.target_seconds)]
 
 
 def run_sweeps(r, args, np_):
-    sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes,
-             "--factor", str(args.factor), "--target-seconds", str(args.target_seconds)]
-    result = {}
+    """{load: {op: {tool: median rows}}}."""
+    result = {load: {} for load in args.loads}
     for op in args.ops:
+        sizes = sweep_sizes(args, op == "allreduce")
         tools = [("krug", "krug-bench.%s.np%d" % (op, np_),
                   r.krug(np_, r.bin["krug-bench"], op, *sizes), sweep_rows)]
         if r.have_mpi:
@@ -278,14 +402,33 @@ def run_sweeps(r, args, np_):
         if r.have_torch:
             tools.append(("gloo", "torch_gloo_bench.%s.np%d" % (op, np_), r.gloo(np_, op, *sizes),
                           sweep_rows))
-        res = interleaved(r, args, tools)
-        # The tools print 3 decimals; recompute from the time so small sizes keep their value.
-        for rows in res.values():
-            for row in [r for r in rows or [] if r["time_us"] > 0]:
-                row["algbw"] = row["bytes"] / row["time_us"] / 1e3
-                row["busbw"] = row["algbw"] * pybench.BUS_FACTOR[op](np_)
-        result[op] = res
+        for load, res in interleaved(r, args, tools).items():
+            recompute_bw(res, op, np_)
+            result.setdefault(load, {})[op] = res
     return result
+
+
+def recompute_bw(res, op, np_):
+    """The tools print 3 decimals; recompute from the time so small sizes keep their value."""
+    for rows in res.values():
+        for row in [r for r in rows or [] if r["time_us"] > 0]:
+            row["algbw"] = row["bytes"] / row["time_us"] / 1e3
+            row["busbw"] = row["algbw"] * pybench.BUS_FACTOR[op](np_)
+
+
+def run_horovod_sweep(r, args, np_):
+    """The allreduce sweep through the Python API: bench/krug_torch_sweep.py under krugrun and
+    the same script under Horovod with each controller; {load: {tool: median rows}}."""
+    script = os.path.join(HERE, "krug_torch_sweep.py")
+    sizes = sweep_sizes(args, False)
+    tools = [("krug_py", "krug_torch_sweep.allreduce.np%d" % np_,
+              r.krug(np_, PYTHON, script, *sizes), sweep_rows)]
+    tools += [(key, "horovod_%s_sweep.allreduce.np%d" % (ctl, np_),
+               r.horovod(ctl, np_, script, *sizes), sweep_rows) for key, ctl in HOROVOD]
+    res = interleaved(r, args, tools)
+    for v in res.values():
+        recompute_bw(v, "allreduce", np_)
+    return res
 
 
 SMALL_MEASURES = [
@@ -296,27 +439,63 @@ SMALL_MEASURES = [
 ]
 
 
+def step_spec_text(spec):
+    """A measure's spec as one item of the Python tools' --steps (NxSIZE or a gradient list)."""
+    if spec[0] == "--shapes":
+        return spec[1]
+    return "%sx%s" % (spec[1], spec[3])
+
+
 def run_small_ops(r, args, np_):
-    """{measure: {tool: row}}; tools: krug C++, krug Python, MPI, Gloo."""
+    """{load: {measure: {tool: row}}}; tools: krug C++, krug Python, MPI, Gloo, and with
+    --horovod the krug Python script under Horovod with each controller. The C++ tools start
+    once per measure (they start in milliseconds); each Python tool measures them all in turn
+    in one process (--steps; importing torch takes seconds)."""
     t = ["--target-seconds", str(args.step_seconds)]
-    out = {}
-    for key, _, spec in SMALL_MEASURES:
-        if args.smoke and key == "step_resnet50":
-            continue
-        tools = [("krug_cpp", "krug-step.%s.np%d" % (key, np_),
-                  r.krug(np_, r.bin["krug-step"], *spec, *t), step_rows)]
-        if not args.no_python_ops and r.have_krug_torch:
-            tools.append(("krug_py", "krug_small_ops.%s.np%d" % (key, np_),
-                          r.krug(np_, PYTHON, os.path.join(HERE, "krug_small_ops.py"), *spec,
-                                 *t), step_rows))
+    measures = [(key, spec) for key, _, spec in SMALL_MEASURES
+                if not (args.smoke and key == "step_resnet50")]
+    tools = []
+    for key, spec in measures:
+        tools.append((("krug_cpp", key), "krug-step.%s.np%d" % (key, np_),
+                      r.krug(np_, r.bin["krug-step"], *spec, *t), step_rows))
         if r.have_mpi:
-            tools.append(("mpi", "mpi_bench.step.%s.np%d" % (key, np_),
+            tools.append((("mpi", key), "mpi_bench.step.%s.np%d" % (key, np_),
                           r.mpi(np_, "step", *spec, *t), step_rows))
-        if not args.no_python_ops and r.have_torch:
-            tools.append(("gloo", "torch_gloo_bench.step.%s.np%d" % (key, np_),
-                          r.gloo(np_, "step", *spec, *t), step_rows))
-        out[key] = {tool: rows[0] if rows else None
-                    for tool, rows in interleaved(r, args, tools).items()}
+    # --smoke --horovod: the Python small ops for one 4 KiB allreduce only.
+    py_keys = [] if args.no_python_ops else \
+        [key for key, _ in measures if not (args.smoke and key != "op_4k")]
+    if py_keys:
+        steps = ["--steps", ",".join(step_spec_text(spec) for key, spec in measures
+                                     if key in py_keys)] + t
+
+        def rows_of(keys):
+            # Row i is measure i: mark each row with its measure, for the tables.
+            return lambda text: [dict(row, measure=k)
+                                 for k, row in zip(keys, all_step_rows(text))]
+
+        script = os.path.join(HERE, "krug_small_ops.py")
+        if r.have_krug_torch:
+            tools.append(("krug_py", "krug_small_ops.np%d" % np_,
+                          r.krug(np_, PYTHON, script, *steps), rows_of(py_keys)))
+        if r.have_torch:
+            tools.append(("gloo", "torch_gloo_bench.step.np%d" % np_,
+                          r.gloo(np_, "step", *steps), rows_of(py_keys)))
+        if r.have_horovod:
+            tools += [(hkey, "horovod_%s_small_ops.np%d" % (ctl, np_),
+                       r.horovod(ctl, np_, script, *steps), rows_of(py_keys))
+                      for hkey, ctl in HOROVOD]
+    out = {load: {key: {} for key, _ in measures} for load in args.loads}
+    for load in args.loads:  # a Python tool that failed: "—" in its column (see Errors)
+        for tool in [tool for tool, _, _, _ in tools if not isinstance(tool, tuple)]:
+            for key in py_keys:
+                out[load][key][tool] = None
+    for load, res in interleaved(r, args, tools).items():
+        for tool, rows in res.items():
+            if isinstance(tool, tuple):  # a C++ tool's one measure
+                out[load][tool[1]][tool[0]] = rows[0] if rows else None
+            else:
+                for row in rows or []:
+                    out[load][row["measure"]][tool] = row
     return out
 
 
@@ -330,46 +509,92 @@ def run_machine_limits(r, args):
 _TOTAL = re.compile(r"Total img/sec on (\d+) rank\(s\): ([\d.]+)")
 
 
+def median_value(samples):
+    return statistics.median(samples) if samples else None
+
+
+def with_rounds(res):
+    """{key: median} and, under "rounds", every round's value: what the tables read."""
+    out = {key: median_value(v) for key, v in res.items()}
+    out["rounds"] = res
+    return out
+
+
 def run_training(r, args):
-    """Every configuration once per round, rounds interleaved, so a slow spell of this shared
-    machine hits all of them alike; each figure is the median over rounds. "plain_x2" is two
-    plain processes at once without communication (they share this machine's memory bandwidth
-    and caches). "lockstep_np2" is two ranks that also wait for each other once per step, with
-    no gradients: the ceiling of any synchronous data-parallel training here."""
-    iters = ["--num-warmup-batches", "3", "--num-batches-per-iter", "5",
+    """Every configuration once per round under every load, rounds interleaved, so a slow spell
+    of this shared machine hits all of them alike; each figure is the median over rounds;
+    {load: {run: images/s}}. "plain" is one process without distribution, the baseline of
+    scaling efficiency. The "_tN" runs give each rank's torch as many threads as the machine
+    has cores (N), as a script that does not set them gets. With --horovod: the krug example
+    under Horovod with each controller, and one plain process in Horovod's interpreter when its
+    torch is not krug's (the baseline of Horovod's scaling efficiency). With --train-ceilings:
+    "plain_x2", two plain processes at once without communication (they share this machine's
+    memory bandwidth and caches); "lockstep_np2", two ranks that also wait for each other once
+    per step, with no gradients: the ceiling of any synchronous data-parallel training here;
+    and 1 rank of krug and of DDP."""
+    iters = ["--num-warmup-batches", "2", "--num-batches-per-iter", "3",
              "--num-iters", str(args.train_iters)]
+    # N threads per rank oversubscribe the cores: a step takes 3-4 times as long, so fewer of
+    # them (1 warm-up, 2 x 2 timed at the default --train-iters 3).
+    iters_n = ["--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+               "--num-iters", str(max(1, args.train_iters - 1))]
     example = os.path.join(ROOT, "examples", "torch_synthetic_benchmark.py")
     ddp = os.path.join(HERE, "peers", "ddp_synthetic.py")
+    cores = os.cpu_count() or 1
+    model_n = TRAIN_MODEL[:-1] + [str(cores)]
     plain_cmd = [PYTHON, ddp, "--plain"] + TRAIN_MODEL + iters
 
     def total(text):
         found = [float(m.group(2)) for m in _TOTAL.finditer(text)]
         return sum(found) if found else None
 
-    runs = {"plain": plain_cmd,
-            # Both at once: the shell starts one in the background and waits for it.
-            "plain_x2": ["/bin/sh", "-c", "%s & %s; wait" % (shlex.join(plain_cmd),
-                                                               shlex.join(plain_cmd))]}
-    for np_ in (1, 2):
+    runs = {"plain": plain_cmd}
+    if args.train_ceilings:
+        # Both at once: the shell starts one in the background and waits for it.
+        runs["plain_x2"] = ["/bin/sh", "-c", "%s & %s; wait" % (shlex.join(plain_cmd),
+                                                                 shlex.join(plain_cmd))]
+        runs["lockstep_np2"] = [PYTHON, ddp, "--np", "2", "--lockstep"] + TRAIN_MODEL + iters
+    for np_ in args.train_nps:
         if r.have_krug_torch:
             runs["krug_np%d" % np_] = r.krug(np_, PYTHON, example, *TRAIN_MODEL, *iters)
         runs["ddp_np%d" % np_] = [PYTHON, ddp, "--np", str(np_)] + TRAIN_MODEL + iters
-    runs["lockstep_np2"] = [PYTHON, ddp, "--np", "2", "--lockstep"] + TRAIN_MODEL + iters
-    samples = {key: [] for key in runs}
-    for rnd in range(max(1, args.train_rounds)):
-        for key, cmd in runs.items():
-            v = r.parsed("train.%s.round%d" % (key, rnd + 1), cmd, total)
-            if v:
-                samples[key].append(v)
-    res = {key: statistics.median(v) if v else None for key, v in samples.items()}
-    res["rounds"] = {key: v for key, v in samples.items()}
-    return res
+    if r.have_horovod:
+        if horovod_torch_differs(r):
+            runs["hvd_plain"] = [r.hvd_python, ddp, "--plain"] + TRAIN_MODEL + iters
+        for key, ctl in HOROVOD:
+            runs["%s_np2" % key] = r.horovod(ctl, 2, example, *TRAIN_MODEL, *iters)
+    if cores > 1:
+        runs["plain_tN"] = [PYTHON, ddp, "--plain"] + model_n + iters_n
+        if r.have_krug_torch:
+            runs["krug_np2_tN"] = r.krug(2, PYTHON, example, *model_n, *iters_n)
+        runs["ddp_np2_tN"] = [PYTHON, ddp, "--np", "2"] + model_n + iters_n
+        if r.have_horovod:
+            for key, ctl in HOROVOD:
+                runs["%s_np2_tN" % key] = r.horovod(ctl, 2, example, *model_n, *iters_n)
+    tools = [(key, "train.%s" % key, cmd, total) for key, cmd in runs.items()]
+    res = interleaved(r, args, tools, rounds=args.train_rounds, combine=lambda v: v)
+    return {load: with_rounds(v) for load, v in res.items()}
+
+
+def horovod_torch_differs(r):
+    """Whether Horovod's interpreter has another torch than the ranks of krug (the build's)."""
+    if not hasattr(r, "_hvd_torch_differs"):
+        r._hvd_torch_differs = torch_version(PYTHON) != torch_version(r.hvd_python)
+    return r._hvd_torch_differs
+
+
+def torch_version(python):
+    try:
+        return subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                              capture_output=True, text=True, timeout=120).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def run_tf_ops(r, args):
     """Allreduce of one tensor per size from eager TensorFlow (one process for every size: its
     import takes seconds) and from krug.torch (a process per size), 2 ranks, in turn for --rounds
-    rounds; {size: {"tf": row, "torch": row}}, each row the median round's."""
+    rounds; {load: {size: {"tf": row, "torch": row}}}, each row the median round's."""
     t = ["--target-seconds", str(args.step_seconds)]
     tf_cmd = r.krug(2, r.tf_python, os.path.join(HERE, "tf_small_ops.py"),
                     "--sizes", ",".join(TF_OP_SIZES), *t)
@@ -379,11 +604,12 @@ def run_tf_ops(r, args):
         tools += [("torch", "krug_small_ops.tf_sizes.%s.np2" % size,
                    r.krug(2, PYTHON, os.path.join(HERE, "krug_small_ops.py"), "--tensors", "1",
                           "--tensor-bytes", size, *t), step_rows) for size in TF_OP_SIZES]
-    res = interleaved(r, args, tools)
     out = {}
-    for tool, rows in res.items():
-        for row in rows or []:
-            out.setdefault(row["bytes"], {})[tool] = row
+    for load, res in interleaved(r, args, tools).items():
+        out[load] = {}
+        for tool, rows in res.items():
+            for row in rows or []:
+                out[load].setdefault(row["bytes"], {})[tool] = row
     return out
 
 
@@ -392,8 +618,8 @@ _WORKER = re.compile(r"Worker (\d+) of \d+: samples/sec ([\d.]+)")
 
 def run_keras(r, args):
     """bench/keras_compare.py: krug (2 ranks), MultiWorkerMirroredStrategy (2 workers), one plain
-    process and two at once, in turn for --train-rounds rounds; {mode: median samples/s of all
-    workers}."""
+    process and two at once, in turn for --train-rounds rounds; {load: {mode: median samples/s
+    of all workers}}."""
     script = os.path.join(HERE, "keras_compare.py")
     epochs = ["--epochs", str(max(2, args.train_iters // 2 + 1))]
     plain = [r.tf_python, script, "--mode", "plain"] + epochs
@@ -411,15 +637,9 @@ def run_keras(r, args):
             return sum(found) if len(found) == expected[key] else None
         return parse
 
-    samples = {key: [] for key in runs}
-    for rnd in range(max(1, args.train_rounds)):
-        for key, cmd in runs.items():
-            v = r.parsed("keras.%s.round%d" % (key, rnd + 1), cmd, total(key))
-            if v:
-                samples[key].append(v)
-    res = {key: statistics.median(v) if v else None for key, v in samples.items()}
-    res["rounds"] = samples
-    return res
+    tools = [(key, "keras.%s" % key, cmd, total(key)) for key, cmd in runs.items()]
+    res = interleaved(r, args, tools, rounds=args.train_rounds, combine=lambda v: v)
+    return {load: with_rounds(v) for load, v in res.items()}
 
 
 # ---- reporting ---------------------------------------------------------------------------------
@@ -451,8 +671,26 @@ def rounds_note(rows):
     return ", median of %d interleaved rounds" % n if n > 1 else ""
 
 
-def sweep_table(op, np_, res):
-    tools = [t for t in TOOLS if res.get(t)]  # None: the tool failed (see Errors)
+def load_label(load, procs):
+    """How a table's title names the machine state it was measured in."""
+    return "idle machine" if load == "idle" else \
+        "loaded machine (%d busy process%s)" % (procs, "" if procs == 1 else "es")
+
+
+def fmt_ratio(v):
+    """A ratio with 3 significant digits, without exponents (a busy-polling peer under load can
+    be thousands of times slower)."""
+    return fmt(v, "%.3g" if v is None or v < 1000 else "%.0f")
+
+
+def ratio_peer_over_krug(k, p):
+    """krug busbw / peer busbw = peer time / krug time (same bytes): above 1 krug is faster."""
+    return p["time_us"] / k["time_us"] if p and k and k["time_us"] else None
+
+
+def sweep_table(title, res, tools=TOOLS, ref="krug"):
+    """A sweep table: each tool's time and busbw per size and ref/peer for every other tool."""
+    tools = [t for t in tools if res.get(t)]  # None: the tool failed (see Errors)
     by_size = {}
     for t in tools:
         for row in res[t]:
@@ -460,40 +698,47 @@ def sweep_table(op, np_, res):
     headers = ["size"]
     for t in tools:
         headers += ["%s µs" % TOOL_TITLE[t], "%s busbw" % TOOL_TITLE[t]]
-    headers += ["krug/%s" % TOOL_TITLE[t] for t in tools if t != "krug"]
+    headers += ["%s/%s" % (TOOL_TITLE[ref], TOOL_TITLE[t]) for t in tools if t != ref]
     rows = []
     for b in sorted(by_size):
         cols = [size_label(b)]
         for t in tools:
             row = by_size[b].get(t)
             cols += [fmt_us(row and row["time_us"]), fmt(row and row["busbw"], "%.3f")]
-        k = by_size[b].get("krug")
-        for t in tools:
-            if t == "krug":
-                continue
-            p = by_size[b].get(t)
-            # krug busbw / peer busbw = peer time / krug time (same bytes): > 1 means krug wins.
-            cols.append(fmt(p["time_us"] / k["time_us"] if p and k and k["time_us"] else None,
-                            "%.3g"))
+        cols += [fmt_ratio(ratio_peer_over_krug(by_size[b].get(ref), by_size[b].get(t)))
+                 for t in tools if t != ref]
         rows.append(cols)
     note = rounds_note([row for v in res.values() for row in v or []])
-    return ("### %s, %d ranks (time per op in µs; busbw in GB/s; ratio = krug busbw / peer "
-            "busbw, above 1 krug is faster%s)\n\n" % (op, np_, note)) + table(headers, rows)
+    return ("### %s (time per op in µs; busbw in GB/s; ratio = %s busbw / peer busbw, above 1 "
+            "%s is faster%s)\n\n" % (title, TOOL_TITLE[ref], TOOL_TITLE[ref], note)) + \
+        table(headers, rows)
 
 
-def small_ops_table(np_, res):
-    tools = [("krug_cpp", "krug C++"), ("krug_py", "krug Python"), ("mpi", "Open MPI"),
-             ("gloo", "torch Gloo")]
-    headers = ["measure (time per op or step, µs)"] + [t for _, t in tools]
+SMALL_TOOLS = [("krug_cpp", "krug C++"), ("krug_py", "krug Python"), ("mpi", "Open MPI"),
+               ("gloo", "torch Gloo"), ("hvd_gloo", "Horovod Gloo"), ("hvd_mpi", "Horovod MPI")]
+
+
+def small_ops_table(np_, res, where):
+    present = {t for v in res.values() for t, row in v.items() if row}
+    tools = [(t, title) for t, title in SMALL_TOOLS
+             if t in present or t in ("krug_cpp", "krug_py", "mpi", "gloo")]
+    hvd = [(t, title) for t, title in tools if t.startswith("hvd_")]
+    headers = ["measure (time per op or step, µs)"] + [title for _, title in tools] + \
+        ["krug Python/%s" % title for _, title in hvd]
     rows = []
     for key, label, _ in SMALL_MEASURES:
         if key in res:
-            rows.append([label] + [fmt_us(res[key].get(t) and res[key][t]["time_us"])
-                                   for t, _ in tools])
+            m = res[key]
+            rows.append([label] + [fmt_us(m.get(t) and m[t]["time_us"]) for t, _ in tools] +
+                        [fmt_ratio(ratio_peer_over_krug(m.get("krug_py"), m.get(t)))
+                         for t, _ in hvd])
     note = rounds_note([row for v in res.values() for row in v.values()])
-    return ("### Small messages, %d ranks (C++: krug-step, mpi_bench; Python: krug_small_ops.py, "
-            "torch_gloo_bench.py; a step submits every tensor asynchronously and waits for all, "
-            "MPI makes one blocking call per tensor%s)\n\n" % (np_, note)) + table(headers, rows)
+    return ("### Small messages, %d ranks, %s (C++: krug-step, mpi_bench; Python: "
+            "krug_small_ops.py%s, torch_gloo_bench.py; a step submits every tensor "
+            "asynchronously and waits for all, MPI makes one blocking call per tensor; "
+            "krug/Horovod = Horovod's time / krug's, above 1 krug is faster%s)\n\n"
+            % (np_, where, " (krug.torch, and Horovod running the same script)" if hvd else "",
+               note)) + table(headers, rows)
 
 
 def at_size(rows, nbytes, key="busbw"):
@@ -507,7 +752,7 @@ def limits_table(limits, sweeps):
     rows = [[size_label(l["bytes"]), "%.2f" % l["memcpy"], "%.2f" % l["reduce"],
              "%.2f" % l["bound"]] for l in limits]
     text = ("### Machine limits (single thread, best of 5; bound = 2/(1/reduce + 1/memcpy), the "
-            "most allreduce busbw one core per rank allows; GB/s)\n\n" +
+            "most allreduce busbw one core per rank allows; GB/s; idle machine)\n\n" +
             table(["size", "memcpy", "reduce a=b+c", "bound"], rows))
     frac = []
     for np_, res in sorted(sweeps.items()):
@@ -518,37 +763,78 @@ def limits_table(limits, sweeps):
                 frac.append(["%d" % np_, size_label(l["bytes"]), "%.3f" % bw,
                              "%.2f" % (bw / l["bound"]), "%.2f" % (bw / l["memcpy"])])
     if frac:
-        text += ("\n\nFraction of the machine's limit that krug's allreduce reaches:\n\n" +
+        text += ("\n\nFraction of the machine's limit that krug's allreduce reaches (idle "
+                 "machine):\n\n" +
                  table(["ranks", "size", "krug busbw", "of bound", "of memcpy"], frac))
     return text
 
 
-def training_table(res):
-    plain = res.get("plain")
+def n_rounds(res):
+    return max([len(v) for v in res.get("rounds", {}).values()] or [0])
 
-    def eff(v, n):
+
+def training_table(res, where, hvd_torch=None):
+    cores = os.cpu_count() or 1
+
+    def eff(v, n, plain):
         return fmt(v / (n * plain) if v and plain else None)
 
-    rows = [["one plain process (no distribution)", "1", fmt(plain, "%.1f"), "1.00", ""],
-            ["two plain processes at once, no communication", "2",
-             fmt(res.get("plain_x2"), "%.1f"), eff(res.get("plain_x2"), 2), ""],
-            ["two ranks in lock-step: a barrier per step, no gradients (synchronous training's "
-             "ceiling)", "2", fmt(res.get("lockstep_np2"), "%.1f"),
-             eff(res.get("lockstep_np2"), 2), ""]]
-    for np_ in (1, 2):
-        k, d = res.get("krug_np%d" % np_), res.get("ddp_np%d" % np_)
-        rows.append(["krug (examples/torch_synthetic_benchmark.py)", str(np_), fmt(k, "%.1f"),
-                     eff(k, np_), fmt(k / d if k and d else None)])
-        rows.append(["PyTorch DDP, gloo (bench/peers/ddp_synthetic.py)", str(np_),
-                     fmt(d, "%.1f"), eff(d, np_), ""])
-    return ("### Training throughput: ResNet-18, synthetic 64x64, batch 16 per rank, 1 thread "
-            "per rank (efficiency = images/s / (ranks x plain process); median of %d "
-            "interleaved rounds)\n\n" % max(len(v) for v in res.get("rounds", {"": [0]}).values()) +
-            table(["run", "ranks", "images/s (all ranks)", "scaling efficiency", "krug/DDP"],
-                  rows))
+    def ratio(a, b):
+        return fmt(a / b if a and b else None)
+
+    def block(sfx, threads):
+        plain = res.get("plain" + sfx)
+        # Horovod's efficiency against a plain process of its own torch, when that differs
+        # (measured with 1 thread only).
+        hvd_plain = res.get("hvd_plain" + sfx) if "hvd_plain" in res.get("rounds", {}) \
+            else plain
+        k2 = res.get("krug_np2" + sfx)
+        rows = [["one plain process (no distribution)", threads, "1", fmt(plain, "%.1f"), "1.00",
+                 ""]]
+        for key, what in (("plain_x2", "two plain processes at once, no communication"),
+                          ("lockstep_np2", "two ranks in lock-step: a barrier per step, no "
+                           "gradients (synchronous training's ceiling)")):
+            if key + sfx in res.get("rounds", {}):  # --train-ceilings
+                rows.append([what, threads, "2", fmt(res.get(key + sfx), "%.1f"),
+                             eff(res.get(key + sfx), 2, plain), ""])
+        if res.get("hvd_plain" + sfx):
+            rows.append(["one plain process in Horovod's interpreter (torch %s)"
+                         % (hvd_torch or "?"), threads, "1", fmt(hvd_plain, "%.1f"), "1.00",
+                         ""])
+        nps = (1, 2) if sfx == "" else (2,)
+        for np_ in nps:
+            k, d = res.get("krug_np%d%s" % (np_, sfx)), res.get("ddp_np%d%s" % (np_, sfx))
+            if k is None and d is None and np_ == 1:
+                continue
+            rows.append(["krug (examples/torch_synthetic_benchmark.py)", threads, str(np_),
+                         fmt(k, "%.1f"), eff(k, np_, plain), ""])
+            rows.append(["PyTorch DDP, gloo (bench/peers/ddp_synthetic.py)", threads, str(np_),
+                         fmt(d, "%.1f"), eff(d, np_, plain), ratio(k, d)])
+        for key, ctl in HOROVOD:
+            h = res.get("%s_np2%s" % (key, sfx))
+            if h is not None or "%s_np2%s" % (key, sfx) in res.get("rounds", {}):
+                rows.append(["Horovod %s, %s controller (the same example)"
+                             % (HOROVOD_VERSION, ctl.upper() if ctl == "mpi" else "Gloo"),
+                             threads, "2", fmt(h, "%.1f"), eff(h, 2, hvd_plain), ratio(k2, h)])
+        return rows
+
+    rows = block("", "1")
+    if any(k.endswith("_tN") for k in res.get("rounds", {})):
+        rows += block("_tN", str(cores))
+    note = ""
+    if any(k.startswith("hvd_plain") for k in res.get("rounds", {})):
+        note = ("; Horovod runs Debian's torch %s, krug and DDP the build's: compare scaling "
+                "efficiency (each against a plain process of its own torch) more than images/s"
+                % (hvd_torch or "?"))
+    return ("### Training throughput, %s: ResNet-18, synthetic 64x64, batch 16 per rank "
+            "(efficiency = images/s / (ranks x plain process with as many threads); krug/peer = "
+            "krug's images/s (same ranks and threads) / the peer's; median of %d interleaved "
+            "rounds%s)\n\n" % (where, n_rounds(res), note) +
+            table(["run", "threads per rank", "ranks", "images/s (all ranks)",
+                   "scaling efficiency", "krug/peer"], rows))
 
 
-def tf_ops_table(res):
+def tf_ops_table(res, where):
     rows = []
     for size in sorted(res):
         tf_row, torch_row = res[size].get("tf"), res[size].get("torch")
@@ -559,15 +845,15 @@ def tf_ops_table(res):
                      fmt(tf_us / torch_us if tf_us and torch_us else None),
                      fmt(busbw(tf_us), "%.3f"), fmt(busbw(torch_us), "%.3f")])
     note = rounds_note([row for v in res.values() for row in v.values()])
-    return ("### Allreduce from eager TensorFlow against krug.torch, 2 ranks (one tensor, time per "
-            "op in µs; bench/tf_small_ops.py: hvd.allreduce, a new output each call; "
+    return ("### Allreduce from eager TensorFlow against krug.torch, 2 ranks, %s (one tensor, "
+            "time per op in µs; bench/tf_small_ops.py: hvd.allreduce, a new output each call; "
             "bench/krug_small_ops.py: hvd.allreduce_async_ in place and synchronize; busbw in "
-            "GB/s%s)\n\n" % note) + \
+            "GB/s%s)\n\n" % (where, note)) + \
         table(["size", "TF eager µs", "krug.torch µs", "TF/torch", "TF busbw", "torch busbw"],
               rows)
 
 
-def keras_table(res):
+def keras_table(res, where):
     plain = res.get("plain")
 
     def eff(v, n):
@@ -581,11 +867,10 @@ def keras_table(res):
              eff(k, 2), fmt(k / m if k and m else None)],
             ["tf.distribute.MultiWorkerMirroredStrategy (RING, gRPC on localhost)", "2",
              fmt(m, "%.1f"), eff(m, 2), ""]]
-    n = max(len(v) for v in res.get("rounds", {"": [0]}).values())
-    return ("### Keras training (bench/keras_compare.py): MLP 784-1024-1024-10 (1.86 M "
+    return ("### Keras training (bench/keras_compare.py), %s: MLP 784-1024-1024-10 (1.86 M "
             "parameters), tf_keras model.fit, synthetic data, batch 64 per worker, TensorFlow "
             "intra-op and inter-op threads 1 per process (efficiency = samples/s / (workers x "
-            "plain process); median of %d interleaved rounds)\n\n" % n) + \
+            "plain process); median of %d interleaved rounds)\n\n" % (where, n_rounds(res))) + \
         table(["run", "workers", "samples/s (all workers)", "scaling efficiency", "krug/MWMS"],
               rows)
 
@@ -651,6 +936,88 @@ def targets(results):
     return out
 
 
+def peer_verdicts(view, np_=2):
+    """[(description, measured text, PASS/FAIL/SKIP)]: krug >= every peer (issue 30), at np_
+    ranks. Sweeps: krug's time per op against each peer's at every size both measured (krug's
+    C++ API against Open MPI and torch Gloo, krug.torch against Horovod); small messages: krug's
+    C++ API against Open MPI, its Python API against torch Gloo and Horovod; training: krug's
+    images/s against each peer's with the same ranks and threads."""
+    out = []
+
+    def sweep_verdict(what, krug_rows, peer, peer_rows):
+        desc = "krug >= %s: %s, every size" % (TOOL_TITLE[peer], what)
+        k = {row["bytes"]: row for row in krug_rows or []}
+        ratios = [(ratio_peer_over_krug(k[row["bytes"]], row), row["bytes"])
+                  for row in peer_rows or [] if row["bytes"] in k]
+        ratios = [(v, b) for v, b in ratios if v is not None]
+        if not ratios:
+            out.append((desc, "not measured", "SKIP"))
+            return
+        ahead = sum(1 for v, _ in ratios if v >= 1.0)
+        worst = min(ratios)
+        out.append((desc, "krug ahead at %d of %d sizes; worst %sx at %s"
+                     % (ahead, len(ratios), fmt_ratio(worst[0]),
+                        size_label(worst[1]).replace("\u00a0", " ")),
+                     "PASS" if ahead == len(ratios) else "FAIL"))
+
+    for op, res in sorted(view.get("sweeps", {}).get(np_, {}).items()):
+        for peer in ("mpi", "gloo"):
+            if peer in res:
+                sweep_verdict("%s %d ranks (C++ API)" % (op, np_), res.get("krug"), peer,
+                              res.get(peer))
+    hsw = view.get("horovod_sweep", {}).get(np_)
+    if hsw:
+        for peer, _ in HOROVOD:
+            sweep_verdict("allreduce %d ranks (krug.torch, the same script)" % np_,
+                          hsw.get("krug_py"), peer, hsw.get(peer))
+    small = view.get("small_ops", {}).get(np_, {})
+    for key, label, _ in SMALL_MEASURES:
+        m = small.get(key)
+        if not m:
+            continue
+        for mine, peer, api in (("krug_cpp", "mpi", "C++"), ("krug_py", "gloo", "Python"),
+                                ("krug_py", "hvd_gloo", "Python"),
+                                ("krug_py", "hvd_mpi", "Python")):
+            if peer not in m:
+                continue
+            v = ratio_peer_over_krug(m.get(mine), m.get(peer))
+            desc = "krug >= %s: %s, %d ranks (%s API)" % (TOOL_TITLE[peer], label, np_, api)
+            out.append((desc, "not measured", "SKIP") if v is None else
+                       (desc, "%sx (%.1f against %.1f us)" % (fmt_ratio(v), m[mine]["time_us"],
+                                                              m[peer]["time_us"]),
+                        "PASS" if v >= 1.0 else "FAIL"))
+    train = view.get("training") or {}
+    rounds = train.get("rounds", {})
+    for sfx, threads in (("", "1 thread"), ("_tN", "%d threads" % (os.cpu_count() or 1))):
+        k = train.get("krug_np2" + sfx)
+        for peer, title in (("ddp", "PyTorch DDP"), ("hvd_gloo", "Horovod Gloo"),
+                            ("hvd_mpi", "Horovod MPI")):
+            key = "%s_np2%s" % (peer, sfx)
+            if key not in rounds:
+                continue
+            p = train.get(key)
+            plain, own_plain = train.get("plain" + sfx), train.get("hvd_plain" + sfx)
+            other_torch = peer.startswith("hvd_") and "hvd_plain" in rounds
+            if other_torch and "hvd_plain" + sfx in rounds:
+                # Horovod runs another torch than krug: images/s would compare the two torches
+                # as much as the two frameworks, so compare scaling efficiency, each against a
+                # plain process of its own torch.
+                desc = "krug >= %s: ResNet-18 scaling efficiency, 2 ranks x %s (other torch)" \
+                    % (title, threads)
+                ke = k / (2 * plain) if k and plain else None
+                pe = p / (2 * own_plain) if p and own_plain else None
+                out.append((desc, "not measured", "SKIP") if not (ke and pe) else
+                           (desc, "%.2f against %.2f (%.1f and %.1f images/s)" % (ke, pe, k, p),
+                            "PASS" if ke >= pe else "FAIL"))
+                continue
+            desc = "krug >= %s: ResNet-18 images/s, 2 ranks x %s%s" % (
+                title, threads, " (other torch)" if other_torch else "")
+            out.append((desc, "not measured", "SKIP") if not (k and p) else
+                       (desc, "%.2fx (%.1f against %.1f)" % (k / p, k, p),
+                        "PASS" if k >= p else "FAIL"))
+    return out
+
+
 def machine_info(r):
     def cmd(c):
         try:
@@ -682,6 +1049,9 @@ def machine_info(r):
         "gloo": cmd(["dpkg-query", "-W", "-f=${Version}", "libgloo-dev"]) or None,
         "python": cmd([PYTHON, "-c", "import platform; print(platform.python_version())"]),
         "load_average": os.getloadavg(),
+        "horovod": cmd([r.hvd_python, "-c", "import horovod; print(horovod.__version__)"])
+        if r.have_horovod else None,
+        "horovod_torch": torch_version(r.hvd_python) if r.have_horovod else None,
     }
 
 
@@ -694,22 +1064,37 @@ def plot(results, path):
         print("no plot: python3-matplotlib is not installed (apt-get install python3-matplotlib)",
               file=sys.stderr)
         return False
-    sweeps = results["sweeps"]
-    cases = [(np_, op) for np_ in sorted(sweeps) for op in sweeps[np_]]
+    views = results["by_load"]
+    # One panel per collective and rank count (the C++ API's sweeps), one for the Python API's
+    # allreduce (krug.torch and Horovod); each tool a colour, each load a line style.
+    cases = []
+    for load, view in views.items():
+        for np_, ops in view["sweeps"].items():
+            cases += [(np_, op, "sweeps", TOOLS) for op in ops]
+        for np_ in view.get("horovod_sweep", {}):
+            cases.append((np_, "allreduce", "horovod_sweep", ("krug_py",) + tuple(
+                k for k, _ in HOROVOD)))
+    cases = sorted(set(cases), key=lambda c: (c[0], c[2], c[1]))
     if not cases:  # --tensorflow-only
         return False
     fig, axes = plt.subplots(len(cases), 1, figsize=(8, 3.2 * len(cases)), squeeze=False)
     # The bound of the largest buffers: those do not fit any cache, as large messages do not.
     limits = sorted(results["machine_limits"], key=lambda l: l["bytes"])
     bound = limits[-1]["bound"] if limits else None
-    for ax, (np_, op) in zip(axes[:, 0], cases):
+    styles = {"idle": "-", "loaded": ":"}
+    colours = {t: "C%d" % i for i, t in enumerate(TOOLS + ("krug_py", "hvd_gloo", "hvd_mpi"))}
+    for ax, (np_, op, part, tools) in zip(axes[:, 0], cases):
         sizes = set()
-        for tool in TOOLS:
-            rows = [r for r in sweeps[np_][op].get(tool) or [] if r["busbw"] > 0]
-            if rows:
-                sizes.update(r["bytes"] for r in rows)
-                ax.plot([r["bytes"] for r in rows], [r["busbw"] for r in rows], marker=".",
-                        label=TOOL_TITLE[tool])
+        for load, view in views.items():
+            res = view[part].get(np_, {})
+            res = res.get(op, {}) if part == "sweeps" else res
+            for tool in tools:
+                rows = [r for r in res.get(tool) or [] if r["busbw"] > 0]
+                if rows:
+                    sizes.update(r["bytes"] for r in rows)
+                    ax.plot([r["bytes"] for r in rows], [r["busbw"] for r in rows], marker=".",
+                            color=colours[tool], linestyle=styles[load],
+                            label="%s, %s" % (TOOL_TITLE[tool], load))
         if bound and op == "allreduce":
             ax.axhline(bound, color="grey", linestyle="--", label="machine bound")
         ax.set_xscale("log", base=2)
@@ -717,12 +1102,14 @@ def plot(results, path):
         ticks = [b for b in sorted(sizes) if (b.bit_length() - 1) % 4 == 0]
         ax.set_xticks(ticks, [pybench.human_bytes(b).replace(" ", "").replace("iB", "")
                               for b in ticks])
-        ax.set_title("%s, %d ranks" % (op, np_))
+        ax.set_title("%s, %d ranks%s" % (op, np_, ", Python API (krug.torch, Horovod)"
+                                         if part == "horovod_sweep" else ""))
         ax.set_xlabel("size")
         ax.set_ylabel("bus bandwidth (GB/s)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle("Bus bandwidth against size (%s)" % results["machine"]["date"], fontsize="small")
+        ax.legend(fontsize="x-small", ncol=2)
+    fig.suptitle("Bus bandwidth against size (%s; dotted: loaded machine)"
+                 % results["machine"]["date"], fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -731,36 +1118,59 @@ def plot(results, path):
 
 def report(results, args, command):
     m = results["machine"]
+    views = results["by_load"]
+    where = {load: load_label(load, results["load_procs"]) for load in views}
     parts = [
         "Command: `%s`" % command,
         "Machine: %s, %s cores, %s GiB, %s, kernel %s; load average at start %.2f %.2f %.2f"
         % (m["cpu"], m["cores"], m["memory_gib"], m["os"], m["kernel"], *m["load_average"]),
-        "Date: %s. Versions: krug %s, %s, torch %s (Python %s), libgloo %s."
+        "Date: %s. Versions: krug %s, %s, torch %s (Python %s), libgloo %s%s."
         % (m["date"], m["krug_commit"], m["openmpi"] or "no Open MPI", m["torch"],
-           m["python"], m["gloo"]),
+           m["python"], m["gloo"], ", Horovod %s (torch %s)" % (m["horovod"], m["horovod_torch"])
+           if m.get("horovod") else ""),
+        "Machine states: %s. Loaded: %d processes that never sleep (`while :; do :; done`, "
+        "normal priority), started by the suite just before each loaded run and ended just "
+        "after it. Every round runs every tool once in each state, in turn; each figure is the "
+        "median of its rounds." % (", ".join(views), results["load_procs"]),
     ]
-    if results["machine_limits"]:
-        parts.append(limits_table(results["machine_limits"], results["sweeps"]))
     if m["load_average"][0] > 0.5 * (m["cores"] or 1):
         # A peer that busy-polls (Open MPI with one rank per core) loses whole scheduler ticks
         # to other work on the cores; such figures say little about a quiet machine.
         parts.insert(3, "**Warning: the machine was busy when the run started (load average "
                         "%.2f on %s cores): figures are not representative of a quiet machine; "
                         "busy-polling peers suffer most.**" % (m["load_average"][0], m["cores"]))
-    for np_ in sorted(results["sweeps"]):
-        for op, res in results["sweeps"][np_].items():
-            parts.append(sweep_table(op, np_, res))
-        if results["small_ops"].get(np_):
-            parts.append(small_ops_table(np_, results["small_ops"][np_]))
-    if results.get("training"):
-        parts.append(training_table(results["training"]))
-    if results.get("tf_ops"):
-        parts.append(tf_ops_table(results["tf_ops"]))
-    if results.get("keras"):
-        parts.append(keras_table(results["keras"]))
-    lines = ["%s  %s: %s" % (status, desc, value) for desc, value, status in results["targets"]]
-    parts.append("### Targets (issues 6 and 19, 2 ranks, float32)\n\n```\n%s\n```"
-                 % "\n".join(lines))
+    if results["machine_limits"]:
+        first = views.get("idle") or next(iter(views.values()))
+        parts.append(limits_table(results["machine_limits"], first["sweeps"]))
+    nps = sorted({np_ for v in views.values() for np_ in v["sweeps"]})
+    for np_ in nps:
+        ops = [op for op in args.ops if any(op in v["sweeps"].get(np_, {})
+                                            for v in views.values())]
+        for op in ops:
+            for load, v in views.items():
+                if op in v["sweeps"].get(np_, {}):
+                    parts.append(sweep_table("%s, %d ranks, %s" % (op, np_, where[load]),
+                                             v["sweeps"][np_][op]))
+        for load, v in views.items():
+            if v["horovod_sweep"].get(np_):
+                parts.append(sweep_table(
+                    "allreduce through the Python API, %d ranks, %s: bench/krug_torch_sweep.py "
+                    "under krugrun (krug.torch) and under horovodrun (Horovod %s, Gloo and MPI "
+                    "controllers); in place" % (np_, where[load], HOROVOD_VERSION),
+                    v["horovod_sweep"][np_], tools=("krug_py",) + tuple(k for k, _ in HOROVOD),
+                    ref="krug_py"))
+        for load, v in views.items():
+            if v["small_ops"].get(np_):
+                parts.append(small_ops_table(np_, v["small_ops"][np_], where[load]))
+    for key, fn in (("training", lambda res, w: training_table(res, w, m.get("horovod_torch"))),
+                    ("tf_ops", tf_ops_table), ("keras", keras_table)):
+        for load, v in views.items():
+            if v.get(key):
+                parts.append(fn(v[key], where[load]))
+    for load, v in views.items():
+        lines = ["%s  %s: %s" % (status, desc, value) for desc, value, status in v["targets"]]
+        parts.append("### Targets and verdicts, %s (issues 6, 19 and 30, 2 ranks, float32)\n\n"
+                     "```\n%s\n```" % (where[load], "\n".join(lines)))
     if results["errors"]:
         parts.append("### Errors\n\n" + "\n".join("- " + e for e in results["errors"]))
     return "\n\n".join(parts) + "\n"
@@ -804,24 +1214,51 @@ def main():
         print("bench-suite: torch Gloo peer and training skipped: %s cannot import torch "
               "(apt-get install python3-torch)" % PYTHON, file=sys.stderr)
         args.no_train = True
-    results = {"machine": machine_info(r), "command": command, "sweeps": {}, "small_ops": {}}
+    if args.horovod and not r.have_horovod:
+        # An asked-for peer that is missing is a failure, not a silent skip.
+        r.errors.append("--horovod: %s cannot import horovod.torch, or %s is missing "
+                        "(scripts/install-horovod builds it)" % (r.hvd_python, r.horovodrun))
+    if r.have_horovod and not r.have_krug_torch:
+        r.errors.append("--horovod: krug.torch is not built in %s: nothing to compare Horovod "
+                        "with" % args.build_dir)
+        r.have_horovod = False
+    t0 = time.monotonic()
+    results = {"machine": machine_info(r), "command": command, "loads": args.loads,
+               "load_procs": args.load_procs}
+    views = {load: {"sweeps": {}, "small_ops": {}, "horovod_sweep": {}, "training": None,
+                    "tf_ops": None, "keras": None} for load in args.loads}
+    results["by_load"] = views
+    # The machine's own limits: measured idle only (they are the bound of an idle machine).
     results["machine_limits"] = [] if args.tensorflow_only else run_machine_limits(r, args)
+
+    def spread(part, got, np_=None):
+        for load, v in got.items():
+            if np_ is None:
+                views[load][part] = v
+            else:
+                views[load][part][np_] = v
+
     for np_ in [] if args.tensorflow_only else args.nps:
-        results["sweeps"][np_] = run_sweeps(r, args, np_)
-        results["small_ops"][np_] = run_small_ops(r, args, np_)
-    results["training"] = None if args.no_train else run_training(r, args)
-    results["tf_ops"] = results["keras"] = None
+        spread("sweeps", run_sweeps(r, args, np_), np_)
+        if r.have_horovod:
+            spread("horovod_sweep", run_horovod_sweep(r, args, np_), np_)
+        spread("small_ops", run_small_ops(r, args, np_), np_)
+    if not args.no_train:
+        spread("training", run_training(r, args))
     if not args.no_tensorflow and not r.have_krug_tf:
         print("bench-suite: TensorFlow comparison skipped: %s" % (
             "no interpreter imports tensorflow and tf_keras (scripts/install-deps)"
             if r.tf_python is None else "krug.tensorflow is not built in %s" % args.build_dir),
             file=sys.stderr)
     elif not args.no_tensorflow:
-        results["tf_ops"] = run_tf_ops(r, args)
-        results["keras"] = run_keras(r, args)
-    results["targets"] = targets(results)
+        spread("tf_ops", run_tf_ops(r, args))
+        spread("keras", run_keras(r, args))
+    for v in views.values():
+        v["targets"] = targets(v) + peer_verdicts(v)
     results["errors"] = r.errors
+    results["seconds"] = round(time.monotonic() - t0, 1)
     text = report(results, args, command)
+    text += "\nThe suite took %s.\n" % duration(results["seconds"])
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
@@ -839,6 +1276,11 @@ def main():
               file=sys.stderr)
         return 1
     return 0
+
+
+def duration(seconds):
+    s = int(round(seconds))
+    return "%d s" % s if s < 60 else "%d min %d s" % (s // 60, s % 60)
 
 
 if __name__ == "__main__":

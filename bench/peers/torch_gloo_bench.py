@@ -4,13 +4,15 @@
     /usr/bin/python3 bench/peers/torch_gloo_bench.py --np 2 allreduce|allgather|broadcast \
         [--min-bytes 4] [--max-bytes 256M] [--factor 2] [--iters N] [--target-seconds 0.2]
     /usr/bin/python3 bench/peers/torch_gloo_bench.py --np 2 step \
-        [--tensors 100 --tensor-bytes 1K | --shapes bench/resnet50_gradients.txt] [--sync]
+        [--tensors 100 --tensor-bytes 1K | --shapes bench/resnet50_gradients.txt |
+         --steps 1x4K,100x1K,bench/resnet50_gradients.txt] [--sync]
 
 Starts --np ranks itself (torch's env:// rendezvous on a free local port), one thread each.
 Sweep: float32 dist.all_reduce (sum, in place: Gloo has no out-of-place allreduce),
 dist.all_gather (size = the whole gathered result), dist.broadcast (root 0), with
 krug-bench's timing and columns. Step: dist.all_reduce(async_op=True) for every tensor, then
-wait for all (--sync: one blocking call after the other). One more operation checks results.
+wait for all (--sync: one blocking call after the other); --steps measures several steps in
+turn in one process, a row each. One more operation checks results.
 """
 import argparse
 import os
@@ -33,6 +35,9 @@ def parse_args():
     p.add_argument("--tensors", type=int, default=100)
     p.add_argument("--tensor-bytes", default="1K")
     p.add_argument("--shapes", default=None, help="a gradient list (bench/resnet50_gradients.txt)")
+    p.add_argument("--steps", default=None,
+                   help="step: several steps in turn, a row each (NxSIZE or a gradient list, "
+                        "comma-separated)")
     p.add_argument("--sync", action="store_true", help="step: blocking calls one after the other")
     p.add_argument("--timeout", type=int, default=900, help="kill the ranks after this (s)")
     args = p.parse_args()
@@ -108,9 +113,18 @@ def sweep(args, r):
     return 0 if wrong_total == 0 else 1
 
 
-def step(args, r):
+def steps(args, r):
+    wrong = 0
+    for i, one in enumerate(pybench.step_list(args)):
+        wrong += step(one, r, header=i == 0,
+                      what=args.steps and "each in turn, a row each: " + args.steps)
+    return 0 if wrong == 0 else 1
+
+
+def step(args, r, header=True, what=None):
+    """Times one step and prints its row; returns the number of wrong elements over all ranks."""
     torch, dist = r.torch, r.dist
-    spec, what = pybench.step_tensors(args)
+    spec, step_what = pybench.step_tensors(args)
     # Zeros while timing: in-place sums of zeros stay zero (no overflow over many steps).
     tensors = [torch.zeros(shape) for _, shape in spec]
 
@@ -122,9 +136,9 @@ def step(args, r):
             for w in [dist.all_reduce(t, async_op=True) for t in tensors]:
                 w.wait()
 
-    if r.rank == 0:
+    if header and r.rank == 0:
         pybench.print_step_header(
-            "torch_gloo_bench", what, r.size,
+            "torch_gloo_bench", what or step_what, r.size,
             "blocking dist.all_reduce one after the other" if args.sync
             else "dist.all_reduce(async_op=True) for every tensor, then wait for all")
     iters, secs = pybench.time_operation(once, r.slowest, r.barrier, iters=args.iters,
@@ -137,7 +151,7 @@ def step(args, r):
     if r.rank == 0:
         pybench.print_step_row(len(tensors), 4 * sum(t.numel() for t in tensors), iters, secs,
                                wrong)
-    return 0 if wrong == 0 else 1
+    return wrong
 
 
 def worker(args):
@@ -146,7 +160,7 @@ def worker(args):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://")
     r = Ranks(dist, torch)
-    rc = step(args, r) if args.mode == "step" else sweep(args, r)
+    rc = steps(args, r) if args.mode == "step" else sweep(args, r)
     dist.barrier()
     # torch 1.13's gloo teardown can hang: leave without it, after every rank is done.
     pybench.hard_exit(rc)
