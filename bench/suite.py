@@ -63,8 +63,9 @@ def parse_args():
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Presets: --quick (factor 4 up to 256M, one round, shorter training), "
                "--smoke (allreduce up to 64K, no Python small ops but Horovod's, no training: "
-               "checks that everything runs). The defaults fit the whole suite, idle and "
-               "loaded, in 25 minutes on 2 cores (issue 30).")
+               "checks that everything runs). The defaults aim to fit the whole suite, idle "
+               "and loaded, in 25 minutes on 2 cores (issue 30); the summary ends with the "
+               "time it took.")
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"),
                    help="where krugrun and build/bench/* are (default build/)")
     p.add_argument("--out", default=None,
