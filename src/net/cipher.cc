@@ -5,13 +5,14 @@
 
 #include <climits>
 
+#include "net/frame_length.h"
 #include "net/socket.h"
 
 namespace krug::net {
 namespace {
 
 constexpr size_t kIvSize = 12;  // GCM's native nonce: no extra hashing of the IV
-constexpr size_t kHeaderSize = 4;
+constexpr size_t kHeaderSize = kFrameLengthSize;
 
 void check(int ok, const char* what) {
   if (ok != 1) throw NetError(fmt::format("AES-256-GCM: {} failed", what));
@@ -20,16 +21,6 @@ void check(int ok, const char* what) {
 int as_int(size_t n) {
   if (n > static_cast<size_t>(INT_MAX)) throw NetError("AES-256-GCM: record too large");
   return static_cast<int>(n);
-}
-
-size_t read_length(const uint8_t* p) {
-  size_t n = 0;
-  for (size_t i = 0; i < kHeaderSize; ++i) n |= static_cast<size_t>(p[i]) << (8 * i);
-  return n;
-}
-
-void write_length(size_t n, uint8_t* p) {
-  for (size_t i = 0; i < kHeaderSize; ++i) p[i] = static_cast<uint8_t>(n >> (8 * i));
 }
 
 }  // namespace
@@ -94,7 +85,7 @@ void append_sealed_frame(Aead& send, const void* data, size_t size, std::vector<
   const size_t start = out.size();
   out.resize(start + kHeaderSize + size + kTagSize);
   uint8_t* header = out.data() + start;
-  write_length(size + kTagSize, header);
+  write_frame_length(size + kTagSize, header);
   send.seal({header, kHeaderSize}, static_cast<const uint8_t*>(data), size, header + kHeaderSize,
             header + kHeaderSize + size);
 }
@@ -104,7 +95,7 @@ void open_sealed_frames(Aead& recv, std::vector<uint8_t>& sealed, std::vector<ui
   size_t pos = 0;
   while (sealed.size() - pos >= kHeaderSize) {
     uint8_t* header = sealed.data() + pos;
-    const size_t len = read_length(header);
+    const size_t len = read_frame_length(header);
     // Bound what the peer can make us buffer before anything is authenticated.
     if (len < kTagSize || len - kTagSize > max_size)
       throw NetError(fmt::format(
@@ -116,7 +107,7 @@ void open_sealed_frames(Aead& recv, std::vector<uint8_t>& sealed, std::vector<ui
       throw NetError("a frame failed authentication (altered, replayed or not this job's key)");
     const size_t at = plain.size();
     plain.resize(at + kHeaderSize + n);
-    write_length(n, plain.data() + at);
+    write_frame_length(n, plain.data() + at);
     std::copy(payload, payload + n, plain.data() + at + kHeaderSize);
     pos += kHeaderSize + len;
   }

@@ -2,6 +2,7 @@
 // deadline, so a dead or silent peer becomes a NetError instead of a hang.
 #include "net/socket.h"
 
+#include <fmt/format.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,11 +11,11 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-
 #include <cerrno>
 #include <cstring>
 #include <thread>
+
+#include "net/frame_length.h"
 
 namespace krug::net {
 namespace {
@@ -156,8 +157,8 @@ void Connection::send_frame(const void* data, size_t size, const Deadline& deadl
     send_all(nullptr, 0, sealed.data(), sealed.size(), deadline);
     return;
   }
-  uint8_t header[4];
-  for (int i = 0; i < 4; ++i) header[i] = static_cast<uint8_t>(size >> (8 * i));
+  uint8_t header[kFrameLengthSize];
+  write_frame_length(size, header);
   send_all(header, sizeof header, data, size, deadline);
 }
 
@@ -220,10 +221,9 @@ std::vector<uint8_t> Connection::recv_frame(const Deadline& deadline) {
 std::vector<uint8_t> Connection::recv_frame(const Deadline& deadline, size_t max_size) {
   if (!valid()) throw NetError("receive from " + peer_ + ": connection is closed");
   auto started = Clock::now();
-  uint8_t header[4];
-  recv_exact(header, 4, started, deadline);
-  size_t size = 0;
-  for (int i = 0; i < 4; ++i) size |= static_cast<size_t>(header[i]) << (8 * i);
+  uint8_t header[kFrameLengthSize];
+  recv_exact(header, kFrameLengthSize, started, deadline);
+  const size_t size = read_frame_length(header);
   // Bound the allocation before trusting a length from the wire.
   const size_t overhead = cipher_ ? kTagSize : 0;
   if (size < overhead || size - overhead > max_size)

@@ -6,12 +6,11 @@
 // hostile peer cannot stall the clients already being served.
 #include "rendezvous/server.h"
 
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
@@ -19,6 +18,7 @@
 #include <mutex>
 
 #include "common/log.h"
+#include "net/frame_length.h"
 #include "net/limits.h"
 #include "net/socket.h"
 #include "rendezvous/server_state.h"
@@ -268,7 +268,7 @@ void RendezvousServer::Impl::deliver(std::vector<ServerState::Reply>& replies) {
       net::append_sealed_frame(cipher->send, r.payload.data(), r.payload.size(), out);
       continue;
     }
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(r.payload.size() >> (8 * i)));
+    net::append_frame_length(r.payload.size(), out);
     out.insert(out.end(), r.payload.begin(), r.payload.end());
   }
   replies.clear();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "net/frame_length.h"
 #include "net/socket.h"
 #include "rendezvous/protocol.h"
 
@@ -48,14 +49,14 @@ bool ServerState::handle_frames(uint64_t client, Bytes& in, Clock::time_point no
                                 std::vector<Reply>& out) {
   size_t pos = 0;
   bool handled = false;
-  while (!parked(client) && in.size() - pos >= 4) {
-    size_t len = 0;
-    for (int i = 0; i < 4; ++i) len |= size_t{in[pos + i]} << (8 * i);
+  constexpr size_t kLength = net::kFrameLengthSize;
+  while (!parked(client) && in.size() - pos >= kLength) {
+    const size_t len = net::read_frame_length(in.data() + pos);
     if (len > net::kMaxFrameSize)
       throw net::NetError(fmt::format("frame of {} bytes is too large", len));
-    if (in.size() - pos - 4 < len) break;
-    Bytes request(in.begin() + pos + 4, in.begin() + pos + 4 + len);
-    pos += 4 + len;
+    if (in.size() - pos - kLength < len) break;
+    Bytes request(in.begin() + pos + kLength, in.begin() + pos + kLength + len);
+    pos += kLength + len;
     handle(client, request, now, out);
     handled = true;
   }
