@@ -8,8 +8,8 @@ collectives and pytest goes on to the next test) is reported on every rank's own
 operations each rank waits in fail naming the operation and the rank that never came, and the
 tests after it run: nothing hangs (stall_job.py).
 
-Each case is its own krugrun job of 2 and 3 ranks, started from the 1-rank run of this file (the
-larger runs skip, so the jobs run once)."""
+Each case is its own krugrun job of 2 and 3 ranks, started from a 1-rank run of this file (ctest
+runs it at 1 rank only; a larger run skips, so the jobs run once)."""
 
 import os
 import subprocess
