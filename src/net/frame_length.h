@@ -15,8 +15,9 @@ inline void write_frame_length(size_t length, uint8_t* out) {
 }
 
 inline void append_frame_length(size_t length, std::vector<uint8_t>& out) {
-  for (size_t i = 0; i < kFrameLengthSize; ++i)
-    out.push_back(static_cast<uint8_t>(length >> (8 * i)));
+  const size_t at = out.size();
+  out.resize(at + kFrameLengthSize);
+  write_frame_length(length, out.data() + at);
 }
 
 inline size_t read_frame_length(const uint8_t* in) {
