@@ -313,7 +313,9 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
       advance();
       if (stopped_ || handle.done()) break;
       const uint64_t before = negotiation_->lists_seen();
-      receive(!control_->uses_mailboxes() || round % 64 == 0);
+      // Not in the first round: a poll() per operation costs as much as the whole exchange
+      // through the mailboxes, and what the sockets carry here is rare.
+      receive(!control_->uses_mailboxes() || round % 64 == 63);
       if (stopped_ || handle.done()) break;
       const auto now = Clock::now();
       if (negotiation_->lists_seen() != before) until = std::min(deadline, now + busy_poll_);
