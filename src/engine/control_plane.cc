@@ -24,6 +24,10 @@ constexpr size_t kMaxHostFrame = 4096;
 // bytes once cached) fit; larger lists, and lists a busy peer has no room for yet, go over the
 // socket.
 constexpr size_t kMailboxBytes = size_t{256} << 10;
+// How long a polling sender holds a doorbell back (ring_doorbells). With 10 us, 2 ranks
+// exchanging 4-byte allreduces on this project's 2-core VM rang 55-680 doorbells per 100,000
+// operations instead of about 3,500.
+constexpr std::chrono::microseconds kDoorbellGrace(10);
 
 std::vector<uint8_t> to_bytes(std::string_view s) {
   return {s.begin(), s.end()};
@@ -138,6 +142,7 @@ void ControlPlane::map_mailboxes(const SegmentFactory& segment) {
   outbox_.resize(stash_.size());
   send_seq_.assign(stash_.size(), 0);
   recv_seq_.assign(stash_.size(), 0);
+  doorbell_held_.assign(stash_.size(), 0);
   if (is_coordinator()) {
     for (int r = 1; r < size_; ++r) {
       inbox_[r].emplace(at(r, 0), kMailboxBytes);
@@ -157,7 +162,8 @@ std::vector<int> ControlPlane::fds() const {
   return fds;
 }
 
-void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, const net::Deadline& until) {
+void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, const net::Deadline& until,
+                        bool hold_doorbell) {
   net::Connection& conn = connection(peer);
   if (!uses_mailboxes()) {
     conn.send_frame(frame, until);
@@ -166,7 +172,13 @@ void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, const net::
   Mailbox& box = *outbox_[peer];
   const uint64_t seq = send_seq_[peer]++;
   if (box.try_push(seq, frame.data(), frame.size())) {
-    if (box.consumer_sleeping()) conn.send_frame(nullptr, 0, until);  // the doorbell
+    if (!box.consumer_sleeping()) return;
+    if (!hold_doorbell) {
+      conn.send_frame(nullptr, 0, until);
+    } else if (!doorbell_held_[peer]) {
+      doorbell_held_[peer] = 1;
+      if (doorbells_held_++ == 0) ring_at_ = net::Clock::now() + kDoorbellGrace;
+    }
     return;
   }
   // Too large, or the peer has not caught up (it may be in a collective waiting for this rank):
@@ -178,8 +190,8 @@ void ControlPlane::send(int peer, const std::vector<uint8_t>& frame, const net::
   conn.send_frame(spilled, until);
 }
 
-void ControlPlane::send_to_coordinator(const controller::RequestList& list) {
-  send(0, controller::encode(list), deadline());
+void ControlPlane::send_to_coordinator(const controller::RequestList& list, bool hold_doorbell) {
+  send(0, controller::encode(list), deadline(), hold_doorbell);
 }
 
 std::vector<int> ControlPlane::broadcast(const controller::ResponseList& list) {
@@ -260,6 +272,22 @@ bool ControlPlane::prepare_to_sleep() {
 void ControlPlane::awake() {
   for (auto& box : inbox_)
     if (box) box->awake();
+}
+
+void ControlPlane::ring_doorbells(bool force) {
+  if (doorbells_held_ == 0 || (!force && net::Clock::now() < ring_at_)) return;
+  for (size_t peer = 0; peer < doorbell_held_.size(); ++peer) {
+    if (!doorbell_held_[peer]) continue;
+    doorbell_held_[peer] = 0;
+    const Mailbox& box = *outbox_[peer];
+    if (box.drained() || !box.consumer_sleeping()) continue;  // it looked meanwhile
+    try {
+      connection(static_cast<int>(peer)).send_frame(nullptr, 0, deadline());
+    } catch (const net::NetError&) {
+      // The peer is gone: its closed socket says so where this rank reads from it.
+    }
+  }
+  doorbells_held_ = 0;
 }
 
 void ControlPlane::close_worker(int rank) {

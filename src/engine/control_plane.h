@@ -50,7 +50,8 @@ class ControlPlane {
 
   bool uses_mailboxes() const { return segment_ != nullptr; }
 
-  void send_to_coordinator(const controller::RequestList& list);
+  // `hold_doorbell`: the caller keeps polling and calls ring_doorbells (below).
+  void send_to_coordinator(const controller::RequestList& list, bool hold_doorbell = false);
   // Sends to every still-connected worker; a worker whose send fails is closed and reported in
   // the returned list of ranks.
   std::vector<int> broadcast(const controller::ResponseList& list);
@@ -69,6 +70,13 @@ class ControlPlane {
   // poll, awake() (peers stop ringing the doorbell).
   bool prepare_to_sleep();
   void awake();
+  // Doorbells held back. A list pushed into the mailbox of a peer that said it sleeps needs
+  // one, but a sender that keeps polling holds it back for a short grace: the peer usually has
+  // a thread about to look (one waiting for the same operation), and a doorbell costs a system
+  // call here and a wake-up there, more than the whole exchange. `force`: ring whatever is held
+  // back, before the thread does anything that can block (a collective, a sleep, leaving the
+  // loop); else only once the grace has passed. None rings for a peer that looked meanwhile.
+  void ring_doorbells(bool force);
 
  private:
   net::Deadline deadline() const { return net::Clock::now() + timeout_; }
@@ -85,7 +93,8 @@ class ControlPlane {
                               const std::string& secret, net::Protection protection,
                               const net::Deadline& until);
   void map_mailboxes(const SegmentFactory& segment);
-  void send(int peer, const std::vector<uint8_t>& frame, const net::Deadline& until);
+  void send(int peer, const std::vector<uint8_t>& frame, const net::Deadline& until,
+            bool hold_doorbell = false);
   std::optional<std::vector<uint8_t>> next_frame(int peer);
 
   int rank_;
@@ -101,6 +110,9 @@ class ControlPlane {
   // the socket, each behind its sequence number, until their turn comes).
   std::vector<std::deque<std::vector<uint8_t>>> stash_;
   std::vector<uint64_t> send_seq_, recv_seq_;  // with mailboxes, by peer: lists sent, taken
+  std::vector<uint8_t> doorbell_held_;         // with mailboxes, by peer
+  int doorbells_held_ = 0;
+  net::Clock::time_point ring_at_{};  // when the doorbells held back ring at the latest
 };
 
 }  // namespace krug::engine

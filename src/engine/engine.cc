@@ -262,6 +262,7 @@ bool Engine::Impl::loop_once() {
     if (stopped_) return false;
     advance(/*background=*/true);
     if (stopped_) return false;
+    control_->ring_doorbells(/*force=*/true);  // this thread may sleep next
     fds = poll_fds();
     timeout = poll_timeout_ms(Clock::now());
     busy = busy_poll_.count() > 0 && timeout != 0 && !table_.empty() && drivers_ == 0;
@@ -312,6 +313,7 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
     for (unsigned round = 0;; ++round) {
       advance();
       if (stopped_ || handle.done()) break;
+      control_->ring_doorbells(/*force=*/false);
       const uint64_t before = negotiation_->lists_seen();
       // Not in the first round: a poll() per operation costs as much as the whole exchange
       // through the mailboxes, and what the sockets carry here is rare.
@@ -328,6 +330,7 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
 }
 
 void Engine::Impl::leave_loop(bool held) {
+  if (held) control_->ring_doorbells(/*force=*/true);
   // First no longer a driver, then look at the queue (under its mutex, as enqueue reads
   // drivers_): an enqueue that saw this thread still driving did not wake the background thread.
   drivers_.fetch_sub(1);
@@ -373,6 +376,7 @@ void Engine::Impl::absorb_queue(bool background) {
 // ---- Responses ----
 
 void Engine::Impl::process(ResponseList list) {
+  control_->ring_doorbells(/*force=*/true);  // a collective may wait for a peer they wake
   if (!control_->is_coordinator() && list.tuned_cycle_time_ms > 0)
     apply_tuning(list.tuned_fusion_threshold, list.tuned_cycle_time_ms);
   if (!control_->is_coordinator() && !list.stalls.empty())  // the coordinator logged them all

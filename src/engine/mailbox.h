@@ -34,6 +34,8 @@ class Mailbox {
   bool try_push(uint64_t seq, const uint8_t* data, size_t size);
   // Producer, after a push: whether the consumer sleeps and must be woken.
   bool consumer_sleeping() const;
+  // Producer: whether the consumer took every frame pushed so far.
+  bool drained() const;
 
   // Consumer.
   bool has_frame() const;

@@ -67,7 +67,7 @@ void Negotiation::send_requests(Clock::time_point now, bool drained) {
     list.requests.swap(outgoing_);
     list.cache_hits.swap(outgoing_hits_);
     awaiting_response_ += static_cast<int>(list.requests.size() + list.cache_hits.size());
-    control_.send_to_coordinator(list);
+    control_.send_to_coordinator(list, /*hold_doorbell=*/true);  // the engine rings it
     last_send_ = now;
   }
   if (shutting_down() && (drained || now >= shutdown_deadline_) && !shutdown_sent_) {

@@ -47,7 +47,9 @@ class Negotiation {
   // From now on the rank drains: once nothing of its own is in flight, or at `deadline`, it
   // says so (the coordinator then tells everyone).
   void begin_shutdown(Clock::time_point deadline);
-  // One round. A worker sends what it may; the coordinator negotiates and broadcasts.
+  // One round. A worker sends what it may; the coordinator negotiates and broadcasts. A
+  // worker's request list may hold its doorbell back: the caller rings it
+  // (ControlPlane::ring_doorbells).
   // `drained`: nothing of this rank's is in flight.
   void advance(Clock::time_point now, bool drained);
   // The lists peers sent; `fds`: the control plane's sockets as polled (with revents).

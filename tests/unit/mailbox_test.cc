@@ -70,6 +70,21 @@ TEST(Mailbox, AFullRingRefusesAndKeepsWhatItHolds) {
   EXPECT_FALSE(box.has_frame());
 }
 
+TEST(Mailbox, TheProducerSeesWhenTheConsumerTookEverything) {
+  Memory memory(256);
+  Mailbox producer(memory.aligned(), 256), consumer(memory.aligned(), 256);
+  EXPECT_TRUE(producer.drained());
+  auto f = frame_of(10, 1);
+  ASSERT_TRUE(producer.try_push(0, f.data(), f.size()));
+  ASSERT_TRUE(producer.try_push(1, f.data(), f.size()));
+  EXPECT_FALSE(producer.drained());
+  std::vector<uint8_t> got;
+  consumer.pop(got);
+  EXPECT_FALSE(producer.drained()) << "one frame is still there";
+  consumer.pop(got);
+  EXPECT_TRUE(producer.drained());
+}
+
 // The consumer sleeps in poll() on a pipe (the doorbell) after announcing it; the producer rings
 // only when it sees the announcement. Every frame must arrive, and the consumer must never
 // sleep through one (the test would hang on the deadline instead).
