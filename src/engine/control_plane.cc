@@ -280,7 +280,7 @@ void ControlPlane::ring_doorbells(bool force) {
     if (!doorbell_held_[peer]) continue;
     doorbell_held_[peer] = 0;
     const Mailbox& box = *outbox_[peer];
-    if (box.drained() || !box.consumer_sleeping()) continue;  // it looked meanwhile
+    if (!box.has_frame() || !box.consumer_sleeping()) continue;  // it looked meanwhile
     try {
       connection(static_cast<int>(peer)).send_frame(nullptr, 0, deadline());
     } catch (const net::NetError&) {

@@ -61,11 +61,6 @@ bool Mailbox::consumer_sleeping() const {
   return header_->consumer_sleeping.load(std::memory_order_relaxed) != 0;
 }
 
-bool Mailbox::drained() const {
-  return header_->tail.load(std::memory_order_acquire) ==
-         header_->head.load(std::memory_order_relaxed);
-}
-
 bool Mailbox::has_frame() const {
   return header_->head.load(std::memory_order_acquire) !=
          header_->tail.load(std::memory_order_relaxed);

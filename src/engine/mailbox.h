@@ -34,11 +34,12 @@ class Mailbox {
   bool try_push(uint64_t seq, const uint8_t* data, size_t size);
   // Producer, after a push: whether the consumer sleeps and must be woken.
   bool consumer_sleeping() const;
-  // Producer: whether the consumer took every frame pushed so far.
-  bool drained() const;
+
+  // Either end: whether a frame pushed is not yet taken (the producer asks whether the
+  // consumer took everything).
+  bool has_frame() const;
 
   // Consumer.
-  bool has_frame() const;
   // The sequence number of the next frame (has_frame() must be true).
   uint64_t front_seq() const;
   // Pops the next frame (has_frame() must be true), appending its bytes to `out`.

@@ -73,16 +73,16 @@ TEST(Mailbox, AFullRingRefusesAndKeepsWhatItHolds) {
 TEST(Mailbox, TheProducerSeesWhenTheConsumerTookEverything) {
   Memory memory(256);
   Mailbox producer(memory.aligned(), 256), consumer(memory.aligned(), 256);
-  EXPECT_TRUE(producer.drained());
+  EXPECT_FALSE(producer.has_frame());
   auto f = frame_of(10, 1);
   ASSERT_TRUE(producer.try_push(0, f.data(), f.size()));
   ASSERT_TRUE(producer.try_push(1, f.data(), f.size()));
-  EXPECT_FALSE(producer.drained());
+  EXPECT_TRUE(producer.has_frame());
   std::vector<uint8_t> got;
   consumer.pop(got);
-  EXPECT_FALSE(producer.drained()) << "one frame is still there";
+  EXPECT_TRUE(producer.has_frame()) << "one frame is still there";
   consumer.pop(got);
-  EXPECT_TRUE(producer.drained());
+  EXPECT_FALSE(producer.has_frame());
 }
 
 // The consumer sleeps in poll() on a pipe (the doorbell) after announcing it; the producer rings
