@@ -78,20 +78,21 @@ class Step {
     for (const auto& t : tensors_) {
       inputs_.emplace_back(static_cast<size_t>(t.elements), static_cast<float>(krug::rank() + 1));
       outputs_.emplace_back(static_cast<size_t>(t.elements), 0.0f);
+      // Made once, as a training loop keeps its gradients' names: the step times krug's calls.
+      names_.push_back("krug-step/" + t.name);
+      shapes_.push_back({t.elements});
     }
     handles_.resize(tensors_.size());
   }
 
   void once() {
     for (size_t i = 0; i < tensors_.size(); ++i) {
-      const std::string name = "krug-step/" + tensors_[i].name;
       if (sync_) {
-        krug::allreduce(name, inputs_[i].data(), outputs_[i].data(), krug::DataType::kFloat32,
-                        {tensors_[i].elements}, options_);
+        krug::allreduce(names_[i], inputs_[i].data(), outputs_[i].data(), krug::DataType::kFloat32,
+                        shapes_[i], options_);
       } else {
-        handles_[i] =
-            krug::allreduce_async(name, inputs_[i].data(), outputs_[i].data(),
-                                  krug::DataType::kFloat32, {tensors_[i].elements}, options_);
+        handles_[i] = krug::allreduce_async(names_[i], inputs_[i].data(), outputs_[i].data(),
+                                            krug::DataType::kFloat32, shapes_[i], options_);
       }
     }
     if (!sync_)
@@ -115,6 +116,8 @@ class Step {
   bool sync_;
   krug::ReduceOptions options_;
   std::vector<std::vector<float>> inputs_, outputs_;
+  std::vector<std::string> names_;
+  std::vector<krug::Shape> shapes_;
   std::vector<krug::Handle> handles_;
 };
 

@@ -158,6 +158,22 @@ Handle enqueue(const std::string& name, const Op& op, const TensorView& input, v
   return finish_enqueue(std::move(state), std::move(engine), op, callbacks);
 }
 
+bool run_direct(const std::string& name, const Op& op, const TensorView& input, void* output) {
+  if (op.type != OpType::kAllreduce || input.device.kind != DeviceKind::kCPU) return false;
+  std::shared_ptr<engine::Engine> engine = current_engine();
+  api::check_tensor(name, core(op.type), input);
+  return engine->run_direct(engine::TensorView{.name = name,
+                                               .op = core(op.type),
+                                               .dtype = input.dtype,
+                                               .shape = input.shape,
+                                               .process_set = op.process_set.id,
+                                               .reduce_op = op.reduce_op,
+                                               .prescale = op.prescale,
+                                               .postscale = op.postscale,
+                                               .input = input.data,
+                                               .output = output});
+}
+
 Handle enqueue_group(const std::string& name, const Op& op, std::span<const TensorView> inputs,
                      std::span<void* const> outputs, const Callbacks& callbacks) {
   if (inputs.empty())

@@ -309,7 +309,10 @@ Handle allreduce_async(const std::string& name, const void* input, void* output,
 
 void allreduce(const std::string& name, const void* input, void* output, DataType dtype,
                const Shape& shape, const ReduceOptions& options) {
-  allreduce_async(name, input, output, dtype, shape, options).wait();
+  const auto op = frontend::reduction(frontend::OpType::kAllreduce, options);
+  const auto in = view(input, dtype, shape);
+  if (frontend::run_direct(name, op, in, output)) return;
+  frontend::enqueue(name, op, in, output).wait();
 }
 
 Handle grouped_allreduce_async(const std::string& name, const std::vector<GroupTensor>& tensors,

@@ -63,6 +63,16 @@ std::chrono::microseconds busy_poll_for(const Config& config) {
   return {};
 }
 
+// The direct lane runs where the global set's data plane is shared memory and waiting threads
+// poll (it spins for its window), with no observer that must see every operation. Every rank
+// decides the same: the lane's memory is mapped collectively.
+bool direct_lane_applies(const Config& config, bool single_host, bool mailboxes,
+                         std::chrono::microseconds busy_poll) {
+  return config.size > 1 && single_host && mailboxes && config.data_plane == DataPlane::kShm &&
+         busy_poll.count() > 0 && config.direct_allreduce_bytes > 0 && !config.autotune &&
+         config.timeline_path.empty();
+}
+
 }  // namespace
 
 Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> store,
@@ -106,6 +116,8 @@ Engine::Impl::Impl(const Config& config, std::shared_ptr<rendezvous::Store> stor
   for (int i = 0; i < config_.size; ++i) all[i] = i;
   add_process_set(0, all);
   config_.data_plane = sets_->global_backend();
+  if (direct_lane_applies(config_, single_host, control_->uses_mailboxes(), busy_poll_))
+    lane_ = std::make_unique<DirectLane>(config_, store_, busy_poll_);
   sets_->wait_for_every_rank_to_connect();
   negotiation_ = std::make_unique<Negotiation>(config_, *control_, cache_, observers_, *this);
   start_observers(std::move(observers));
@@ -184,6 +196,18 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(const TensorView& t) {
     args.ready = nullptr;
     args.device = -1;
   });
+}
+
+bool Engine::Impl::run_direct(const TensorView& t) {
+  if (!lane_ || !lane_->suits(t)) return false;
+  {
+    // Only while nothing else of this rank's is in flight: the lane then cannot overtake an
+    // operation of the same name, and the engine, idle, is not needed. A busy loop: no.
+    std::unique_lock lock(loop_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || stopped_ || timeline_ || !table_.empty() || queue_.changed())
+      return false;
+  }
+  return lane_->run(t);
 }
 
 void Engine::Impl::shutdown() {
@@ -510,6 +534,9 @@ std::shared_ptr<HandleState> Engine::enqueue(TensorArgs tensor) {
 }
 std::shared_ptr<HandleState> Engine::enqueue(const TensorView& tensor) {
   return impl_->enqueue(tensor);
+}
+bool Engine::run_direct(const TensorView& tensor) {
+  return impl_->run_direct(tensor);
 }
 void Engine::expedite() const {
   impl_->queue().expedite();

@@ -78,6 +78,11 @@ class Engine {
   std::shared_ptr<HandleState> enqueue(std::vector<TensorArgs> tensors);
   std::shared_ptr<HandleState> enqueue(TensorArgs tensor);  // one tensor, without a list
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
+  // Runs a synchronous host allreduce to completion on the caller's thread when the direct lane
+  // can take it (engine/direct_lane.h: every rank on this host, nothing else of this rank's in
+  // flight, the same call on every rank within the busy-poll window); false: nothing ran, and
+  // the caller enqueues it. Never throws for operation errors.
+  bool run_direct(const TensorView& tensor);
   // What was just enqueued completes through a callback, with no thread waiting to drive the
   // loop for it (TensorFlow's async kernels): the background thread takes it at once instead of
   // after the batching window that waiting threads use. Const: callers hold a const engine.

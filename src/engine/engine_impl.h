@@ -13,6 +13,7 @@
 
 #include "controller/response_cache.h"
 #include "engine/control_plane.h"
+#include "engine/direct_lane.h"
 #include "engine/engine.h"
 #include "engine/executor.h"
 #include "engine/negotiation.h"
@@ -45,6 +46,7 @@ class Engine::Impl : public Driver,
   template <typename Fill>
   std::shared_ptr<HandleState> enqueue(size_t count, const Fill& fill);
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
+  bool run_direct(const TensorView& tensor);
   SubmissionQueue& queue() { return queue_; }
   const SubmissionQueue& queue() const { return queue_; }
   const Config& config() const { return config_; }
@@ -130,6 +132,7 @@ class Engine::Impl : public Driver,
   std::vector<Table::node_type> arrived_;    // absorb_queue's
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
   std::vector<FusedTensor> allreduce_tensors_;
+  std::unique_ptr<DirectLane> lane_;  // when synchronous calls may skip negotiation
   std::thread thread_;
 };
 

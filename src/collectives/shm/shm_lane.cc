@@ -1,0 +1,235 @@
+#include "collectives/shm/shm_lane.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "reduce/copy.h"
+#include "reduce/reduce.h"
+
+namespace krug::collectives::shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Positions in use at once: a member may run this many ahead of the slowest.
+constexpr uint64_t kRing = 8;
+constexpr size_t kLine = 64;
+// A slot: the call (its shape on the lane and the caller's signature), then the data from
+// kHeader. Members compare the whole call, so no signature can make one read past another's data.
+struct Call {
+  uint64_t count;
+  double prescale;
+  double postscale;
+  uint32_t signature_length;
+  uint8_t dtype;
+  uint8_t op;
+  uint8_t padding[2];
+};
+constexpr size_t kHeader = 256;
+static_assert(sizeof(Call) + Lane::kMaxSignature <= kHeader);
+
+// A position's decision word: the position, its state and how many members are in.
+enum State : uint64_t { kOpen = 0, kCommit = 1, kAbort = 2 };
+constexpr int kCountBits = 14;
+constexpr uint64_t kCountMask = (uint64_t{1} << kCountBits) - 1;
+constexpr uint64_t make_word(uint64_t position, State state, uint64_t count) {
+  return position << 16 | static_cast<uint64_t>(state) << kCountBits | count;
+}
+constexpr uint64_t position_of(uint64_t word) {
+  return word >> 16;
+}
+constexpr State state_of(uint64_t word) {
+  return static_cast<State>((word >> kCountBits) & 3);
+}
+constexpr uint64_t count_of(uint64_t word) {
+  return word & kCountMask;
+}
+
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+size_t slot_bytes_for(size_t max_bytes) {
+  return round_up(kHeader + max_bytes, kLine);
+}
+
+void pause() {
+  __builtin_ia32_pause();
+}
+
+}  // namespace
+
+// The end of a call's window, read from the clock only once a wait has spun a while: most
+// calls find their partners at once, and a clock read costs as much as the rest of such a call.
+class Lane::Deadline {
+ public:
+  explicit Deadline(std::chrono::nanoseconds window) : window_(window) {}
+  bool passed() {
+    const auto now = Clock::now();
+    if (at_ == Clock::time_point{}) at_ = now + window_;
+    return now >= at_;
+  }
+
+ private:
+  std::chrono::nanoseconds window_;
+  Clock::time_point at_{};
+};
+
+namespace {
+
+// Spins until `done()`; false once the deadline has passed (looked at every 64 turns).
+template <typename Done>
+bool spin_until(Done&& done, Lane::Deadline& deadline) {
+  for (unsigned turn = 1;; ++turn) {
+    if (done()) return true;
+    if (turn % 64 == 0 && deadline.passed()) return done();
+    pause();
+  }
+}
+
+}  // namespace
+
+size_t Lane::memory_bytes(int size, size_t max_bytes) {
+  return kRing * kLine + static_cast<size_t>(size) * kLine +
+         static_cast<size_t>(size) * kRing * slot_bytes_for(max_bytes);
+}
+
+Lane::Lane(int rank, int size, uint8_t* memory, const Options& options)
+    : rank_(rank),
+      size_(size),
+      memory_(memory),
+      options_(options),
+      slot_bytes_(slot_bytes_for(options.max_bytes)) {
+  if (size < 2 || static_cast<uint64_t>(size) > kCountMask || rank < 0 || rank >= size)
+    throw Error(
+        fmt::format("direct lane: rank {} of {} members (2 to {})", rank, size, kCountMask));
+  static_assert(std::atomic<uint64_t>::is_always_lock_free);
+}
+
+std::atomic<uint64_t>& Lane::word(uint64_t position) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(memory_ + (position % kRing) * kLine);
+}
+
+std::atomic<uint64_t>& Lane::passed(int member) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(memory_ + kRing * kLine +
+                                                   static_cast<size_t>(member) * kLine);
+}
+
+uint8_t* Lane::slot(int member, uint64_t position) const {
+  const size_t index = static_cast<size_t>(member) * kRing + position % kRing;
+  return memory_ + kRing * kLine + static_cast<size_t>(size_) * kLine + index * slot_bytes_;
+}
+
+uint8_t* Lane::data(int member, uint64_t position) const {
+  return slot(member, position) + kHeader;
+}
+
+bool Lane::allreduce(std::span<const uint8_t> signature, const void* input, void* output,
+                     size_t count, DataType dtype, ReduceOp op, double prescale, double postscale) {
+  const size_t bytes = count * dtype_size(dtype);
+  if (signature.size() > kMaxSignature || bytes > options_.max_bytes || count == 0) return false;
+  Deadline deadline(options_.window);
+  // The first live position from here: aborted ones are skipped.
+  uint64_t position = next_;
+  for (;; ++position) {
+    // Its slots were last used kRing positions ago: every member must be done with them.
+    if (position > kRing && !all_passed(position - kRing, deadline)) return false;
+    const uint64_t w = word(position).load(std::memory_order_acquire);
+    if (position_of(w) != position || state_of(w) == kOpen) break;
+    if (state_of(w) == kCommit)  // a commit counts every member: this one cannot have missed it
+      throw Error(
+          fmt::format("direct lane: position {} committed without rank {}", position, rank_));
+    pass(position);
+  }
+  uint8_t* mine = slot(rank_, position);
+  const Call call{.count = count,
+                  .prescale = prescale,
+                  .postscale = postscale,
+                  .signature_length = static_cast<uint32_t>(signature.size()),
+                  .dtype = static_cast<uint8_t>(dtype),
+                  .op = static_cast<uint8_t>(op),
+                  .padding = {}};
+  std::memcpy(mine, &call, sizeof(call));
+  std::memcpy(mine + sizeof(call), signature.data(), signature.size());
+  reduce::copy(data(rank_, position), input, bytes);
+  reduce::scale(dtype, data(rank_, position), count, prescale);
+
+  uint64_t w = decision(position, arrive(position, signature), deadline);
+  if (state_of(w) != kCommit) {
+    pass(position);
+    return false;
+  }
+  auto* out = static_cast<uint8_t*>(output);
+  reduce::reduce(dtype, op, out, data(0, position), data(1, position), count);
+  for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, out, data(m, position), count);
+  pass(position);
+  reduce::scale(dtype, out, count, postscale);
+  return true;
+}
+
+bool Lane::all_passed(uint64_t position, Deadline& deadline) {
+  if (all_passed_ >= position) return true;
+  uint64_t least = UINT64_MAX;
+  for (int m = 0; m < size_; ++m) {
+    if (m == rank_) continue;
+    auto& counter = passed(m);
+    if (!spin_until([&] { return counter.load(std::memory_order_acquire) >= position; }, deadline))
+      return false;
+    least = std::min(least, counter.load(std::memory_order_acquire));
+  }
+  all_passed_ = std::min(least, next_ - 1);
+  return true;
+}
+
+uint64_t Lane::arrive(uint64_t position, std::span<const uint8_t> signature) {
+  auto& decision_word = word(position);
+  uint64_t w = decision_word.load(std::memory_order_acquire);
+  for (;;) {
+    if (position_of(w) == position && state_of(w) != kOpen) return w;  // aborted meanwhile
+    // A word of an earlier position: this member is the first here.
+    const uint64_t in = position_of(w) == position ? count_of(w) : 0;
+    uint64_t next = make_word(position, kOpen, in + 1);
+    // The last one in sees every other member's slot (each wrote it before counting itself in).
+    if (in + 1 == static_cast<uint64_t>(size_))
+      next = make_word(position, calls_agree(position, signature) ? kCommit : kAbort, in + 1);
+    if (decision_word.compare_exchange_weak(w, next, std::memory_order_acq_rel,
+                                            std::memory_order_acquire))
+      return next;
+  }
+}
+
+bool Lane::calls_agree(uint64_t position, std::span<const uint8_t> signature) const {
+  const uint8_t* mine = slot(rank_, position);
+  const size_t length = sizeof(Call) + signature.size();
+  for (int m = 0; m < size_; ++m)
+    if (m != rank_ && std::memcmp(slot(m, position), mine, length) != 0) return false;
+  return true;
+}
+
+uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
+  auto& decision_word = word(position);
+  for (;;) {
+    if (state_of(w) != kOpen) return w;
+    spin_until(
+        [&] {
+          w = decision_word.load(std::memory_order_acquire);
+          return state_of(w) != kOpen;
+        },
+        deadline);
+    if (state_of(w) != kOpen) return w;
+    // The others did not all come in time: nobody may commit this position any more.
+    const uint64_t aborted = make_word(position, kAbort, count_of(w));
+    if (decision_word.compare_exchange_strong(w, aborted, std::memory_order_acq_rel,
+                                              std::memory_order_acquire))
+      return aborted;
+  }
+}
+
+void Lane::pass(uint64_t position) {
+  passed(rank_).store(position, std::memory_order_release);
+  next_ = position + 1;
+}
+
+}  // namespace krug::collectives::shm

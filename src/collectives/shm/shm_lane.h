@@ -1,0 +1,85 @@
+// The direct lane: a small allreduce that every member of one host calls at about the same time
+// runs at once, without the coordinator, over a shared-memory board.
+//
+// Members meet at positions 1, 2, 3, ... of the lane, each taking them in order. At a position
+// every member posts its call (count, dtype, op, scale factors, and the caller's signature: an
+// opaque byte string, the name and shape) and its prescaled input, then counts itself in on the
+// position's decision word. The member that brings the count to `size` compares the calls:
+// equal, the position commits and every member reduces all inputs in rank order (the
+// association of the shared-memory communicator, so the result has the same bits as through the
+// engine); unequal, it aborts. A member that waited a whole window for the others aborts the
+// position too. An aborted position is dead: whoever reaches it later skips it and posts at the
+// next one, so members that fell out of step (one ran a call through the engine) find each other
+// again at the next position.
+//
+// A call that returns false changed no output; every member that posted at that position
+// returns false too, and runs the call through the engine, where its name is negotiated as
+// usual (mismatches are reported there). Members never wait longer than the window, so a member
+// that is busy elsewhere costs the others one window, not a hang.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "krug/types.h"
+
+namespace krug::collectives::shm {
+
+class Lane {
+ public:
+  struct Options {
+    size_t max_bytes = 64 * 1024;  // payload of one call
+    // How long a member waits for the others at a position (or for a slot to be free).
+    std::chrono::nanoseconds window = std::chrono::microseconds(50);
+  };
+  // Signatures longer than this take the engine.
+  static constexpr size_t kMaxSignature = 216;
+
+  // Bytes of shared memory `size` members need; the memory must start zeroed.
+  static size_t memory_bytes(int size, size_t max_bytes);
+  // `memory`: memory_bytes(size, options.max_bytes) bytes, mapped by every member.
+  Lane(int rank, int size, uint8_t* memory, const Options& options);
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  size_t max_bytes() const { return options_.max_bytes; }
+
+  // output = prescale * input, reduced over the members, times postscale; `op` is the kernel's
+  // (an average is a sum with postscale / size). Returns false, output untouched, when the
+  // members did not all make this call here within the window. One thread at a time.
+  bool allreduce(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
+                 DataType dtype, ReduceOp op, double prescale, double postscale);
+
+ public:
+  class Deadline;
+
+ private:
+  // Waits until every member has passed `position` (none of them reads its slots any more).
+  bool all_passed(uint64_t position, Deadline& deadline);
+  // Counts this member in at `position` (its slot written); returns the decision word after.
+  uint64_t arrive(uint64_t position, std::span<const uint8_t> signature);
+  // Whether every member's slot holds this member's call (count, dtype, op, scale factors,
+  // signature).
+  bool calls_agree(uint64_t position, std::span<const uint8_t> signature) const;
+  // Spins for the decision until the deadline, then aborts the position if it is still open.
+  uint64_t decision(uint64_t position, uint64_t word, Deadline& deadline);
+  void pass(uint64_t position);
+
+  std::atomic<uint64_t>& word(uint64_t position) const;
+  std::atomic<uint64_t>& passed(int member) const;
+  uint8_t* slot(int member, uint64_t position) const;
+  uint8_t* data(int member, uint64_t position) const;
+
+  int rank_;
+  int size_;
+  uint8_t* memory_;
+  Options options_;
+  size_t slot_bytes_;
+  uint64_t next_ = 1;        // the next position this member takes
+  uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
+};
+
+}  // namespace krug::collectives::shm

@@ -1,0 +1,86 @@
+#include "engine/direct_lane.h"
+
+#include <cstring>
+
+namespace krug::engine {
+namespace {
+
+// After this many calls in a row found no partner, the lane rests for kPause: a program whose
+// ranks do not make their calls together (one runs them asynchronously) pays a window per call
+// only this often.
+constexpr int kMissesBeforePause = 16;
+constexpr auto kPause = std::chrono::seconds(1);
+
+template <typename T>
+void append(std::string& out, const T& value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+}  // namespace
+
+DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> store,
+                       std::chrono::nanoseconds window)
+    : size_(config.size) {
+  const auto max_bytes = static_cast<size_t>(config.direct_allreduce_bytes);
+  rendezvous::PrefixStore prefixed("lane/", std::move(store));
+  segment_ = std::make_unique<transport::Segment>(
+      config.rank, config.size, collectives::shm::Lane::memory_bytes(config.size, max_bytes),
+      config.job_id, prefixed,
+      std::chrono::duration_cast<std::chrono::milliseconds>(config.timeout));
+  lane_ = std::make_unique<collectives::shm::Lane>(
+      config.rank, config.size, segment_->data(),
+      collectives::shm::Lane::Options{.max_bytes = max_bytes, .window = window});
+  signature_.reserve(collectives::shm::Lane::kMaxSignature);
+}
+
+bool DirectLane::suits(const TensorView& t) const {
+  if (t.op != controller::OpType::kAllreduce || t.process_set != 0 ||
+      t.reduce_op == ReduceOp::kAdasum)
+    return false;
+  int64_t elements = 1;
+  for (int64_t d : t.shape) elements *= d;
+  const auto bytes = static_cast<size_t>(elements) * dtype_size(t.dtype);
+  return elements > 0 && bytes <= lane_->max_bytes();
+}
+
+void DirectLane::encode_signature(const TensorView& t) {
+  signature_.clear();
+  // The lane compares count, dtype and scale factors itself; an average and a sum differ here.
+  append(signature_, static_cast<uint8_t>(t.reduce_op));
+  append(signature_, static_cast<uint32_t>(t.shape.size()));
+  for (int64_t d : t.shape) append(signature_, d);
+  signature_ += t.name;
+}
+
+bool DirectLane::run(const TensorView& t) {
+  if (busy_.test_and_set(std::memory_order_acquire)) return false;
+  const bool ran = run_alone(t);
+  busy_.clear(std::memory_order_release);
+  return ran;
+}
+
+bool DirectLane::run_alone(const TensorView& t) {
+  if (misses_ >= kMissesBeforePause) {
+    if (std::chrono::steady_clock::now() < paused_until_) return false;
+    misses_ = 0;
+  }
+  encode_signature(t);
+  if (signature_.size() > collectives::shm::Lane::kMaxSignature) return false;
+  int64_t count = 1;
+  for (int64_t d : t.shape) count *= d;
+  // An average is the sum, divided like the engine does it: in the postscale.
+  const bool average = t.reduce_op == ReduceOp::kAverage;
+  const double postscale = average ? t.postscale / static_cast<double>(size_) : t.postscale;
+  const bool ran =
+      lane_->allreduce({reinterpret_cast<const uint8_t*>(signature_.data()), signature_.size()},
+                       t.input, t.output, static_cast<size_t>(count), t.dtype,
+                       average ? ReduceOp::kSum : t.reduce_op, t.prescale, postscale);
+  if (ran) {
+    misses_ = 0;
+  } else if (++misses_ == kMissesBeforePause) {
+    paused_until_ = std::chrono::steady_clock::now() + kPause;
+  }
+  return ran;
+}
+
+}  // namespace krug::engine

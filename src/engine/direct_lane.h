@@ -1,0 +1,46 @@
+// The engine's side of the direct lane (collectives/shm/shm_lane.h): which synchronous calls may
+// take it, the signature the ranks compare, and pausing it for a rank whose calls keep finding
+// no partner there (its peers run theirs through the engine, say, or one rank has joined).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "collectives/shm/shm_lane.h"
+#include "common/config.h"
+#include "engine/engine.h"
+#include "rendezvous/store.h"
+#include "transport/shm_segment.h"
+
+namespace krug::engine {
+
+class DirectLane {
+ public:
+  // Collective over every rank of the job, all on this host: maps the lane's memory through
+  // `store`. `window`: how long a call waits for the other ranks.
+  DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> store,
+             std::chrono::nanoseconds window);
+
+  // Whether a call may take the lane: an allreduce of host memory on the global process set,
+  // of 1 to KRUG_DIRECT_ALLREDUCE_BYTES bytes, not Adasum.
+  bool suits(const TensorView& t) const;
+  // Runs a call that suits() on the lane; false: nothing ran (the caller enqueues it). Any
+  // thread; one at a time (another thread's call meanwhile gets false).
+  bool run(const TensorView& t);
+
+ private:
+  bool run_alone(const TensorView& t);  // with busy_ set
+  void encode_signature(const TensorView& t);
+
+  int size_;
+  std::unique_ptr<transport::Segment> segment_;
+  std::unique_ptr<collectives::shm::Lane> lane_;
+  std::atomic_flag busy_;  // a thread is in run()
+  std::string signature_;  // busy_: the call's, reused
+  int misses_ = 0;         // busy_: calls in a row that found no partner
+  std::chrono::steady_clock::time_point paused_until_{};  // busy_
+};
+
+}  // namespace krug::engine

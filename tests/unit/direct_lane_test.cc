@@ -1,0 +1,119 @@
+// Engine::run_direct (engine/direct_lane.h), ranks as engine threads: synchronous calls made
+// together run on the lane with the engine's result; a rank with anything else in flight, calls
+// that differ, and a lane turned off run nothing there, and the same calls through the engine
+// then behave as they always did (results, mismatch errors).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine_test_util.h"
+
+namespace krug::engine {
+namespace {
+
+using controller::OpType;
+using testing::expect_ok;
+using testing::request;
+using testing::run_ranks;
+using testing::submit;
+
+// A window long enough that threads on a busy 2-core machine still meet.
+void long_window(Config& c) {
+  c.busy_poll = std::chrono::microseconds(20000);
+}
+
+bool run_direct(Engine& e, const std::string& name, const std::vector<int64_t>& shape,
+                const std::vector<float>& in, std::vector<float>& out,
+                ReduceOp op = ReduceOp::kSum) {
+  return e.run_direct(TensorView{.name = name,
+                                 .op = OpType::kAllreduce,
+                                 .dtype = DataType::kFloat32,
+                                 .shape = shape,
+                                 .reduce_op = op,
+                                 .input = in.data(),
+                                 .output = out.data()});
+}
+
+// The call through the engine, as a binding does when run_direct() says false.
+std::shared_ptr<HandleState> enqueue(Engine& e, const std::string& name,
+                                     const std::vector<int64_t>& shape,
+                                     const std::vector<float>& in, std::vector<float>& out) {
+  return submit(e, request(name, OpType::kAllreduce, DataType::kFloat32, shape), in.data(),
+                out.data());
+}
+
+TEST(EngineDirectLane, CallsMadeTogetherRunThereWithTheEnginesResult) {
+  std::vector<int> direct(2, 0);
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        const std::vector<int64_t> shape{3, 2};
+        for (int i = 0; i < 100; ++i) {
+          const std::string name = "g" + std::to_string(i % 7);
+          std::vector<float> in(6, static_cast<float>(rank + 1 + i)), out(6, -1.0f);
+          const bool ran = run_direct(e, name, shape, in, out, ReduceOp::kAverage);
+          direct[rank] += ran;
+          if (!ran) expect_ok(enqueue(e, name, shape, in, out));
+          // Through the engine the op is a sum: halve it there too.
+          if (!ran)
+            for (float& v : out) v /= 2;
+          EXPECT_EQ(out, std::vector<float>(6, 1.5f + static_cast<float>(i))) << "call " << i;
+        }
+      },
+      long_window);
+  EXPECT_GT(direct[0], 0) << "no call ran on the lane";
+  EXPECT_EQ(direct[0], direct[1]);
+}
+
+TEST(EngineDirectLane, ARankWithAnOperationInFlightRunsNothingThere) {
+  run_ranks(2, [&](Engine& e, int rank) {
+    const std::vector<int64_t> shape{4};
+    std::vector<float> in(4, 1.0f), out(4, -1.0f), pending_out(4);
+    std::shared_ptr<HandleState> pending;
+    // Rank 1 submits "pending" only later, so on rank 0 it stays in flight meanwhile.
+    if (rank == 0) pending = enqueue(e, "pending", shape, in, pending_out);
+    EXPECT_FALSE(run_direct(e, "now", shape, in, out)) << "rank " << rank;
+    EXPECT_EQ(out, std::vector<float>(4, -1.0f));
+    expect_ok(enqueue(e, "now", shape, in, out));
+    EXPECT_EQ(out, std::vector<float>(4, 2.0f));
+    if (rank == 1) pending = enqueue(e, "pending", shape, in, pending_out);
+    expect_ok(pending);
+    EXPECT_EQ(pending_out, std::vector<float>(4, 2.0f));
+  });
+}
+
+TEST(EngineDirectLane, MismatchedCallsFailThroughTheEngineAsBefore) {
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        const std::vector<int64_t> shape{rank == 0 ? 2 : 3};
+        std::vector<float> in(3, 1.0f), out(3, -1.0f);
+        EXPECT_FALSE(run_direct(e, "w", shape, in, out));
+        auto h = enqueue(e, "w", shape, in, out);
+        h->wait();
+        EXPECT_NE(h->error().find("Mismatched shapes"), std::string::npos) << h->error();
+      },
+      long_window);
+}
+
+TEST(EngineDirectLane, ZeroBytesTurnsItOff) {
+  run_ranks(
+      2,
+      [&](Engine& e, int) {
+        const std::vector<int64_t> shape{1};
+        std::vector<float> in(1, 1.0f), out(1);
+        for (int i = 0; i < 3; ++i) {
+          EXPECT_FALSE(run_direct(e, "off", shape, in, out));
+          expect_ok(enqueue(e, "off", shape, in, out));
+        }
+      },
+      [](Config& c) {
+        long_window(c);
+        c.direct_allreduce_bytes = 0;
+      });
+}
+
+}  // namespace
+}  // namespace krug::engine

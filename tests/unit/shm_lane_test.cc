@@ -1,0 +1,152 @@
+// The direct lane (collectives/shm/shm_lane.h), its members as threads over one zeroed buffer:
+// the same call on every member reduces in rank order; different calls, or a member that does
+// not come, run nowhere (false on every member that came, outputs untouched); members out of
+// step find each other again; and over many calls with members missing at random, a call that
+// ran on one member ran on all of them with the right result.
+#include "collectives/shm/shm_lane.h"
+
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace krug::collectives::shm {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Every member's window: long enough that members on an oversubscribed machine still meet.
+constexpr auto kMeet = std::chrono::seconds(5);
+
+struct Board {
+  Board(int size, size_t max_bytes) : bytes(Lane::memory_bytes(size, max_bytes) + 64, 0) {}
+  uint8_t* aligned() {
+    auto p = reinterpret_cast<uintptr_t>(bytes.data());
+    return reinterpret_cast<uint8_t*>((p + 63) / 64 * 64);
+  }
+  std::vector<uint8_t> bytes;
+};
+
+std::span<const uint8_t> sig(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+// body(lane, member) on `size` threads, each member with its own Lane over one board.
+void on_members(int size, std::chrono::nanoseconds window,
+                const std::function<void(Lane&, int)>& body) {
+  Board board(size, 4096);
+  std::vector<std::thread> threads;
+  for (int m = 0; m < size; ++m)
+    threads.emplace_back([&, m] {
+      Lane lane(m, size, board.aligned(), Lane::Options{.max_bytes = 4096, .window = window});
+      body(lane, m);
+    });
+  for (auto& t : threads) t.join();
+}
+
+bool sum_floats(Lane& lane, const std::string& name, std::vector<float>& in,
+                std::vector<float>& out) {
+  return lane.allreduce(sig(name), in.data(), out.data(), in.size(), DataType::kFloat32,
+                        ReduceOp::kSum, 1.0, 1.0);
+}
+
+TEST(DirectLane, TheSameCallOnEveryMemberReducesInRankOrder) {
+  // In float32, (1e8 + 1) - 1e8 is 0 but 1e8 + (1 - 1e8) is not: only rank order gives 0.
+  const float inputs[3] = {1e8f, 1.0f, -1e8f};
+  std::vector<int> ran(3, 0);
+  on_members(3, kMeet, [&](Lane& lane, int m) {
+    for (int i = 0; i < 50; ++i) {
+      std::vector<float> in(7, inputs[m]), out(7, 42.0f);
+      if (!sum_floats(lane, "w", in, out)) continue;
+      ++ran[m];
+      for (float v : out) EXPECT_EQ(v, 0.0f) << "member " << m << ", call " << i;
+    }
+  });
+  EXPECT_EQ(ran, std::vector<int>(3, 50));
+}
+
+TEST(DirectLane, ScaleFactorsAndOpsAreTheEngines) {
+  on_members(2, kMeet, [&](Lane& lane, int m) {
+    std::vector<double> in{1.0 + m, 10.0 * (m + 1)}, out(2);
+    ASSERT_TRUE(lane.allreduce(sig("scaled"), in.data(), out.data(), 2, DataType::kFloat64,
+                               ReduceOp::kSum, 2.0, 0.25));
+    EXPECT_EQ(out, (std::vector<double>{(2.0 + 4.0) * 0.25, (20.0 + 40.0) * 0.25}));
+    std::vector<int32_t> a{m == 0 ? 5 : -3, 7}, b(2);
+    ASSERT_TRUE(lane.allreduce(sig("max"), a.data(), b.data(), 2, DataType::kInt32, ReduceOp::kMax,
+                               1.0, 1.0));
+    EXPECT_EQ(b, (std::vector<int32_t>{5, 7}));
+  });
+}
+
+TEST(DirectLane, DifferentCallsRunNowhereAndTheLaneGoesOn) {
+  on_members(2, kMeet, [&](Lane& lane, int m) {
+    std::vector<float> in(4, 1.0f + m), out(4, -1.0f);
+    EXPECT_FALSE(sum_floats(lane, m == 0 ? "a" : "b", in, out)) << "member " << m;
+    EXPECT_EQ(out, std::vector<float>(4, -1.0f)) << "an output changed on member " << m;
+    // The same name with another shape is another call too.
+    std::vector<float> longer(5, 1.0f), out5(5, -1.0f);
+    EXPECT_FALSE(m == 0 ? sum_floats(lane, "c", in, out) : sum_floats(lane, "c", longer, out5));
+    EXPECT_TRUE(sum_floats(lane, "d", in, out));
+    EXPECT_EQ(out, std::vector<float>(4, 3.0f));
+  });
+}
+
+TEST(DirectLane, AMemberThatDoesNotComeCostsAWindowAndStepIsFoundAgain) {
+  std::barrier sync(2);
+  on_members(2, 20ms, [&](Lane& lane, int m) {
+    std::vector<float> in(3, 1.0f + m), out(3, -1.0f);
+    // Member 0 alone: it gives up after its window.
+    if (m == 0) {
+      EXPECT_FALSE(sum_floats(lane, "x", in, out));
+    }
+    sync.arrive_and_wait();
+    // Member 1 comes late to "x": the position is dead, and at the next one nobody comes.
+    if (m == 1) {
+      EXPECT_FALSE(sum_floats(lane, "x", in, out));
+    }
+    EXPECT_EQ(out, std::vector<float>(3, -1.0f));
+    sync.arrive_and_wait();
+    // Both again: member 0 skips the position member 1 gave up, and they meet.
+    EXPECT_TRUE(sum_floats(lane, "y", in, out)) << "member " << m;
+    EXPECT_EQ(out, std::vector<float>(3, 3.0f));
+  });
+}
+
+TEST(DirectLane, ACallThatRanOnOneMemberRanOnAllWithTheRightResult) {
+  constexpr int kMembers = 3, kCalls = 300;
+  // Member m makes call i unless this says no (about one in six): then it sits the call out.
+  auto calls = [](int m, int i) { return (i * 7 + m * 13 + i / 5) % 6 != 0; };
+  std::vector<std::vector<int>> outcome(kMembers, std::vector<int>(kCalls, -1));  // -1: no call
+  std::vector<std::vector<float>> result(kMembers, std::vector<float>(kCalls));
+  std::barrier sync(kMembers);
+  on_members(kMembers, 2ms, [&](Lane& lane, int m) {
+    for (int i = 0; i < kCalls; ++i) {
+      sync.arrive_and_wait();
+      if (!calls(m, i)) continue;
+      std::vector<float> in(16, static_cast<float>(m + 1)), out(16, -1.0f);
+      const bool ran = sum_floats(lane, "call-" + std::to_string(i), in, out);
+      outcome[m][i] = ran;
+      result[m][i] = out[15];
+      if (!ran) {
+        EXPECT_EQ(out, std::vector<float>(16, -1.0f));
+      }
+    }
+  });
+  int ran_everywhere = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    int ran = 0;
+    for (int m = 0; m < kMembers; ++m) ran += outcome[m][i] == 1;
+    if (ran == 0) continue;
+    EXPECT_EQ(ran, kMembers) << "call " << i << " ran on some members only";
+    for (int m = 0; m < kMembers; ++m) EXPECT_EQ(result[m][i], 6.0f) << "call " << i;
+    ++ran_everywhere;
+  }
+  EXPECT_GT(ran_everywhere, 0) << "no call met on the lane";
+}
+
+}  // namespace
+}  // namespace krug::collectives::shm
