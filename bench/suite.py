@@ -438,6 +438,10 @@ SMALL_MEASURES = [
     ("step_resnet50", "step of ResNet-50's 161 gradients (97.5 MiB)",
      ["--shapes", os.path.join(HERE, "resnet50_gradients.txt")]),
 ]
+# One synchronous allreduce at each of these sizes (issue 30, item 3): krug's C++ API
+# (krug-step --sync: krug::allreduce, which meets the other ranks on the direct lane when it
+# can) against MPI_Allreduce, the same blocking call.
+SYNC_SIZES = ["4", "256", "4K", "16K", "64K"]
 
 
 def step_spec_text(spec):
@@ -459,6 +463,13 @@ def run_small_ops(r, args, np_):
     for key, spec in measures:
         tools.append((("krug_cpp", key), "krug-step.%s.np%d" % (key, np_),
                       r.krug(np_, r.bin["krug-step"], *spec, *t), step_rows))
+        if r.have_mpi:
+            tools.append((("mpi", key), "mpi_bench.step.%s.np%d" % (key, np_),
+                          r.mpi(np_, "step", *spec, *t), step_rows))
+    for size in SYNC_SIZES:
+        key, spec = "sync_" + size, ["--tensors", "1", "--tensor-bytes", size]
+        tools.append((("krug_cpp", key), "krug-step.%s.np%d" % (key, np_),
+                      r.krug(np_, r.bin["krug-step"], "--sync", *spec, *t), step_rows))
         if r.have_mpi:
             tools.append((("mpi", key), "mpi_bench.step.%s.np%d" % (key, np_),
                           r.mpi(np_, "step", *spec, *t), step_rows))
@@ -485,7 +496,8 @@ def run_small_ops(r, args, np_):
             tools += [(hkey, "horovod_%s_small_ops.np%d" % (ctl, np_),
                        r.horovod(ctl, np_, script, *steps), rows_of(py_keys))
                       for hkey, ctl in HOROVOD]
-    out = {load: {key: {} for key, _ in measures} for load in args.loads}
+    out = {load: {key: {} for key in [k for k, _ in measures] + ["sync_" + x for x in SYNC_SIZES]}
+           for load in args.loads}
     for load in args.loads:  # a Python tool that failed: "—" in its column (see Errors)
         for tool in [tool for tool, _, _, _ in tools if not isinstance(tool, tuple)]:
             for key in py_keys:
@@ -742,6 +754,25 @@ def small_ops_table(np_, res, where):
                note)) + table(headers, rows)
 
 
+def sync_table(np_, res, where):
+    """One synchronous allreduce per size: krug's C++ API against MPI_Allreduce (item 3)."""
+    rows = []
+    for size in SYNC_SIZES:
+        m = res.get("sync_" + size) or {}
+        k, p = m.get("krug_cpp"), m.get("mpi")
+        if not (k or p):
+            continue
+        rows.append([size_label(pybench.parse_size(size)), fmt_us(k and k["time_us"]),
+                     fmt_us(p and p["time_us"]), fmt_ratio(ratio_peer_over_krug(k, p))])
+    if not rows:
+        return ""
+    note = rounds_note([m.get("krug_cpp") for key, m in res.items() if key.startswith("sync_")])
+    return ("### One synchronous allreduce, %d ranks, %s (krug-step --sync: krug::allreduce; "
+            "mpi_bench step: MPI_Allreduce; time per op in µs; krug/Open MPI = Open MPI's time "
+            "/ krug's, above 1 krug is faster%s)\n\n" % (np_, where, note)) + \
+        table(["size", "krug C++ API µs", "Open MPI µs", "krug/Open MPI"], rows)
+
+
 def at_size(rows, nbytes, key="busbw"):
     for row in rows or []:
         if row["bytes"] == nbytes:
@@ -987,6 +1018,19 @@ def peer_verdicts(view, np_=2):
                        (desc, "%sx (%.1f against %.1f us)" % (fmt_ratio(v), m[mine]["time_us"],
                                                               m[peer]["time_us"]),
                         "PASS" if v >= 1.0 else "FAIL"))
+    sync = [(ratio_peer_over_krug(small.get("sync_" + x, {}).get("krug_cpp"),
+                                  small.get("sync_" + x, {}).get("mpi")), x) for x in SYNC_SIZES]
+    sync = [(v, x) for v, x in sync if v is not None]
+    desc = "krug >= Open MPI: one synchronous allreduce, 4 B to 64 KiB, %d ranks (C++ API)" % np_
+    if sync:
+        worst = min(sync)
+        ahead = sum(1 for v, _ in sync if v >= 1.0)
+        out.append((desc, "krug ahead at %d of %d sizes; worst %sx at %s"
+                    % (ahead, len(sync), fmt_ratio(worst[0]),
+                       size_label(pybench.parse_size(worst[1])).replace("\u00a0", " ")),
+                    "PASS" if ahead == len(sync) else "FAIL"))
+    elif small:
+        out.append((desc, "not measured", "SKIP"))
     train = view.get("training") or {}
     rounds = train.get("rounds", {})
     for sfx, threads in (("", "1 thread"), ("_tN", "%d threads" % (os.cpu_count() or 1))):
@@ -1163,6 +1207,9 @@ def report(results, args, command):
         for load, v in views.items():
             if v["small_ops"].get(np_):
                 parts.append(small_ops_table(np_, v["small_ops"][np_], where[load]))
+                sync = sync_table(np_, v["small_ops"][np_], where[load])
+                if sync:
+                    parts.append(sync)
     for key, fn in (("training", lambda res, w: training_table(res, w, m.get("horovod_torch"))),
                     ("tf_ops", tf_ops_table), ("keras", keras_table)):
         for load, v in views.items():
