@@ -1,3 +1,8 @@
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -99,9 +104,34 @@ TEST(NetTest, ConnectRetriesUntilTheListenerAppears) {
   EXPECT_TRUE(c.valid());
 }
 
+// A loopback port bound but not listening, held while it lives: connecting to it is refused,
+// and no other process can take it meanwhile. (The port of a listener closed at once could be
+// taken by a test running in parallel, and then the connect succeeded.)
+class RefusingPort {
+ public:
+  RefusingPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      throw std::runtime_error("cannot bind a loopback port");
+    port_ = ntohs(addr.sin_port);
+  }
+  ~RefusingPort() { ::close(fd_); }
+  RefusingPort(const RefusingPort&) = delete;
+  RefusingPort& operator=(const RefusingPort&) = delete;
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_;
+  uint16_t port_ = 0;
+};
+
 TEST(NetTest, ConnectRefusedUntilDeadlineNamesThePeer) {
-  uint16_t port;
-  { port = Listener("127.0.0.1", 0).port(); }
+  RefusingPort refusing;
+  const uint16_t port = refusing.port();
   try {
     Connection::connect("127.0.0.1", port, in(200ms));
     FAIL() << "expected an error";
@@ -144,8 +174,8 @@ TEST(NetTest, AStoppedAcceptThrowsRatherThanReportingATimeout) {
 }
 
 TEST(NetTest, AStopEndsTheRetriesOfARefusedConnect) {
-  uint16_t port;
-  { port = Listener("127.0.0.1", 0).port(); }  // nothing listens there
+  RefusingPort refusing;
+  const uint16_t port = refusing.port();
   std::stop_source stop;
   std::thread stopper([&] {
     std::this_thread::sleep_for(100ms);
