@@ -165,7 +165,7 @@ Handle enqueue(const std::string& name, const Op& op, const TensorView& input, v
 // A synchronous allreduce of host memory, run at once on the caller's thread when it can skip
 // negotiation: every rank is on this one host, this rank has nothing else in flight, and every
 // rank makes the same call (name, dtype, shape, op, scale factors) within
-// KRUG_BUSY_POLL_MICROSECONDS of the first; up to KRUG_DIRECT_ALLREDUCE_BYTES (the direct lane,
+// 4 x KRUG_BUSY_POLL_MICROSECONDS of the first; up to KRUG_DIRECT_ALLREDUCE_BYTES (the direct lane,
 // docs/architecture.md). Returns true when the result is in `output`; false when nothing ran:
 // the caller then enqueues the call and waits, as it would have without this. Throws
 // InvalidArgument as enqueue() does.

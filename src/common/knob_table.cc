@@ -37,10 +37,11 @@ std::vector<Knob> make_table() {
               "loop themselves. Only when this host has a core per rank. 0 turns it off."},
       {.name = "KRUG_DIRECT_ALLREDUCE_BYTES", .aliases = {}, .unit = "bytes",
        .field = &Config::direct_allreduce_bytes, .bounds = kNonNegative,
-       .doc = "Largest synchronous allreduce (C++ API) that skips negotiation when every rank "
-              "is on one host and makes the same call at about the same time: the ranks meet "
-              "on a shared-memory lane and reduce there, or after KRUG_BUSY_POLL_MICROSECONDS "
-              "go through the engine as usual. Needs busy polling. 0 turns it off."},
+       .doc = "Largest synchronous allreduce (C++ API, hvd.allreduce) that skips negotiation "
+              "when every rank (at most 16) is on one host and makes the same call at about the "
+              "same time: the ranks meet on a shared-memory lane and reduce there, or after 4 x "
+              "KRUG_BUSY_POLL_MICROSECONDS go through the engine as usual. Needs busy polling. "
+              "0 turns it off."},
       {.name = "KRUG_TIMEOUT_SECONDS", .aliases = {"HOROVOD_GLOO_TIMEOUT_SECONDS"},
        .unit = "seconds",
        .field = &Config::timeout, .bounds = kPositive,

@@ -1,8 +1,8 @@
 // The direct lane (collectives/shm/shm_lane.h), its members as threads over one zeroed buffer:
-// the same call on every member reduces in rank order; different calls, or a member that does
-// not come, run nowhere (false on every member that came, outputs untouched); members out of
-// step find each other again; and over many calls with members missing at random, a call that
-// ran on one member ran on all of them with the right result.
+// the same call on every member reduces in rank order, small or not; different calls, or a
+// member that does not come, run nowhere (false on every member that came, outputs untouched);
+// members out of step find each other again; and over many calls with members missing at
+// random, a call that ran on one member ran on all of them with the right result.
 #include "collectives/shm/shm_lane.h"
 
 #include <gtest/gtest.h>
@@ -56,11 +56,14 @@ bool sum_floats(Lane& lane, const std::string& name, std::vector<float>& in,
 
 TEST(DirectLane, TheSameCallOnEveryMemberReducesInRankOrder) {
   // In float32, (1e8 + 1) - 1e8 is 0 but 1e8 + (1 - 1e8) is not: only rank order gives 0.
+  // 7 floats fit beside the decision word (the last member reduces them); 100 do not (every
+  // member reduces them).
   const float inputs[3] = {1e8f, 1.0f, -1e8f};
   std::vector<int> ran(3, 0);
   on_members(3, kMeet, [&](Lane& lane, int m) {
     for (int i = 0; i < 50; ++i) {
-      std::vector<float> in(7, inputs[m]), out(7, 42.0f);
+      const size_t count = i % 2 ? 7 : 100;
+      std::vector<float> in(count, inputs[m]), out(count, 42.0f);
       if (!sum_floats(lane, "w", in, out)) continue;
       ++ran[m];
       for (float v : out) EXPECT_EQ(v, 0.0f) << "member " << m << ", call " << i;

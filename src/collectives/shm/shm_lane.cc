@@ -13,8 +13,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Positions in use at once: a member may run this many ahead of the slowest.
-constexpr uint64_t kRing = 8;
+// Positions in use at once: a member may run this many ahead of the slowest. Each costs every
+// member a slot of max_bytes in /dev/shm (Docker's is 64 MiB by default).
+constexpr uint64_t kRing = 4;
 constexpr size_t kLine = 64;
 // A slot: the call (its shape on the lane and the caller's signature), then the data from
 // kHeader. Members compare the whole call, so no signature can make one read past another's data.
@@ -28,6 +29,10 @@ struct Call {
   uint8_t padding[2];
 };
 constexpr size_t kHeader = 256;
+// A position's line holds its decision word and, for a call of up to this many bytes, the result
+// that the last member in reduced: the others read it in the line they watch for the decision,
+// instead of fetching every member's data after it.
+constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
 static_assert(sizeof(Call) + Lane::kMaxSignature <= kHeader);
 
 // A position's decision word: the position, its state and how many members are in.
@@ -117,6 +122,10 @@ std::atomic<uint64_t>& Lane::passed(int member) const {
                                                    static_cast<size_t>(member) * kLine);
 }
 
+uint8_t* Lane::inline_result(uint64_t position) const {
+  return memory_ + (position % kRing) * kLine + sizeof(uint64_t);
+}
+
 uint8_t* Lane::slot(int member, uint64_t position) const {
   const size_t index = static_cast<size_t>(member) * kRing + position % kRing;
   return memory_ + kRing * kLine + static_cast<size_t>(size_) * kLine + index * slot_bytes_;
@@ -156,14 +165,16 @@ bool Lane::allreduce(std::span<const uint8_t> signature, const void* input, void
   reduce::copy(data(rank_, position), input, bytes);
   reduce::scale(dtype, data(rank_, position), count, prescale);
 
-  uint64_t w = decision(position, arrive(position, signature), deadline);
+  const uint64_t w = decision(position, arrive(position, signature, count, dtype, op), deadline);
   if (state_of(w) != kCommit) {
     pass(position);
     return false;
   }
   auto* out = static_cast<uint8_t*>(output);
-  reduce::reduce(dtype, op, out, data(0, position), data(1, position), count);
-  for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, out, data(m, position), count);
+  if (bytes <= kInlineBytes)
+    std::memcpy(out, inline_result(position), bytes);
+  else
+    reduce_slots(position, count, dtype, op, out);
   pass(position);
   reduce::scale(dtype, out, count, postscale);
   return true;
@@ -183,7 +194,14 @@ bool Lane::all_passed(uint64_t position, Deadline& deadline) {
   return true;
 }
 
-uint64_t Lane::arrive(uint64_t position, std::span<const uint8_t> signature) {
+void Lane::reduce_slots(uint64_t position, size_t count, DataType dtype, ReduceOp op,
+                        uint8_t* out) const {
+  reduce::reduce(dtype, op, out, data(0, position), data(1, position), count);
+  for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, out, data(m, position), count);
+}
+
+uint64_t Lane::arrive(uint64_t position, std::span<const uint8_t> signature, size_t count,
+                      DataType dtype, ReduceOp op) {
   auto& decision_word = word(position);
   uint64_t w = decision_word.load(std::memory_order_acquire);
   for (;;) {
@@ -192,8 +210,12 @@ uint64_t Lane::arrive(uint64_t position, std::span<const uint8_t> signature) {
     const uint64_t in = position_of(w) == position ? count_of(w) : 0;
     uint64_t next = make_word(position, kOpen, in + 1);
     // The last one in sees every other member's slot (each wrote it before counting itself in).
-    if (in + 1 == static_cast<uint64_t>(size_))
-      next = make_word(position, calls_agree(position, signature) ? kCommit : kAbort, in + 1);
+    if (in + 1 == static_cast<uint64_t>(size_)) {
+      const bool agree = calls_agree(position, signature);
+      if (agree && count * dtype_size(dtype) <= kInlineBytes)
+        reduce_slots(position, count, dtype, op, inline_result(position));
+      next = make_word(position, agree ? kCommit : kAbort, in + 1);
+    }
     if (decision_word.compare_exchange_weak(w, next, std::memory_order_acq_rel,
                                             std::memory_order_acquire))
       return next;

@@ -5,12 +5,13 @@
 // every member posts its call (count, dtype, op, scale factors, and the caller's signature: an
 // opaque byte string, the name and shape) and its prescaled input, then counts itself in on the
 // position's decision word. The member that brings the count to `size` compares the calls:
-// equal, the position commits and every member reduces all inputs in rank order (the
+// equal, the position commits and every member has all inputs reduced in rank order (the
 // association of the shared-memory communicator, so the result has the same bits as through the
-// engine); unequal, it aborts. A member that waited a whole window for the others aborts the
-// position too. An aborted position is dead: whoever reaches it later skips it and posts at the
-// next one, so members that fell out of step (one ran a call through the engine) find each other
-// again at the next position.
+// engine: up to 56 bytes the last member reduces them into the decision word's cache line, where
+// the others read it, and above that each member reduces them itself); unequal, it aborts. A member
+// that waited a whole window for the others aborts the position too. An aborted position is dead:
+// whoever reaches it later skips it and posts at the next one, so members that fell out of step
+// (one ran a call through the engine) find each other again at the next position.
 //
 // A call that returns false changed no output; every member that posted at that position
 // returns false too, and runs the call through the engine, where its name is negotiated as
@@ -60,7 +61,12 @@ class Lane {
   // Waits until every member has passed `position` (none of them reads its slots any more).
   bool all_passed(uint64_t position, Deadline& deadline);
   // Counts this member in at `position` (its slot written); returns the decision word after.
-  uint64_t arrive(uint64_t position, std::span<const uint8_t> signature);
+  // The last member in also reduces a small call into the position's line before it commits.
+  uint64_t arrive(uint64_t position, std::span<const uint8_t> signature, size_t count,
+                  DataType dtype, ReduceOp op);
+  // Every member's data at `position`, reduced in rank order into `out`.
+  void reduce_slots(uint64_t position, size_t count, DataType dtype, ReduceOp op,
+                    uint8_t* out) const;
   // Whether every member's slot holds this member's call (count, dtype, op, scale factors,
   // signature).
   bool calls_agree(uint64_t position, std::span<const uint8_t> signature) const;
@@ -70,6 +76,7 @@ class Lane {
 
   std::atomic<uint64_t>& word(uint64_t position) const;
   std::atomic<uint64_t>& passed(int member) const;
+  uint8_t* inline_result(uint64_t position) const;
   uint8_t* slot(int member, uint64_t position) const;
   uint8_t* data(int member, uint64_t position) const;
 
