@@ -199,6 +199,29 @@ def test_allreduce_non_contiguous_and_odd_shapes():
     assert torch.equal(big, torch.full((100003,), float(n())))
 
 
+def test_synchronous_allreduces_give_the_same_results_on_the_direct_lane_or_not():
+    # A small CPU tensor's synchronous allreduce may run on the direct lane (every rank on one
+    # host, nothing else in flight, the same call everywhere); the rest goes through the engine:
+    # sizes around the lane's limit (16384 float32 = 64 KiB), in place and out of place, with
+    # and without another operation in flight, must all give the engine's results.
+    sum_all, mean = float(n() * n()), float(n())
+    for i in range(120):
+        count = (1, 7, 1000, 16384, 16385)[i % 5]
+        t = torch.full((count,), 2.0 * r() + 1)
+        pending = None
+        if i % 7 == 0:
+            pending = hvd.allreduce_async(torch.ones(3), name="lane.pending.%d" % i, op=hvd.Sum)
+        if i % 3 == 0:
+            out = hvd.allreduce(t, name="lane.out.%d" % i, op=hvd.Average)
+            assert torch.equal(out, torch.full((count,), mean)), i
+            assert torch.equal(t, torch.full((count,), 2.0 * r() + 1)), i
+        else:
+            assert hvd.allreduce_(t, name="lane.%d" % (i % 10), op=hvd.Sum) is t
+            assert torch.equal(t, torch.full((count,), sum_all)), i
+        if pending is not None:
+            assert torch.equal(hvd.synchronize(pending), torch.full((3,), float(n()))), i
+
+
 def test_unnamed_ops_get_the_same_names_on_every_rank():
     for _ in range(3):
         y = hvd.allreduce(torch.ones(2), op=hvd.Sum)

@@ -200,7 +200,13 @@ class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
-        return synchronize(_allreduce_async(tensor, None, name, op, prescale_factor,
+        output = None
+        if op in _PLAIN_OPS and process_set is global_process_set:
+            name = _name("allreduce", name, process_set)
+            output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            if _direct(name, tensor, output, op, prescale_factor, postscale_factor):
+                return output
+        return synchronize(_allreduce_async(tensor, output, name, op, prescale_factor,
                                             postscale_factor, process_set))
 
     @staticmethod
@@ -226,8 +232,21 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce: reduces ``tensor`` over all ranks and returns it. Not
     differentiable."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+    op = handle_average_backwards_compatibility(op, average)
+    if op in _PLAIN_OPS and process_set is global_process_set:
+        name = _name("allreduce", name, process_set)
+        if _direct(name, tensor, tensor, op, prescale_factor, postscale_factor):
+            return tensor
+    return synchronize(allreduce_async_(tensor, None, name, op, prescale_factor,
                                         postscale_factor, process_set))
+
+
+def _direct(name, tensor, output, op, prescale_factor, postscale_factor):
+    """A synchronous allreduce on the global set run at once on the direct lane (a small CPU
+    tensor whose call every rank of this one host makes together: docs/architecture.md); False
+    when nothing ran."""
+    return _core.allreduce_direct(name, tensor, output, op, float(prescale_factor),
+                                  float(postscale_factor), 0)
 
 
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,

@@ -471,6 +471,16 @@ HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
   return single_allreduce(name, input, &output, options);
 }
 
+bool allreduce_direct(const std::string& name, const at::Tensor& input, const at::Tensor& output,
+                      const ReduceOptions& options) {
+  if (!usable(input) || !input.device().is_cpu() || !input.is_contiguous() || !usable(output) ||
+      !output.device().is_cpu() || !output.is_contiguous() ||
+      output.scalar_type() != input.scalar_type() || output.sizes() != input.sizes())
+    return false;
+  return frontend::run_direct(name, frontend::reduction(OpType::kAllreduce, options),
+                              view_of(input), output.data_ptr());
+}
+
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
                           const ReduceOptions& options) {
   return single_allreduce(name, input, nullptr, options);

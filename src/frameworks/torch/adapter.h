@@ -111,6 +111,12 @@ using HandlePtr = std::shared_ptr<TorchHandle>;
 // non-contiguous (a contiguous copy is reduced and copied back on wait()).
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
                           const at::Tensor& output, const ReduceOptions& options = {});
+// The same allreduce run at once on the caller's thread when the direct lane takes it
+// (frontend::run_direct): true when the result is in `output`; false when nothing ran, and the
+// caller then runs allreduce_async. Contiguous CPU tensors of one dtype and shape only; for any
+// other it is false (allreduce_async then checks them and says what is wrong).
+bool allreduce_direct(const std::string& name, const at::Tensor& input, const at::Tensor& output,
+                      const ReduceOptions& options);
 // Out of place into a newly allocated tensor (outputs()[0]).
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
                           const ReduceOptions& options = {});

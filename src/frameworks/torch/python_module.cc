@@ -174,6 +174,13 @@ PYBIND11_MODULE(_torch_core, m) {
                                              reduce_options(op, prescale, postscale, process_set)));
       });
 
+  // hvd.allreduce(_) of a small CPU tensor: at once on the direct lane, or False.
+  m.def("allreduce_direct",
+        [](const std::string& name, const at::Tensor& input, const at::Tensor& output, int op,
+           double prescale, double postscale, int process_set) {
+          return ta::allreduce_direct(name, input, output,
+                                      reduce_options(op, prescale, postscale, process_set));
+        });
   m.def("grouped_allreduce_async",
         [](const std::string& name, const std::vector<at::Tensor>& inputs,
            const std::vector<at::Tensor>& outputs, int op, double prescale, double postscale,
