@@ -489,6 +489,11 @@ def run_small_ops(r, args, np_):
         if r.have_krug_torch:
             tools.append(("krug_py", "krug_small_ops.np%d" % np_,
                           r.krug(np_, PYTHON, script, *steps), rows_of(py_keys)))
+            # Item 3's Python half: hvd.allreduce_ one after the other, the sizes of SYNC_SIZES.
+            sync_keys = ["sync_" + x for x in SYNC_SIZES]
+            sync_steps = ["--sync", "--steps", ",".join("1x" + x for x in SYNC_SIZES)] + t
+            tools.append(("krug_py_sync", "krug_small_ops.sync.np%d" % np_,
+                          r.krug(np_, PYTHON, script, *sync_steps), rows_of(sync_keys)))
         if r.have_torch:
             tools.append(("gloo", "torch_gloo_bench.step.np%d" % np_,
                           r.gloo(np_, "step", *steps), rows_of(py_keys)))
@@ -759,18 +764,22 @@ def sync_table(np_, res, where):
     rows = []
     for size in SYNC_SIZES:
         m = res.get("sync_" + size) or {}
-        k, p = m.get("krug_cpp"), m.get("mpi")
-        if not (k or p):
+        k, p, py = m.get("krug_cpp"), m.get("mpi"), m.get("krug_py_sync")
+        if not (k or p or py):
             continue
         rows.append([size_label(pybench.parse_size(size)), fmt_us(k and k["time_us"]),
-                     fmt_us(p and p["time_us"]), fmt_ratio(ratio_peer_over_krug(k, p))])
+                     fmt_us(p and p["time_us"]), fmt_ratio(ratio_peer_over_krug(k, p)),
+                     fmt_us(py and py["time_us"]),
+                     fmt_us(py and k and py["time_us"] - k["time_us"])])
     if not rows:
         return ""
     note = rounds_note([m.get("krug_cpp") for key, m in res.items() if key.startswith("sync_")])
     return ("### One synchronous allreduce, %d ranks, %s (krug-step --sync: krug::allreduce; "
-            "mpi_bench step: MPI_Allreduce; time per op in µs; krug/Open MPI = Open MPI's time "
-            "/ krug's, above 1 krug is faster%s)\n\n" % (np_, where, note)) + \
-        table(["size", "krug C++ API µs", "Open MPI µs", "krug/Open MPI"], rows)
+            "mpi_bench step: MPI_Allreduce; krug_small_ops.py --sync: hvd.allreduce_ of "
+            "krug.torch; time per op in µs; krug/Open MPI = Open MPI's time / krug's, above 1 "
+            "krug is faster%s)\n\n" % (np_, where, note)) + \
+        table(["size", "krug C++ API µs", "Open MPI µs", "krug/Open MPI", "krug.torch µs",
+               "krug.torch - C++ µs"], rows)
 
 
 def at_size(rows, nbytes, key="busbw"):
@@ -1031,6 +1040,15 @@ def peer_verdicts(view, np_=2):
                     "PASS" if ahead == len(sync) else "FAIL"))
     elif small:
         out.append((desc, "not measured", "SKIP"))
+    gaps = [(small.get("sync_" + x, {}).get("krug_py_sync"), small.get("sync_" + x, {})
+             .get("krug_cpp"), x) for x in SYNC_SIZES]
+    gaps = [(py["time_us"] - k["time_us"], x) for py, k, x in gaps if py and k]
+    if gaps:
+        worst = max(gaps)
+        out.append(("krug.torch within 2 us of the C++ API: one synchronous allreduce, 4 B to "
+                    "64 KiB, %d ranks" % np_, "worst %.2f us more at %s" % (
+                        worst[0], size_label(pybench.parse_size(worst[1])).replace("\u00a0", " ")),
+                    "PASS" if worst[0] <= 2.0 else "FAIL"))
     train = view.get("training") or {}
     rounds = train.get("rounds", {})
     for sfx, threads in (("", "1 thread"), ("_tN", "%d threads" % (os.cpu_count() or 1))):
