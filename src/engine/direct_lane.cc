@@ -10,6 +10,10 @@ namespace {
 // only this often.
 constexpr int kMissesBeforePause = 16;
 constexpr auto kPause = std::chrono::seconds(1);
+// After a call that found no partner, the next one waits this many windows. That call went
+// through the engine, which may leave one rank asleep in its wait: on a VM it can take longer
+// than a window to wake, and its partner, giving up, would send both through the engine again.
+constexpr int kWindowsAfterAMiss = 10;
 
 template <typename T>
 void append(std::string& out, const T& value) {
@@ -20,7 +24,7 @@ void append(std::string& out, const T& value) {
 
 DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> store,
                        std::chrono::nanoseconds window)
-    : size_(config.size) {
+    : size_(config.size), window_(window) {
   const auto max_bytes = static_cast<size_t>(config.direct_allreduce_bytes);
   rendezvous::PrefixStore prefixed("lane/", std::move(store));
   segment_ = std::make_unique<transport::Segment>(
@@ -64,6 +68,7 @@ bool DirectLane::run_alone(const TensorView& t) {
     if (std::chrono::steady_clock::now() < paused_until_) return false;
     misses_ = 0;
   }
+  lane_->set_window(misses_ > 0 ? kWindowsAfterAMiss * window_ : window_);
   encode_signature(t);
   if (signature_.size() > collectives::shm::Lane::kMaxSignature) return false;
   int64_t count = 1;

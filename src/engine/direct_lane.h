@@ -35,6 +35,7 @@ class DirectLane {
   void encode_signature(const TensorView& t);
 
   int size_;
+  std::chrono::nanoseconds window_;
   std::unique_ptr<transport::Segment> segment_;
   std::unique_ptr<collectives::shm::Lane> lane_;
   std::atomic_flag busy_;  // a thread is in run()

@@ -47,6 +47,8 @@ class Lane {
   Lane& operator=(const Lane&) = delete;
 
   size_t max_bytes() const { return options_.max_bytes; }
+  // The window of the calls from now on.
+  void set_window(std::chrono::nanoseconds window) { options_.window = window; }
 
   // output = prescale * input, reduced over the members, times postscale; `op` is the kernel's
   // (an average is a sum with postscale / size). Returns false, output untouched, when the
