@@ -93,6 +93,22 @@ Handle finish_enqueue(std::shared_ptr<engine::HandleState> state,
   return Handle(krug::Handle(std::move(state)), op, std::move(engine));
 }
 
+// An allreduce or broadcast of host memory as the engine takes it by reference (no copies).
+engine::TensorView by_reference_view(const std::string& name, const Op& op, const TensorView& input,
+                                     void* output) {
+  return engine::TensorView{.name = name,
+                            .op = core(op.type),
+                            .dtype = input.dtype,
+                            .shape = input.shape,
+                            .process_set = op.process_set.id,
+                            .reduce_op = op.reduce_op,
+                            .prescale = op.prescale,
+                            .postscale = op.postscale,
+                            .root = op.root,
+                            .input = input.data,
+                            .output = output};
+}
+
 }  // namespace
 
 std::string_view op_name(OpType op) {
@@ -137,17 +153,7 @@ Handle enqueue(const std::string& name, const Op& op, const TensorView& input, v
   if (by_reference) {
     // The per-step path: the engine copies name and shape into an entry it reuses.
     api::check_tensor(name, core(op.type), input);
-    auto state = engine->enqueue(engine::TensorView{.name = name,
-                                                    .op = core(op.type),
-                                                    .dtype = input.dtype,
-                                                    .shape = input.shape,
-                                                    .process_set = op.process_set.id,
-                                                    .reduce_op = op.reduce_op,
-                                                    .prescale = op.prescale,
-                                                    .postscale = op.postscale,
-                                                    .root = op.root,
-                                                    .input = input.data,
-                                                    .output = output});
+    auto state = engine->enqueue(by_reference_view(name, op, input, output));
     return finish_enqueue(std::move(state), std::move(engine), op, callbacks);
   }
   engine::TensorArgs args = engine::tensor_args(api::make_request(name, op, input), input.data,
@@ -162,16 +168,7 @@ bool run_direct(const std::string& name, const Op& op, const TensorView& input, 
   if (op.type != OpType::kAllreduce || input.device.kind != DeviceKind::kCPU) return false;
   std::shared_ptr<engine::Engine> engine = current_engine();
   api::check_tensor(name, core(op.type), input);
-  return engine->run_direct(engine::TensorView{.name = name,
-                                               .op = core(op.type),
-                                               .dtype = input.dtype,
-                                               .shape = input.shape,
-                                               .process_set = op.process_set.id,
-                                               .reduce_op = op.reduce_op,
-                                               .prescale = op.prescale,
-                                               .postscale = op.postscale,
-                                               .input = input.data,
-                                               .output = output});
+  return engine->run_direct(by_reference_view(name, op, input, output));
 }
 
 Handle enqueue_group(const std::string& name, const Op& op, std::span<const TensorView> inputs,
