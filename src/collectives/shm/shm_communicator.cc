@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "collectives/ordered_reduce.h"
+#include "collectives/shm/rank_order.h"
 #include "reduce/copy.h"
 #include "reduce/reduce.h"
 
@@ -140,15 +141,6 @@ namespace {
 WaitContext context_for(std::chrono::milliseconds timeout, std::chrono::nanoseconds spin,
                         std::function<std::string()> check) {
   return WaitContext{std::chrono::steady_clock::now() + timeout, spin, std::move(check)};
-}
-
-// dst = sources(0) op sources(1) op ... op sources(size - 1), element-wise in rank order (the
-// association every backend uses). dst may be sources(0) or sources(1).
-template <typename Sources>
-void reduce_in_rank_order(DataType dtype, ReduceOp op, uint8_t* dst, int size, size_t count,
-                          Sources&& sources) {
-  reduce::reduce(dtype, op, dst, sources(0), sources(1), count);
-  for (int m = 2; m < size; ++m) reduce::reduce_into(dtype, op, dst, sources(m), count);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/shm/rank_order.h"
 #include "reduce/copy.h"
 #include "reduce/reduce.h"
 
@@ -196,8 +197,7 @@ bool Lane::all_passed(uint64_t position, Deadline& deadline) {
 
 void Lane::reduce_slots(uint64_t position, size_t count, DataType dtype, ReduceOp op,
                         uint8_t* out) const {
-  reduce::reduce(dtype, op, out, data(0, position), data(1, position), count);
-  for (int m = 2; m < size_; ++m) reduce::reduce_into(dtype, op, out, data(m, position), count);
+  reduce_in_rank_order(dtype, op, out, size_, count, [&](int m) { return data(m, position); });
 }
 
 uint64_t Lane::arrive(uint64_t position, std::span<const uint8_t> signature, size_t count,

@@ -56,8 +56,7 @@ class Lane {
   bool allreduce(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
                  DataType dtype, ReduceOp op, double prescale, double postscale);
 
- public:
-  class Deadline;
+  class Deadline;  // a call's window, read from the clock only once a wait spins
 
  private:
   // Waits until every member has passed `position` (none of them reads its slots any more).
