@@ -1,6 +1,6 @@
 #include "engine/direct_lane.h"
 
-#include <cstring>
+#include "common/shape.h"
 
 namespace krug::engine {
 namespace {
@@ -41,8 +41,7 @@ bool DirectLane::suits(const TensorView& t) const {
   if (t.op != controller::OpType::kAllreduce || t.process_set != 0 ||
       t.reduce_op == ReduceOp::kAdasum)
     return false;
-  int64_t elements = 1;
-  for (int64_t d : t.shape) elements *= d;
+  const int64_t elements = shape_elements(t.shape);
   const auto bytes = static_cast<size_t>(elements) * dtype_size(t.dtype);
   return elements > 0 && bytes <= lane_->max_bytes();
 }
@@ -71,8 +70,7 @@ bool DirectLane::run_alone(const TensorView& t) {
   lane_->set_window(misses_ > 0 ? kWindowsAfterAMiss * window_ : window_);
   encode_signature(t);
   if (signature_.size() > collectives::shm::Lane::kMaxSignature) return false;
-  int64_t count = 1;
-  for (int64_t d : t.shape) count *= d;
+  const int64_t count = shape_elements(t.shape);
   // An average is the sum, divided like the engine does it: in the postscale.
   const bool average = t.reduce_op == ReduceOp::kAverage;
   const double postscale = average ? t.postscale / static_cast<double>(size_) : t.postscale;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "collectives/adasum.h"
+#include "common/shape.h"
 #include "engine/engine_impl.h"
 #include "engine/timeline_observer.h"
 
@@ -13,12 +14,6 @@ using controller::OpType;
 using controller::Response;
 
 namespace {
-
-int64_t elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // What an allreduce or reducescatter response decided, as the executor takes it.
 Reduction reduction(const Response& r) {
@@ -129,7 +124,7 @@ void Engine::Impl::run_allreduce(const Response& r, ProcessSets::Set& set) {
       tensors[i].count = static_cast<size_t>(cache_.elements(r.cache_ids[i]));
     } else {
       slots[i] = table_.find(controller::table_key(r.process_set, r.names[i]));
-      tensors[i].count = static_cast<size_t>(elements(r.shapes[i]));
+      tensors[i].count = static_cast<size_t>(shape_elements(r.shapes[i]));
     }
     if (slots[i]) {
       wait_ready(slots[i]->second.args);

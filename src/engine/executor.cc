@@ -5,6 +5,7 @@
 #include "collectives/adasum.h"
 #include "collectives/nccl/nccl_plane.h"
 #include "common/huge_pages.h"
+#include "common/shape.h"
 #include "observe/timeline.h"
 
 namespace krug::engine {
@@ -12,14 +13,8 @@ namespace {
 
 constexpr std::string_view kAllreducePhase = "ALLREDUCE";
 
-int64_t elements(std::span<const int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 int64_t row_elements(std::span<const int64_t> shape) {
-  return shape.empty() ? 1 : elements(shape.subspan(1));
+  return shape.empty() ? 1 : shape_elements(shape.subspan(1));
 }
 
 // Memory for an output whose shape negotiation just decided.
@@ -206,7 +201,7 @@ void Executor::allgather(collectives::Communicator& comm, DataType dtype,
 void Executor::broadcast(collectives::Communicator& comm, DataType dtype,
                          std::span<const int64_t> shape, int root, TensorArgs& args) {
   const Target t = target(comm, args.device);
-  const size_t bytes = static_cast<size_t>(elements(shape)) * dtype_size(dtype);
+  const size_t bytes = static_cast<size_t>(shape_elements(shape)) * dtype_size(dtype);
   if (args.output != args.input && bytes > 0) t.memory->copy(args.output, args.input, bytes);
   t.comm->broadcast(args.output, bytes, root);
   finish(t, "broadcast");
@@ -245,7 +240,7 @@ void Executor::reducescatter(collectives::Communicator& comm, const Reduction& r
   std::vector<size_t> counts(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
     counts[i] = static_cast<size_t>((shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row);
-  const size_t total = static_cast<size_t>(elements(shape));
+  const size_t total = static_cast<size_t>(shape_elements(shape));
   const size_t esize = dtype_size(r.dtype);
   const void* input = args.input;
   if (r.prescale != 1.0 && total > 0) {
