@@ -162,13 +162,14 @@ class Handle : public krug::Handle {
 Handle enqueue(const std::string& name, const Op& op, const TensorView& input, void* output,
                const Callbacks& callbacks = {});
 
-// A synchronous allreduce of host memory, run at once on the caller's thread when it can skip
-// negotiation: every rank is on this one host, this rank has nothing else in flight, and every
-// rank makes the same call (name, dtype, shape, op, scale factors) within
-// 4 x KRUG_BUSY_POLL_MICROSECONDS of the first; up to KRUG_DIRECT_ALLREDUCE_BYTES (the direct lane,
-// docs/architecture.md). Returns true when the result is in `output`; false when nothing ran:
-// the caller then enqueues the call and waits, as it would have without this. Throws
-// InvalidArgument as enqueue() does.
+// A synchronous allreduce, broadcast or allgather of host memory, run at once on the caller's
+// thread when it can skip negotiation: every rank is on this one host, this rank has nothing
+// else in flight, and every rank makes the same call (name, dtype, shape, op, scale factors,
+// root) within 4 x KRUG_BUSY_POLL_MICROSECONDS of the first; up to KRUG_DIRECT_LANE_BYTES of
+// input (the direct lane, docs/architecture.md). An allgather's `output` holds size() times the
+// input (the same shape on every rank). Returns true when the result is in `output`; false when
+// nothing ran: the caller then enqueues the call and waits, as it would have without this.
+// Throws InvalidArgument as enqueue() does.
 bool run_direct(const std::string& name, const Op& op, const TensorView& input, void* output);
 
 // Several tensors as one request, named "<name>.0", "<name>.1", ...: negotiated together, run

@@ -35,11 +35,12 @@ std::vector<Knob> make_table() {
               "background thread, or a thread waiting for a handle) polls for the answer this "
               "long after the last message before it sleeps; with it on, waiting threads run the "
               "loop themselves. Only when this host has a core per rank. 0 turns it off."},
-      {.name = "KRUG_DIRECT_ALLREDUCE_BYTES", .aliases = {}, .unit = "bytes",
-       .field = &Config::direct_allreduce_bytes, .bounds = kNonNegative,
-       .doc = "Largest synchronous allreduce (C++ API, hvd.allreduce) that skips negotiation "
-              "when every rank (at most 16) is on one host and makes the same call at about the "
-              "same time: the ranks meet on a shared-memory lane and reduce there, or after 4 x "
+      {.name = "KRUG_DIRECT_LANE_BYTES", .aliases = {}, .unit = "bytes",
+       .field = &Config::direct_lane_bytes, .bounds = kNonNegative,
+       .doc = "Largest synchronous allreduce, broadcast or allgather (one rank's tensor; C++ "
+              "API, hvd.allreduce, hvd.broadcast_) that skips negotiation when every rank (at "
+              "most 16) is on one host and makes the same call at about the same time: the ranks "
+              "meet on a shared-memory lane and run it there, or after 4 x "
               "KRUG_BUSY_POLL_MICROSECONDS go through the engine as usual. Needs busy polling. "
               "0 turns it off."},
       {.name = "KRUG_TIMEOUT_SECONDS", .aliases = {"HOROVOD_GLOO_TIMEOUT_SECONDS"},

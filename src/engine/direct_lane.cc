@@ -25,7 +25,7 @@ void append(std::string& out, const T& value) {
 DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> store,
                        std::chrono::nanoseconds window)
     : size_(config.size), window_(window) {
-  const auto max_bytes = static_cast<size_t>(config.direct_allreduce_bytes);
+  const auto max_bytes = static_cast<size_t>(config.direct_lane_bytes);
   rendezvous::PrefixStore prefixed("lane/", std::move(store));
   segment_ = std::make_unique<transport::Segment>(
       config.rank, config.size, collectives::shm::Lane::memory_bytes(config.size, max_bytes),
@@ -38,9 +38,12 @@ DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> 
 }
 
 bool DirectLane::suits(const TensorView& t) const {
-  if (t.op != controller::OpType::kAllreduce || t.process_set != 0 ||
-      t.reduce_op == ReduceOp::kAdasum)
-    return false;
+  using controller::OpType;
+  const bool collective = t.op == OpType::kBroadcast || t.op == OpType::kAllgather ||
+                          (t.op == OpType::kAllreduce && t.reduce_op != ReduceOp::kAdasum);
+  // A scalar has no rows to gather: the engine says what it makes of one.
+  const bool gathers_rows = t.op != OpType::kAllgather || !t.shape.empty();
+  if (!collective || !gathers_rows || t.process_set != 0 || t.output == nullptr) return false;
   const int64_t elements = shape_elements(t.shape);
   const auto bytes = static_cast<size_t>(elements) * dtype_size(t.dtype);
   return elements > 0 && bytes <= lane_->max_bytes();
@@ -48,7 +51,8 @@ bool DirectLane::suits(const TensorView& t) const {
 
 void DirectLane::encode_signature(const TensorView& t) {
   signature_.clear();
-  // The lane compares count, dtype and scale factors itself; an average and a sum differ here.
+  // The lane compares the collective, count, dtype, scale factors and root itself; an average
+  // and a sum differ here.
   append(signature_, static_cast<uint8_t>(t.reduce_op));
   append(signature_, static_cast<uint32_t>(t.shape.size()));
   for (int64_t d : t.shape) append(signature_, d);
@@ -68,22 +72,34 @@ bool DirectLane::run_alone(const TensorView& t) {
     misses_ = 0;
   }
   lane_->set_window(misses_ > 0 ? kWindowsAfterAMiss * window_ : window_);
-  encode_signature(t);
-  if (signature_.size() > collectives::shm::Lane::kMaxSignature) return false;
-  const int64_t count = shape_elements(t.shape);
-  // An average is the sum, divided like the engine does it: in the postscale.
-  const bool average = t.reduce_op == ReduceOp::kAverage;
-  const double postscale = average ? t.postscale / static_cast<double>(size_) : t.postscale;
-  const bool ran =
-      lane_->allreduce({reinterpret_cast<const uint8_t*>(signature_.data()), signature_.size()},
-                       t.input, t.output, static_cast<size_t>(count), t.dtype,
-                       average ? ReduceOp::kSum : t.reduce_op, t.prescale, postscale);
+  const bool ran = run_on_lane(t);
   if (ran) {
     misses_ = 0;
   } else if (++misses_ == kMissesBeforePause) {
     paused_until_ = std::chrono::steady_clock::now() + kPause;
   }
   return ran;
+}
+
+bool DirectLane::run_on_lane(const TensorView& t) {
+  encode_signature(t);
+  const std::span<const uint8_t> signature{reinterpret_cast<const uint8_t*>(signature_.data()),
+                                           signature_.size()};
+  if (signature.size() > collectives::shm::Lane::kMaxSignature) return false;
+  const auto count = static_cast<size_t>(shape_elements(t.shape));
+  switch (t.op) {
+    case controller::OpType::kBroadcast:
+      return lane_->broadcast(signature, t.input, t.output, count, t.dtype, t.root);
+    case controller::OpType::kAllgather:
+      return lane_->allgather(signature, t.input, t.output, count, t.dtype);
+    default: {
+      // An average is the sum, divided like the engine does it: in the postscale.
+      const bool average = t.reduce_op == ReduceOp::kAverage;
+      const double postscale = average ? t.postscale / static_cast<double>(size_) : t.postscale;
+      return lane_->allreduce(signature, t.input, t.output, count, t.dtype,
+                              average ? ReduceOp::kSum : t.reduce_op, t.prescale, postscale);
+    }
+  }
 }
 
 }  // namespace krug::engine

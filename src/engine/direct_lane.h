@@ -23,8 +23,10 @@ class DirectLane {
   DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> store,
              std::chrono::nanoseconds window);
 
-  // Whether a call may take the lane: an allreduce of host memory on the global process set,
-  // of 1 to KRUG_DIRECT_ALLREDUCE_BYTES bytes, not Adasum.
+  // Whether a call may take the lane: an allreduce (not Adasum), broadcast or allgather of host
+  // memory on the global process set, of 1 to KRUG_DIRECT_LANE_BYTES bytes on this rank. An
+  // allgather's output holds size x its input: the lane runs it only where every rank's shape
+  // is the same.
   bool suits(const TensorView& t) const;
   // Runs a call that suits() on the lane; false: nothing ran (the caller enqueues it). Any
   // thread; one at a time (another thread's call meanwhile gets false).
@@ -32,6 +34,7 @@ class DirectLane {
 
  private:
   bool run_alone(const TensorView& t);  // with busy_ set
+  bool run_on_lane(const TensorView& t);
   void encode_signature(const TensorView& t);
 
   int size_;

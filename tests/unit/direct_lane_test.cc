@@ -1,7 +1,7 @@
 // Engine::run_direct (engine/direct_lane.h), ranks as engine threads: synchronous calls made
-// together run on the lane with the engine's result; a rank with anything else in flight, calls
-// that differ, and a lane turned off run nothing there, and the same calls through the engine
-// then behave as they always did (results, mismatch errors).
+// together run on the lane with the engine's result (allreduce; broadcast and allgather too); a
+// rank with anything else in flight, calls that differ, and a lane turned off run nothing there,
+// and the same calls through the engine then behave as they always did (results, mismatch errors).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -67,6 +67,42 @@ TEST(EngineDirectLane, CallsMadeTogetherRunThereWithTheEnginesResult) {
   EXPECT_EQ(direct[0], direct[1]);
 }
 
+TEST(EngineDirectLane, BroadcastsAndAllgathersRunThere) {
+  std::vector<int> direct(2, 0);
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        for (int i = 0; i < 40; ++i) {
+          const std::string name = "c" + std::to_string(i);
+          const std::vector<int64_t> shape{2, 3};
+          std::vector<float> in(6, static_cast<float>(10 * rank + i)), out(12, -1.0f);
+          const bool gather = i % 2 == 1;
+          const int root = (i / 2) % 2;
+          const bool ran =
+              e.run_direct(TensorView{.name = name,
+                                      .op = gather ? OpType::kAllgather : OpType::kBroadcast,
+                                      .dtype = DataType::kFloat32,
+                                      .shape = shape,
+                                      .root = root,
+                                      .input = in.data(),
+                                      .output = gather ? out.data() : in.data()});
+          // A call that found no partner ran on neither rank: both skip it.
+          if (!ran) continue;
+          ++direct[rank];
+          if (gather) {
+            std::vector<float> want(6, static_cast<float>(i));
+            want.resize(12, static_cast<float>(10 + i));
+            EXPECT_EQ(out, want) << "call " << i;
+          } else {
+            EXPECT_EQ(in, std::vector<float>(6, static_cast<float>(10 * root + i))) << "call " << i;
+          }
+        }
+      },
+      long_window);
+  EXPECT_GT(direct[0], 0) << "no call ran on the lane";
+  EXPECT_EQ(direct[0], direct[1]);
+}
+
 TEST(EngineDirectLane, ARankWithAnOperationInFlightRunsNothingThere) {
   run_ranks(2, [&](Engine& e, int rank) {
     const std::vector<int64_t> shape{4};
@@ -111,7 +147,7 @@ TEST(EngineDirectLane, ZeroBytesTurnsItOff) {
       },
       [](Config& c) {
         long_window(c);
-        c.direct_allreduce_bytes = 0;
+        c.direct_lane_bytes = 0;
       });
 }
 

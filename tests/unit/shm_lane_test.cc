@@ -1,5 +1,6 @@
 // The direct lane (collectives/shm/shm_lane.h), its members as threads over one zeroed buffer:
-// the same call on every member reduces in rank order, small or not; different calls, or a
+// the same call on every member reduces in rank order, small or not; broadcasts and allgathers
+// give every member the root's data and all data in rank order; different calls, or a
 // member that does not come, run nowhere (false on every member that came, outputs untouched);
 // members out of step find each other again; and over many calls with members missing at
 // random, a call that ran on one member ran on all of them with the right result.
@@ -82,6 +83,59 @@ TEST(DirectLane, ScaleFactorsAndOpsAreTheEngines) {
     ASSERT_TRUE(lane.allreduce(sig("max"), a.data(), b.data(), 2, DataType::kInt32, ReduceOp::kMax,
                                1.0, 1.0));
     EXPECT_EQ(b, (std::vector<int32_t>{5, 7}));
+  });
+}
+
+TEST(DirectLane, BroadcastGivesEveryMemberTheRootsData) {
+  // 3 int32 fit beside the decision word, 100 do not; the root's output may be its input.
+  std::vector<int> ran(3, 0);
+  on_members(3, kMeet, [&](Lane& lane, int m) {
+    for (int i = 0; i < 12; ++i) {
+      const int root = i % 3;
+      const size_t count = i % 2 ? 3 : 100;
+      std::vector<int32_t> in(count, m == root ? 10 * i + 1 : -5), out(count, -1);
+      int32_t* output = m == root && i % 4 == 0 ? in.data() : out.data();
+      if (!lane.broadcast(sig("b"), in.data(), output, count, DataType::kInt32, root)) continue;
+      ++ran[m];
+      EXPECT_EQ(std::vector<int32_t>(output, output + count),
+                std::vector<int32_t>(count, 10 * i + 1))
+          << "member " << m << ", call " << i;
+    }
+  });
+  EXPECT_EQ(ran, std::vector<int>(3, 12));
+}
+
+TEST(DirectLane, AllgatherGivesEveryMemberAllInputsInRankOrder) {
+  std::vector<int> ran(3, 0);
+  on_members(3, kMeet, [&](Lane& lane, int m) {
+    for (const size_t count : {size_t{2}, size_t{4}, size_t{300}}) {  // 24 B and 48 B inline
+      std::vector<float> in(count), out(3 * count, -1.0f), want;
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(1000 * m + i);
+      for (int r = 0; r < 3; ++r)
+        for (size_t i = 0; i < count; ++i) want.push_back(static_cast<float>(1000 * r + i));
+      if (!lane.allgather(sig("g"), in.data(), out.data(), count, DataType::kFloat32)) continue;
+      ++ran[m];
+      EXPECT_EQ(out, want) << "member " << m << ", " << count << " elements each";
+    }
+  });
+  EXPECT_EQ(ran, std::vector<int>(3, 3));
+}
+
+TEST(DirectLane, CollectivesThatDifferInKindOrRootRunNowhere) {
+  on_members(2, kMeet, [&](Lane& lane, int m) {
+    std::vector<float> in(4, 1.0f + m), out(4, -1.0f), gathered(8, -1.0f);
+    // The same signature, one member broadcasting and the other reducing.
+    EXPECT_FALSE(m == 0 ? lane.broadcast(sig("k"), in.data(), out.data(), 4, DataType::kFloat32, 0)
+                        : sum_floats(lane, "k", in, out));
+    // Broadcasts from different roots; an allgather against an allreduce.
+    EXPECT_FALSE(lane.broadcast(sig("r"), in.data(), out.data(), 4, DataType::kFloat32, m));
+    EXPECT_FALSE(m == 0
+                     ? lane.allgather(sig("a"), in.data(), gathered.data(), 4, DataType::kFloat32)
+                     : sum_floats(lane, "a", in, out));
+    EXPECT_EQ(out, std::vector<float>(4, -1.0f)) << "an output changed on member " << m;
+    EXPECT_EQ(gathered, std::vector<float>(8, -1.0f)) << "an output changed on member " << m;
+    EXPECT_TRUE(lane.broadcast(sig("r"), in.data(), out.data(), 4, DataType::kFloat32, 1));
+    EXPECT_EQ(out, std::vector<float>(4, 2.0f));
   });
 }
 

@@ -10,6 +10,20 @@
 #include "reduce/reduce.h"
 
 namespace krug::collectives::shm {
+
+// Members compare the whole call, so no signature can make one read past another's data.
+struct Lane::Call {
+  uint64_t count;  // of one member's data
+  double prescale;
+  double postscale;
+  uint16_t signature_length;
+  uint16_t root;  // broadcast
+  uint8_t kind;
+  uint8_t dtype;
+  uint8_t op;  // allreduce
+  uint8_t padding;
+};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -18,23 +32,14 @@ using Clock = std::chrono::steady_clock;
 // member a slot of max_bytes in /dev/shm (Docker's is 64 MiB by default).
 constexpr uint64_t kRing = 4;
 constexpr size_t kLine = 64;
-// A slot: the call (its shape on the lane and the caller's signature), then the data from
-// kHeader. Members compare the whole call, so no signature can make one read past another's data.
-struct Call {
-  uint64_t count;
-  double prescale;
-  double postscale;
-  uint32_t signature_length;
-  uint8_t dtype;
-  uint8_t op;
-  uint8_t padding[2];
-};
+// A slot: the call (Lane::Call and the caller's signature), then the data from kHeader.
 constexpr size_t kHeader = 256;
 // A position's line holds its decision word and, for a call of up to this many bytes, the result
 // that the last member in reduced: the others read it in the line they watch for the decision,
 // instead of fetching every member's data after it.
 constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
-static_assert(sizeof(Call) + Lane::kMaxSignature <= kHeader);
+static_assert(sizeof(Lane::Call) + Lane::kMaxSignature <= kHeader);
+enum class Kind : uint8_t { kAllreduce, kBroadcast, kAllgather };
 
 // A position's decision word: the position, its state and how many members are in.
 enum State : uint64_t { kOpen = 0, kCommit = 1, kAbort = 2 };
@@ -51,6 +56,18 @@ constexpr State state_of(uint64_t word) {
 }
 constexpr uint64_t count_of(uint64_t word) {
   return word & kCountMask;
+}
+
+Lane::Call call_of(Kind kind, size_t count, DataType dtype) {
+  return Lane::Call{.count = count,
+                    .prescale = 1.0,
+                    .postscale = 1.0,
+                    .signature_length = 0,
+                    .root = 0,
+                    .kind = static_cast<uint8_t>(kind),
+                    .dtype = static_cast<uint8_t>(dtype),
+                    .op = 0,
+                    .padding = 0};
 }
 
 size_t round_up(size_t n, size_t to) {
@@ -138,8 +155,34 @@ uint8_t* Lane::data(int member, uint64_t position) const {
 
 bool Lane::allreduce(std::span<const uint8_t> signature, const void* input, void* output,
                      size_t count, DataType dtype, ReduceOp op, double prescale, double postscale) {
-  const size_t bytes = count * dtype_size(dtype);
-  if (signature.size() > kMaxSignature || bytes > options_.max_bytes || count == 0) return false;
+  Call call = call_of(Kind::kAllreduce, count, dtype);
+  call.op = static_cast<uint8_t>(op);
+  call.prescale = prescale;
+  call.postscale = postscale;
+  if (!run(call, signature, input, output)) return false;
+  reduce::scale(dtype, output, count, postscale);
+  return true;
+}
+
+bool Lane::broadcast(std::span<const uint8_t> signature, const void* input, void* output,
+                     size_t count, DataType dtype, int root) {
+  if (root < 0 || root >= size_) return false;
+  Call call = call_of(Kind::kBroadcast, count, dtype);
+  call.root = static_cast<uint16_t>(root);
+  return run(call, signature, input, output);
+}
+
+bool Lane::allgather(std::span<const uint8_t> signature, const void* input, void* output,
+                     size_t count, DataType dtype) {
+  return run(call_of(Kind::kAllgather, count, dtype), signature, input, output);
+}
+
+bool Lane::run(const Call& posted, std::span<const uint8_t> signature, const void* input,
+               void* output) {
+  const auto dtype = static_cast<DataType>(posted.dtype);
+  const size_t bytes = posted.count * dtype_size(dtype);
+  if (signature.size() > kMaxSignature || bytes > options_.max_bytes || posted.count == 0)
+    return false;
   Deadline deadline(options_.window);
   // The first live position from here: aborted ones are skipped.
   uint64_t position = next_;
@@ -153,31 +196,31 @@ bool Lane::allreduce(std::span<const uint8_t> signature, const void* input, void
           fmt::format("direct lane: position {} committed without rank {}", position, rank_));
     pass(position);
   }
+  Call call = posted;
+  call.signature_length = static_cast<uint16_t>(signature.size());
   uint8_t* mine = slot(rank_, position);
-  const Call call{.count = count,
-                  .prescale = prescale,
-                  .postscale = postscale,
-                  .signature_length = static_cast<uint32_t>(signature.size()),
-                  .dtype = static_cast<uint8_t>(dtype),
-                  .op = static_cast<uint8_t>(op),
-                  .padding = {}};
   std::memcpy(mine, &call, sizeof(call));
   std::memcpy(mine + sizeof(call), signature.data(), signature.size());
-  reduce::copy(data(rank_, position), input, bytes);
-  reduce::scale(dtype, data(rank_, position), count, prescale);
+  const auto kind = static_cast<Kind>(call.kind);
+  if (kind != Kind::kBroadcast || call.root == rank_)
+    reduce::copy(data(rank_, position), input, bytes);
+  if (kind == Kind::kAllreduce)
+    reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
 
-  const uint64_t w = decision(position, arrive(position, signature, count, dtype, op), deadline);
+  const uint64_t w = decision(position, arrive(position, call, signature), deadline);
   if (state_of(w) != kCommit) {
     pass(position);
     return false;
   }
   auto* out = static_cast<uint8_t*>(output);
-  if (bytes <= kInlineBytes)
-    std::memcpy(out, inline_result(position), bytes);
-  else
-    reduce_slots(position, count, dtype, op, out);
+  if (kind == Kind::kBroadcast && call.root == rank_) {
+    if (out != input) std::memcpy(out, input, bytes);  // the root's result: its input
+  } else if (result_bytes(call) <= kInlineBytes) {
+    std::memcpy(out, inline_result(position), result_bytes(call));
+  } else {
+    make_result(position, call, out);
+  }
   pass(position);
-  reduce::scale(dtype, out, count, postscale);
   return true;
 }
 
@@ -195,13 +238,31 @@ bool Lane::all_passed(uint64_t position, Deadline& deadline) {
   return true;
 }
 
-void Lane::reduce_slots(uint64_t position, size_t count, DataType dtype, ReduceOp op,
-                        uint8_t* out) const {
-  reduce_in_rank_order(dtype, op, out, size_, count, [&](int m) { return data(m, position); });
+size_t Lane::result_bytes(const Call& call) const {
+  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  return static_cast<Kind>(call.kind) == Kind::kAllgather ? bytes * static_cast<size_t>(size_)
+                                                          : bytes;
 }
 
-uint64_t Lane::arrive(uint64_t position, std::span<const uint8_t> signature, size_t count,
-                      DataType dtype, ReduceOp op) {
+void Lane::make_result(uint64_t position, const Call& call, uint8_t* out) const {
+  const auto dtype = static_cast<DataType>(call.dtype);
+  const size_t bytes = call.count * dtype_size(dtype);
+  switch (static_cast<Kind>(call.kind)) {
+    case Kind::kAllreduce:
+      reduce_in_rank_order(dtype, static_cast<ReduceOp>(call.op), out, size_, call.count,
+                           [&](int m) { return data(m, position); });
+      break;
+    case Kind::kBroadcast:
+      std::memcpy(out, data(call.root, position), bytes);
+      break;
+    case Kind::kAllgather:
+      for (int m = 0; m < size_; ++m)
+        reduce::copy(out + static_cast<size_t>(m) * bytes, data(m, position), bytes);
+      break;
+  }
+}
+
+uint64_t Lane::arrive(uint64_t position, const Call& call, std::span<const uint8_t> signature) {
   auto& decision_word = word(position);
   uint64_t w = decision_word.load(std::memory_order_acquire);
   for (;;) {
@@ -212,8 +273,8 @@ uint64_t Lane::arrive(uint64_t position, std::span<const uint8_t> signature, siz
     // The last one in sees every other member's slot (each wrote it before counting itself in).
     if (in + 1 == static_cast<uint64_t>(size_)) {
       const bool agree = calls_agree(position, signature);
-      if (agree && count * dtype_size(dtype) <= kInlineBytes)
-        reduce_slots(position, count, dtype, op, inline_result(position));
+      if (agree && result_bytes(call) <= kInlineBytes)
+        make_result(position, call, inline_result(position));
       next = make_word(position, agree ? kCommit : kAbort, in + 1);
     }
     if (decision_word.compare_exchange_weak(w, next, std::memory_order_acq_rel,

@@ -1,14 +1,16 @@
-// The direct lane: a small allreduce that every member of one host calls at about the same time
-// runs at once, without the coordinator, over a shared-memory board.
+// The direct lane: a small allreduce, broadcast or allgather that every member of one host calls
+// at about the same time runs at once, without the coordinator, over a shared-memory board.
 //
 // Members meet at positions 1, 2, 3, ... of the lane, each taking them in order. At a position
-// every member posts its call (count, dtype, op, scale factors, and the caller's signature: an
-// opaque byte string, the name and shape) and its prescaled input, then counts itself in on the
-// position's decision word. The member that brings the count to `size` compares the calls:
-// equal, the position commits and every member has all inputs reduced in rank order (the
-// association of the shared-memory communicator, so the result has the same bits as through the
-// engine: up to 56 bytes the last member reduces them into the decision word's cache line, where
-// the others read it, and above that each member reduces them itself); unequal, it aborts. A member
+// every member posts its call (the collective, count, dtype, op, scale factors, root, and the
+// caller's signature: an opaque byte string, the name and shape) and its data (an allreduce's
+// prescaled input; a broadcast's on the root only), then counts itself in on the position's
+// decision word. The member that brings the count to `size` compares the calls: equal, the
+// position commits and every member makes its result from the posted data (an allreduce reduces
+// all inputs in rank order, the association of the shared-memory communicator, so the result has
+// the same bits as through the engine); up to 56 bytes of result the last member makes it into
+// the decision word's cache line, where the others read it, and above that each member makes it
+// itself. Unequal, it aborts. A member
 // that waited a whole window for the others aborts the position too. An aborted position is dead:
 // whoever reaches it later skips it and posts at the next one, so members that fell out of step
 // (one ran a call through the engine) find each other again at the next position.
@@ -50,24 +52,35 @@ class Lane {
   // The window of the calls from now on.
   void set_window(std::chrono::nanoseconds window) { options_.window = window; }
 
+  // Each call returns false, output untouched, when the members did not all make it here
+  // within the window. One thread at a time. `count`: elements of one member's data.
+
   // output = prescale * input, reduced over the members, times postscale; `op` is the kernel's
-  // (an average is a sum with postscale / size). Returns false, output untouched, when the
-  // members did not all make this call here within the window. One thread at a time.
+  // (an average is a sum with postscale / size).
   bool allreduce(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
                  DataType dtype, ReduceOp op, double prescale, double postscale);
+  // The root's input into every member's output (either may be the other).
+  bool broadcast(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
+                 DataType dtype, int root);
+  // Every member's input in rank order into output (size x count elements).
+  bool allgather(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
+                 DataType dtype);
 
   class Deadline;  // a call's window, read from the clock only once a wait spins
+  struct Call;     // what a member posts in its slot
 
  private:
+  // Meets the others at the next live position with `call`, and on commit makes this member's
+  // result in `output`.
+  bool run(const Call& call, std::span<const uint8_t> signature, const void* input, void* output);
   // Waits until every member has passed `position` (none of them reads its slots any more).
   bool all_passed(uint64_t position, Deadline& deadline);
   // Counts this member in at `position` (its slot written); returns the decision word after.
-  // The last member in also reduces a small call into the position's line before it commits.
-  uint64_t arrive(uint64_t position, std::span<const uint8_t> signature, size_t count,
-                  DataType dtype, ReduceOp op);
-  // Every member's data at `position`, reduced in rank order into `out`.
-  void reduce_slots(uint64_t position, size_t count, DataType dtype, ReduceOp op,
-                    uint8_t* out) const;
+  // The last member in also makes a small result in the position's line before it commits.
+  uint64_t arrive(uint64_t position, const Call& call, std::span<const uint8_t> signature);
+  // The result of `call` from every member's data at `position` (before the postscale).
+  void make_result(uint64_t position, const Call& call, uint8_t* out) const;
+  size_t result_bytes(const Call& call) const;
   // Whether every member's slot holds this member's call (count, dtype, op, scale factors,
   // signature).
   bool calls_agree(uint64_t position, std::span<const uint8_t> signature) const;
