@@ -185,6 +185,11 @@ using OutputAllocator = std::function<void*(const Shape& shape)>;
 Handle allgather_async(const std::string& name, const void* input, DataType dtype,
                        const Shape& shape, ProcessSet process_set = kGlobalProcessSet,
                        OutputAllocator allocate = {});
+// The synchronous allgather of a tensor whose shape is the same on every rank, as
+// MPI_Allgather's: `output` holds size() x shape[0] rows, every rank's in rank order. Throws
+// InvalidArgument when a rank's shape differs (allgather_async takes those).
+void allgather(const std::string& name, const void* input, void* output, DataType dtype,
+               const Shape& shape, ProcessSet process_set = kGlobalProcessSet);
 
 // In place: `data` of rank `root` (index within the process set) is copied to every rank.
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,

@@ -11,6 +11,7 @@
 
 #include "common/config.h"
 #include "common/log.h"
+#include "common/shape.h"
 #include "api/elastic_health.h"
 #include "api/mpi_job.h"
 #include "api/request.h"
@@ -335,6 +336,33 @@ Handle allgather_async(const std::string& name, const void* input, DataType dtyp
                            view(input, dtype, shape), nullptr, allocating(std::move(allocate)));
 }
 
+void allgather(const std::string& name, const void* input, void* output, DataType dtype,
+               const Shape& shape, ProcessSet process_set) {
+  const frontend::Op op{.type = frontend::OpType::kAllgather, .process_set = process_set};
+  const auto in = view(input, dtype, shape);
+  if (shape.empty())
+    throw InvalidArgument(fmt::format("allgather '{}': a scalar has no first dimension", name));
+  if (frontend::run_direct(name, op, in, output)) return;
+  Shape expected = shape;
+  expected[0] *= static_cast<int64_t>(process_set_ranks(process_set).size());
+  // A rank whose result would not fit still takes part (its peers' collective needs it), into
+  // memory of its own, and then says so.
+  std::vector<uint8_t> misfit;
+  Shape gathered;
+  frontend::enqueue(name, op, in, nullptr, allocating([&](const Shape& shape) -> void* {
+                      gathered = shape;
+                      if (shape == expected) return output;
+                      misfit.resize(static_cast<size_t>(shape_elements(shape)) * dtype_size(dtype));
+                      return misfit.data();
+                    }))
+      .wait();
+  if (gathered != expected)
+    throw InvalidArgument(fmt::format(
+        "allgather '{}': the ranks' shapes differ (gathered {}, this rank expected {}); "
+        "allgather_async gathers tensors whose first dimensions differ",
+        name, fmt::join(gathered, "x"), fmt::join(expected, "x")));
+}
+
 Handle broadcast_async(const std::string& name, void* data, DataType dtype, const Shape& shape,
                        int root, ProcessSet process_set) {
   return frontend::enqueue(
@@ -345,6 +373,9 @@ Handle broadcast_async(const std::string& name, void* data, DataType dtype, cons
 
 void broadcast(const std::string& name, void* data, DataType dtype, const Shape& shape, int root,
                ProcessSet process_set) {
+  const frontend::Op op{
+      .type = frontend::OpType::kBroadcast, .process_set = process_set, .root = root};
+  if (frontend::run_direct(name, op, view(data, dtype, shape), data)) return;
   broadcast_async(name, data, dtype, shape, root, process_set).wait();
 }
 

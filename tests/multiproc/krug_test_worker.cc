@@ -663,6 +663,39 @@ void ops_output_allocator(int n) {
   expect(calls == 2, "the allgather allocator ran " + std::to_string(calls) + " times, not 2");
 }
 
+// Synchronous broadcasts and allgathers of sizes that the direct lane makes in its decision
+// line, in its slots and not at all (beyond KRUG_DIRECT_LANE_BYTES), from every root in turn;
+// then an allgather whose shapes differ between the ranks.
+void sync_broadcasts_and_allgathers(int n) {
+  for (int64_t rows : {1, 50, 6000}) {
+    const std::string tag = " of " + std::to_string(rows) + " rows";
+    for (int root = 0; root < n; ++root) {
+      std::vector<int32_t> data(static_cast<size_t>(rows) * 3, g_rank == root ? root + 7 : -1);
+      krug::broadcast("sync.broadcast." + std::to_string(rows) + "." + std::to_string(root),
+                      data.data(), DataType::kInt32, {rows, 3}, root);
+      expect(data == std::vector<int32_t>(data.size(), root + 7),
+             "sync broadcast" + tag + " from rank " + std::to_string(root) + ": got " +
+                 std::to_string(data[0]) + " ...");
+    }
+    std::vector<float> in(static_cast<size_t>(rows) * 3), out(in.size() * n, -1.0f), want;
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(g_rank * 100000 + i);
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < in.size(); ++i) want.push_back(static_cast<float>(r * 100000 + i));
+    krug::allgather("sync.allgather." + std::to_string(rows), in.data(), out.data(),
+                    DataType::kFloat32, {rows, 3});
+    expect(out == want, "sync allgather" + tag + ": the rows are not every rank's in order");
+  }
+  // Rank n - 1 gives 3 rows, the others 2: every rank takes part, and none has the shape its
+  // output was for (2n + 1 rows gathered, 2n or 3n expected).
+  if (n == 1) return;
+  const int64_t rows = g_rank == n - 1 ? 3 : 2;
+  std::vector<float> in(static_cast<size_t>(rows) * 4, 1.0f), out(in.size() * n);
+  const std::string msg = expect_error("a synchronous allgather of differing shapes", [&] {
+    krug::allgather("sync.allgather.differ", in.data(), out.data(), DataType::kFloat32, {rows, 4});
+  });
+  expect(msg.empty() || contains(msg, "shapes differ"), "allgather of differing shapes: " + msg);
+}
+
 void scenario_ops() {
   const int n = krug::size();
   ops_allreduce(n);
@@ -684,6 +717,7 @@ void scenario_ops() {
   double y = g_rank == n - 1 ? 42.5 : -1;
   krug::broadcast("sync.broadcast", &y, DataType::kFloat64, {}, n - 1);
   expect(y == 42.5, "sync broadcast: expected 42.5, got " + std::to_string(y));
+  sync_broadcasts_and_allgathers(n);
 }
 
 void scenario_inflight() {
