@@ -222,6 +222,28 @@ def test_synchronous_allreduces_give_the_same_results_on_the_direct_lane_or_not(
             assert torch.equal(hvd.synchronize(pending), torch.full((3,), float(n()))), i
 
 
+def test_synchronous_broadcasts_and_allgathers_give_the_same_results_on_the_direct_lane_or_not():
+    # Small ones may run on the direct lane, as allreduce's; the rest, an unnamed call, a
+    # differentiable broadcast and an allgather whose rows differ between the ranks go through
+    # the engine or take the lane: every one must give the engine's result.
+    for i in range(60):
+        rows = (1, 300, 6000)[i % 3]  # 12 B, 3.6 KiB and 72 KiB (beyond the lane) of int32
+        root = i % n()
+        t = torch.full((rows, 3), 10 * i + r(), dtype=torch.int32)
+        if i % 4 == 0:
+            out = hvd.broadcast(t, root, name="lane.bcast.out.%d" % i)
+            assert torch.equal(out, torch.full((rows, 3), 10 * i + root, dtype=torch.int32)), i
+            assert torch.equal(t, torch.full((rows, 3), 10 * i + r(), dtype=torch.int32)), i
+        else:
+            assert hvd.broadcast_(t, root, name=None if i % 5 == 0 else "lane.bcast") is t
+            assert torch.equal(t, torch.full((rows, 3), 10 * i + root, dtype=torch.int32)), i
+        mine = rows + (r() if i % 6 == 5 else 0)  # every sixth call: a row more per rank
+        g = hvd.allgather(torch.full((mine, 2), float(r())), name="lane.gather.%d" % (i % 4))
+        want = torch.cat([torch.full((rows + (k if i % 6 == 5 else 0), 2), float(k))
+                          for k in range(n())])
+        assert torch.equal(g, want), i
+
+
 def test_unnamed_ops_get_the_same_names_on_every_rank():
     for _ in range(3):
         y = hvd.allreduce(torch.ones(2), op=hvd.Sum)

@@ -374,6 +374,12 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 1
         ctx.process_set = process_set
+        if process_set is global_process_set and tensor.dim() > 0:
+            # The direct lane, where every rank's shape is this one's.
+            name = _name("allgather", name, process_set)
+            output = tensor.new_empty((tensor.shape[0] * size(),) + tuple(tensor.shape[1:]))
+            if _core.allgather_direct(name, tensor, output):
+                return output
         return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
@@ -449,7 +455,9 @@ class HorovodBroadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        with torch.no_grad():
+            output = tensor.detach().clone(memory_format=torch.contiguous_format)
+        return broadcast_(output, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -466,6 +474,10 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast from ``root_rank``; returns ``tensor``. Not differentiable."""
+    if process_set is global_process_set:
+        name = _name("broadcast", name, process_set)
+        if _core.broadcast_direct(name, tensor, int(root_rank)):
+            return tensor
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 

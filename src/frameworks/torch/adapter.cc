@@ -471,14 +471,36 @@ HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
   return single_allreduce(name, input, &output, options);
 }
 
+namespace {
+
+// A tensor the direct lane can read or write in place: dense host memory.
+bool lane_tensor(const at::Tensor& t) {
+  return usable(t) && t.device().is_cpu() && t.is_contiguous();
+}
+
+}  // namespace
+
 bool allreduce_direct(const std::string& name, const at::Tensor& input, const at::Tensor& output,
                       const ReduceOptions& options) {
-  if (!usable(input) || !input.device().is_cpu() || !input.is_contiguous() || !usable(output) ||
-      !output.device().is_cpu() || !output.is_contiguous() ||
-      output.scalar_type() != input.scalar_type() || output.sizes() != input.sizes())
+  if (!lane_tensor(input) || !lane_tensor(output) || output.scalar_type() != input.scalar_type() ||
+      output.sizes() != input.sizes())
     return false;
   return frontend::run_direct(name, frontend::reduction(OpType::kAllreduce, options),
                               view_of(input), output.data_ptr());
+}
+
+bool broadcast_direct(const std::string& name, const at::Tensor& tensor, int root) {
+  if (!lane_tensor(tensor)) return false;
+  return frontend::run_direct(name, frontend::Op{.type = OpType::kBroadcast, .root = root},
+                              view_of(tensor), tensor.data_ptr());
+}
+
+bool allgather_direct(const std::string& name, const at::Tensor& input, const at::Tensor& output) {
+  if (!lane_tensor(input) || !lane_tensor(output) || output.scalar_type() != input.scalar_type() ||
+      output.numel() != input.numel() * krug::size())
+    return false;
+  return frontend::run_direct(name, frontend::Op{.type = OpType::kAllgather}, view_of(input),
+                              output.data_ptr());
 }
 
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,

@@ -117,6 +117,11 @@ HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
 // other it is false (allreduce_async then checks them and says what is wrong).
 bool allreduce_direct(const std::string& name, const at::Tensor& input, const at::Tensor& output,
                       const ReduceOptions& options);
+// The same for an in-place broadcast on the global set from rank `root`, and for an allgather
+// on the global set into `output` of size() x the input's rows (the lane runs it only where
+// every rank's shape is the same).
+bool broadcast_direct(const std::string& name, const at::Tensor& tensor, int root);
+bool allgather_direct(const std::string& name, const at::Tensor& input, const at::Tensor& output);
 // Out of place into a newly allocated tensor (outputs()[0]).
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
                           const ReduceOptions& options = {});

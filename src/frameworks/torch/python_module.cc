@@ -181,6 +181,13 @@ PYBIND11_MODULE(_torch_core, m) {
           return ta::allreduce_direct(name, input, output,
                                       reduce_options(op, prescale, postscale, process_set));
         });
+  m.def("broadcast_direct", [](const std::string& name, const at::Tensor& tensor, int root) {
+    return ta::broadcast_direct(name, tensor, root);
+  });
+  m.def("allgather_direct",
+        [](const std::string& name, const at::Tensor& input, const at::Tensor& output) {
+          return ta::allgather_direct(name, input, output);
+        });
   m.def("grouped_allreduce_async",
         [](const std::string& name, const std::vector<at::Tensor>& inputs,
            const std::vector<at::Tensor>& outputs, int op, double prescale, double postscale,
