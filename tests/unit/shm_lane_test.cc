@@ -161,16 +161,38 @@ TEST(DirectLane, AMemberThatDoesNotComeCostsAWindowAndStepIsFoundAgain) {
       EXPECT_FALSE(sum_floats(lane, "x", in, out));
     }
     sync.arrive_and_wait();
-    // Member 1 comes late to "x": the position is dead, and at the next one nobody comes.
+    // Member 1 comes late to "x", with a window longer than any scheduler's delay: member 0
+    // posted "x" at the dead position and runs it through the engine, so member 1 gives up at
+    // once instead of waiting at the next position for a partner that is not coming.
     if (m == 1) {
+      lane.set_window(kMeet);
+      const auto start = std::chrono::steady_clock::now();
       EXPECT_FALSE(sum_floats(lane, "x", in, out));
+      EXPECT_LT(std::chrono::steady_clock::now() - start, kMeet / 2);
     }
     EXPECT_EQ(out, std::vector<float>(3, -1.0f));
     sync.arrive_and_wait();
-    // Both again: member 0 skips the position member 1 gave up, and they meet (a window long
-    // enough for a busy machine: a short one could lose its partner to the scheduler).
+    // Both again (a window long enough for a busy machine: a short one could lose its partner
+    // to the scheduler): they meet at the next position.
     lane.set_window(kMeet);
     EXPECT_TRUE(sum_floats(lane, "y", in, out)) << "member " << m;
+    EXPECT_EQ(out, std::vector<float>(3, 3.0f));
+  });
+}
+
+TEST(DirectLane, ALateMemberWaitsWhenTheDeadPositionHeldAnotherCall) {
+  std::barrier sync(2);
+  on_members(2, 20ms, [&](Lane& lane, int m) {
+    std::vector<float> in(3, 1.0f + m), out(3, -1.0f);
+    if (m == 0) {
+      EXPECT_FALSE(sum_floats(lane, "x", in, out));
+    }
+    sync.arrive_and_wait();
+    // Member 1's call is another one: member 0 may yet make it, so member 1 posts at the next
+    // position and waits there, where member 0 comes.
+    lane.set_window(kMeet);
+    if (m == 0) std::this_thread::sleep_for(50ms);  // longer than member 1's old window
+    EXPECT_TRUE(sum_floats(lane, "z", in, out)) << "member " << m;
     EXPECT_EQ(out, std::vector<float>(3, 3.0f));
   });
 }

@@ -135,6 +135,11 @@ std::atomic<uint64_t>& Lane::word(uint64_t position) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(memory_ + (position % kRing) * kLine);
 }
 
+std::atomic<uint64_t>& Lane::posted(int member) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(
+      memory_ + kRing * kLine + static_cast<size_t>(member) * kLine + sizeof(uint64_t));
+}
+
 std::atomic<uint64_t>& Lane::passed(int member) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(memory_ + kRing * kLine +
                                                    static_cast<size_t>(member) * kLine);
@@ -177,12 +182,14 @@ bool Lane::allgather(std::span<const uint8_t> signature, const void* input, void
   return run(call_of(Kind::kAllgather, count, dtype), signature, input, output);
 }
 
-bool Lane::run(const Call& posted, std::span<const uint8_t> signature, const void* input,
+bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void* input,
                void* output) {
-  const auto dtype = static_cast<DataType>(posted.dtype);
-  const size_t bytes = posted.count * dtype_size(dtype);
-  if (signature.size() > kMaxSignature || bytes > options_.max_bytes || posted.count == 0)
+  const auto dtype = static_cast<DataType>(asked.dtype);
+  const size_t bytes = asked.count * dtype_size(dtype);
+  if (signature.size() > kMaxSignature || bytes > options_.max_bytes || asked.count == 0)
     return false;
+  Call call = asked;
+  call.signature_length = static_cast<uint16_t>(signature.size());
   Deadline deadline(options_.window);
   // The first live position from here: aborted ones are skipped.
   uint64_t position = next_;
@@ -194,10 +201,13 @@ bool Lane::run(const Call& posted, std::span<const uint8_t> signature, const voi
     if (state_of(w) == kCommit)  // a commit counts every member: this one cannot have missed it
       throw Error(
           fmt::format("direct lane: position {} committed without rank {}", position, rank_));
+    // A member that posted this very call at the dead position runs it through the engine now
+    // (it cannot have finished it without this member): waiting for it here would only cost
+    // this member a window.
+    const bool gone_to_engine = posted_by_another(position, call, signature);
     pass(position);
+    if (gone_to_engine) return false;
   }
-  Call call = posted;
-  call.signature_length = static_cast<uint16_t>(signature.size());
   uint8_t* mine = slot(rank_, position);
   std::memcpy(mine, &call, sizeof(call));
   std::memcpy(mine + sizeof(call), signature.data(), signature.size());
@@ -206,6 +216,7 @@ bool Lane::run(const Call& posted, std::span<const uint8_t> signature, const voi
     reduce::copy(data(rank_, position), input, bytes);
   if (kind == Kind::kAllreduce)
     reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
+  posted(rank_).store(position, std::memory_order_release);
 
   const uint64_t w = decision(position, arrive(position, call, signature), deadline);
   if (state_of(w) != kCommit) {
@@ -272,7 +283,7 @@ uint64_t Lane::arrive(uint64_t position, const Call& call, std::span<const uint8
     uint64_t next = make_word(position, kOpen, in + 1);
     // The last one in sees every other member's slot (each wrote it before counting itself in).
     if (in + 1 == static_cast<uint64_t>(size_)) {
-      const bool agree = calls_agree(position, signature);
+      const bool agree = calls_agree(position, call, signature);
       if (agree && result_bytes(call) <= kInlineBytes)
         make_result(position, call, inline_result(position));
       next = make_word(position, agree ? kCommit : kAbort, in + 1);
@@ -283,12 +294,27 @@ uint64_t Lane::arrive(uint64_t position, const Call& call, std::span<const uint8
   }
 }
 
-bool Lane::calls_agree(uint64_t position, std::span<const uint8_t> signature) const {
-  const uint8_t* mine = slot(rank_, position);
-  const size_t length = sizeof(Call) + signature.size();
+bool Lane::holds(int member, uint64_t position, const Call& call,
+                 std::span<const uint8_t> signature) const {
+  const uint8_t* theirs = slot(member, position);
+  return std::memcmp(theirs, &call, sizeof(call)) == 0 &&
+         std::memcmp(theirs + sizeof(call), signature.data(), signature.size()) == 0;
+}
+
+bool Lane::calls_agree(uint64_t position, const Call& call,
+                       std::span<const uint8_t> signature) const {
   for (int m = 0; m < size_; ++m)
-    if (m != rank_ && std::memcmp(slot(m, position), mine, length) != 0) return false;
+    if (m != rank_ && !holds(m, position, call, signature)) return false;
   return true;
+}
+
+bool Lane::posted_by_another(uint64_t position, const Call& call,
+                             std::span<const uint8_t> signature) const {
+  for (int m = 0; m < size_; ++m)
+    if (m != rank_ && posted(m).load(std::memory_order_acquire) == position &&
+        holds(m, position, call, signature))
+      return true;
+  return false;
 }
 
 uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {

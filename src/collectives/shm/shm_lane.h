@@ -81,15 +81,23 @@ class Lane {
   // The result of `call` from every member's data at `position` (before the postscale).
   void make_result(uint64_t position, const Call& call, uint8_t* out) const;
   size_t result_bytes(const Call& call) const;
-  // Whether every member's slot holds this member's call (count, dtype, op, scale factors,
-  // signature).
-  bool calls_agree(uint64_t position, std::span<const uint8_t> signature) const;
+  // Whether `member`'s slot at `position` holds `call` with `signature`.
+  bool holds(int member, uint64_t position, const Call& call,
+             std::span<const uint8_t> signature) const;
+  // Whether every other member's slot holds this member's call.
+  bool calls_agree(uint64_t position, const Call& call, std::span<const uint8_t> signature) const;
+  // Whether another member completed its post of this call at `position`.
+  bool posted_by_another(uint64_t position, const Call& call,
+                         std::span<const uint8_t> signature) const;
   // Spins for the decision until the deadline, then aborts the position if it is still open.
   uint64_t decision(uint64_t position, uint64_t word, Deadline& deadline);
   void pass(uint64_t position);
 
   std::atomic<uint64_t>& word(uint64_t position) const;
   std::atomic<uint64_t>& passed(int member) const;
+  // The last position where `member` completed its post (its slot readable from then on, until
+  // every member has passed the position).
+  std::atomic<uint64_t>& posted(int member) const;
   uint8_t* inline_result(uint64_t position) const;
   uint8_t* slot(int member, uint64_t position) const;
   uint8_t* data(int member, uint64_t position) const;
