@@ -152,15 +152,20 @@ TEST(DirectLane, DifferentCallsRunNowhereAndTheLaneGoesOn) {
   });
 }
 
+// Member 0 makes "x" alone and gives up after its window; then both go on together.
+void member_0_alone_on_x(Lane& lane, int m, std::barrier<>& sync, std::vector<float>& in,
+                         std::vector<float>& out) {
+  if (m == 0) {
+    EXPECT_FALSE(sum_floats(lane, "x", in, out));
+  }
+  sync.arrive_and_wait();
+}
+
 TEST(DirectLane, AMemberThatDoesNotComeCostsAWindowAndStepIsFoundAgain) {
   std::barrier sync(2);
   on_members(2, 20ms, [&](Lane& lane, int m) {
     std::vector<float> in(3, 1.0f + m), out(3, -1.0f);
-    // Member 0 alone: it gives up after its window.
-    if (m == 0) {
-      EXPECT_FALSE(sum_floats(lane, "x", in, out));
-    }
-    sync.arrive_and_wait();
+    member_0_alone_on_x(lane, m, sync, in, out);
     // Member 1 comes late to "x", with a window longer than any scheduler's delay: member 0
     // posted "x" at the dead position and runs it through the engine, so member 1 gives up at
     // once instead of waiting at the next position for a partner that is not coming.
@@ -184,10 +189,7 @@ TEST(DirectLane, ALateMemberWaitsWhenTheDeadPositionHeldAnotherCall) {
   std::barrier sync(2);
   on_members(2, 20ms, [&](Lane& lane, int m) {
     std::vector<float> in(3, 1.0f + m), out(3, -1.0f);
-    if (m == 0) {
-      EXPECT_FALSE(sum_floats(lane, "x", in, out));
-    }
-    sync.arrive_and_wait();
+    member_0_alone_on_x(lane, m, sync, in, out);
     // Member 1's call is another one: member 0 may yet make it, so member 1 posts at the next
     // position and waits there, where member 0 comes.
     lane.set_window(kMeet);
