@@ -4,6 +4,7 @@ Every rank runs the same tests in the same order; each test compares distributed
 with a single-process reference computed on every rank from the whole (all ranks') batch."""
 
 import copy
+import os
 import warnings
 
 import pytest
@@ -181,6 +182,8 @@ def clip_then_step(opt, model):
 def test_skip_synchronize():
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # no "step() after synchronize()" warning
+        # (This harness runs torch's default threads, one per core, in every rank.)
+        warnings.filterwarnings('ignore', message='krug: the .* ranks on this host')
         model, ref = train_pair(SGD, loss_fn=plain_loss, before_step=clip_then_step,
                                 tag='skip')
     assert_close(model, ref)
@@ -418,3 +421,27 @@ def test_load_state_dict_resets():
     mse(model, rank_slice(x, RANK), rank_slice(y, RANK)).backward()
     opt.step()
     assert_same_on_all_ranks(model, 'loadstate')
+
+
+def test_threads_that_oversubscribe_the_host_are_named_on_its_first_rank(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    before, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
+    expected = 1 if hvd.local_rank() == 0 and hvd.local_size() > 1 and cores > 1 else 0
+
+    def warnings_naming_the_cure():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hvd.DistributedOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1))
+        return [w for w in caught if "OMP_WAIT_POLICY=PASSIVE" in str(w.message)]
+
+    try:
+        torch.set_num_threads(cores)  # every rank of the host as many as its cores
+        assert len(warnings_naming_the_cure()) == expected
+        # Passive OpenMP threads sleep while they wait: nothing to say.
+        monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+        assert warnings_naming_the_cure() == []
+        monkeypatch.delenv("OMP_WAIT_POLICY")
+        torch.set_num_threads(1)
+        assert warnings_naming_the_cure() == []
+    finally:
+        torch.set_num_threads(before)

@@ -17,8 +17,8 @@ import torch
 from krug.torch.compression import Compression
 from krug.torch.functions import broadcast_object
 from krug.torch.mpi_ops import (Adasum, Average, allreduce_async_, global_process_set,
-                                grouped_allreduce_async_, size, sparse_allreduce_async,
-                                synchronize)
+                                grouped_allreduce_async_, local_rank, local_size, size,
+                                sparse_allreduce_async, synchronize)
 
 
 def _split_list(items, n):
@@ -426,6 +426,25 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     zero_grad = _zero_grad
 
 
+def _warn_if_oversubscribed():
+    """torch's OpenMP threads spin while they wait for each other, so ranks of one host that run
+    more of them than it has cores take each other's cores: ResNet-18 with 2 ranks x 2 threads
+    on 2 cores trained 2.7x slower than with OMP_WAIT_POLICY=PASSIVE (docs/benchmarks.md). Says
+    so once per job, on the host's first rank, when training starts."""
+    threads, ranks = torch.get_num_threads(), local_size()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+    if local_rank() != 0 or threads == 1 or threads * ranks <= (cores or 1) or passive:
+        return
+    warnings.warn(
+        "krug: the %d ranks on this host each run %d torch threads, %d on %d cores; torch's "
+        "OpenMP threads spin while they wait, so they take each other's cores and training "
+        "slows several times. Give each rank %d (torch.set_num_threads, or OMP_NUM_THREADS), "
+        "or start the job with OMP_WAIT_POLICY=PASSIVE (krugrun -x OMP_WAIT_POLICY=PASSIVE)."
+        % (ranks, threads, threads * ranks, cores, max(1, (cores or 1) // ranks)),
+        RuntimeWarning, stacklevel=3)
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
@@ -457,6 +476,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         if groups is None:
             groups = num_groups
 
+    _warn_if_oversubscribed()
     if op != Adasum or size() == 1:
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                    dict(_DistributedOptimizer.__dict__))
