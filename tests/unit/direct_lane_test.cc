@@ -4,6 +4,7 @@
 // and the same calls through the engine then behave as they always did (results, mismatch errors).
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <string>
 #include <vector>
 
@@ -69,10 +70,15 @@ TEST(EngineDirectLane, CallsMadeTogetherRunThereWithTheEnginesResult) {
 
 TEST(EngineDirectLane, BroadcastsAndAllgathersRunThere) {
   std::vector<int> direct(2, 0);
+  // A call that found no partner runs nowhere here, so nothing else brings the ranks back into
+  // step: a rank whose background thread held the loop at its call returns at once and would
+  // post its next call where its peer waits with this one.
+  std::barrier sync(2);
   run_ranks(
       2,
       [&](Engine& e, int rank) {
         for (int i = 0; i < 40; ++i) {
+          sync.arrive_and_wait();
           const std::string name = "c" + std::to_string(i);
           const std::vector<int64_t> shape{2, 3};
           std::vector<float> in(6, static_cast<float>(10 * rank + i)), out(12, -1.0f);
