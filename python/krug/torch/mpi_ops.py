@@ -440,11 +440,15 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
     return _register(h, _first_output)
 
 
+def _broadcast_output(tensor):
+    """A contiguous copy of ``tensor`` outside autograd: where an out-of-place broadcast writes."""
+    with torch.no_grad():
+        return tensor.detach().clone(memory_format=torch.contiguous_format)
+
+
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts a broadcast of ``tensor`` from ``root_rank`` into a new tensor."""
-    with torch.no_grad():
-        output = tensor.detach().clone(memory_format=torch.contiguous_format)
-    return broadcast_async_(output, root_rank, name, process_set)
+    return broadcast_async_(_broadcast_output(tensor), root_rank, name, process_set)
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -455,9 +459,7 @@ class HorovodBroadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        with torch.no_grad():
-            output = tensor.detach().clone(memory_format=torch.contiguous_format)
-        return broadcast_(output, root_rank, name, process_set)
+        return broadcast_(_broadcast_output(tensor), root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
