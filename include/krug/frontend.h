@@ -171,6 +171,10 @@ Handle enqueue(const std::string& name, const Op& op, const TensorView& input, v
 // nothing ran: the caller then enqueues the call and waits, as it would have without this.
 // Throws InvalidArgument as enqueue() does.
 bool run_direct(const std::string& name, const Op& op, const TensorView& input, void* output);
+// The most bytes of input run_direct() takes on this rank; 0 where this job has no direct lane
+// (ranks on several hosts, no busy polling, KRUG_DIRECT_LANE_BYTES=0). For a binding that must
+// allocate an output only the lane needs (an allgather's), and would waste it otherwise.
+size_t direct_lane_bytes();
 
 // Several tensors as one request, named "<name>.0", "<name>.1", ...: negotiated together, run
 // once all are ready on every rank, fused where they fit; one handle for all. `outputs`: one

@@ -31,6 +31,7 @@ class DirectLane {
   // Runs a call that suits() on the lane; false: nothing ran (the caller enqueues it). Any
   // thread; one at a time (another thread's call meanwhile gets false).
   bool run(const TensorView& t);
+  size_t max_bytes() const { return lane_->max_bytes(); }
 
  private:
   bool run_alone(const TensorView& t);  // with busy_ set

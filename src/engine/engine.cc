@@ -212,12 +212,20 @@ bool Engine::Impl::run_direct(const TensorView& t) {
   if (!lane_ || !lane_->suits(t)) return false;
   {
     // Only while nothing else of this rank's is in flight: the lane then cannot overtake an
-    // operation of the same name, and the engine, idle, is not needed. A busy loop: no.
-    std::unique_lock lock(loop_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || stopped_ || timeline_ || !table_.empty() || queue_.changed())
-      return false;
+    // operation of the same name, and the engine, idle, is not needed. The background thread
+    // holds the loop for microseconds at a time: wait that out (giving up here would cost the
+    // peers, already on the lane, a whole window), but not a loop that stays busy.
+    std::unique_lock lock(loop_mu_, std::defer_lock);
+    const auto until = Clock::now() + busy_poll_;
+    while (!lock.try_lock())
+      if (Clock::now() >= until) return false;
+    if (stopped_ || timeline_ || !table_.empty() || queue_.changed()) return false;
   }
   return lane_->run(t);
+}
+
+size_t Engine::Impl::direct_lane_bytes() const {
+  return lane_ ? lane_->max_bytes() : 0;
 }
 
 void Engine::Impl::shutdown() {
@@ -547,6 +555,10 @@ std::shared_ptr<HandleState> Engine::enqueue(const TensorView& tensor) {
 }
 bool Engine::run_direct(const TensorView& tensor) {
   return impl_->run_direct(tensor);
+}
+
+size_t Engine::direct_lane_bytes() const {
+  return impl_->direct_lane_bytes();
 }
 void Engine::expedite() const {
   impl_->queue().expedite();

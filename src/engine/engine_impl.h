@@ -47,6 +47,7 @@ class Engine::Impl : public Driver,
   std::shared_ptr<HandleState> enqueue(size_t count, const Fill& fill);
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
   bool run_direct(const TensorView& tensor);
+  size_t direct_lane_bytes() const;
   SubmissionQueue& queue() { return queue_; }
   const SubmissionQueue& queue() const { return queue_; }
   const Config& config() const { return config_; }

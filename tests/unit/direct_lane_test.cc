@@ -50,6 +50,8 @@ TEST(EngineDirectLane, CallsMadeTogetherRunThereWithTheEnginesResult) {
   run_ranks(
       2,
       [&](Engine& e, int rank) {
+        EXPECT_EQ(e.direct_lane_bytes(), static_cast<size_t>(e.config().direct_lane_bytes));
+        EXPECT_GT(e.direct_lane_bytes(), 0u);
         const std::vector<int64_t> shape{3, 2};
         for (int i = 0; i < 100; ++i) {
           const std::string name = "g" + std::to_string(i % 7);
@@ -144,6 +146,7 @@ TEST(EngineDirectLane, ZeroBytesTurnsItOff) {
   run_ranks(
       2,
       [&](Engine& e, int) {
+        EXPECT_EQ(e.direct_lane_bytes(), 0u);
         const std::vector<int64_t> shape{1};
         std::vector<float> in(1, 1.0f), out(1);
         for (int i = 0; i < 3; ++i) {

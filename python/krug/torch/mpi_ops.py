@@ -374,8 +374,11 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 1
         ctx.process_set = process_set
-        if process_set is global_process_set and tensor.dim() > 0:
-            # The direct lane, where every rank's shape is this one's.
+        lane = (process_set is global_process_set and tensor.dim() > 0
+                and tensor.numel() * tensor.element_size() <= _core.direct_lane_bytes())
+        if lane:
+            # The direct lane, where every rank's shape is this one's; the output is made for it
+            # alone, so only for a tensor it takes.
             name = _name("allgather", name, process_set)
             output = tensor.new_empty((tensor.shape[0] * size(),) + tuple(tensor.shape[1:]))
             if _core.allgather_direct(name, tensor, output):

@@ -188,6 +188,7 @@ PYBIND11_MODULE(_torch_core, m) {
         [](const std::string& name, const at::Tensor& input, const at::Tensor& output) {
           return ta::allgather_direct(name, input, output);
         });
+  m.def("direct_lane_bytes", [] { return krug::frontend::direct_lane_bytes(); });
   m.def("grouped_allreduce_async",
         [](const std::string& name, const std::vector<at::Tensor>& inputs,
            const std::vector<at::Tensor>& outputs, int op, double prescale, double postscale,
