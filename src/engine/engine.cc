@@ -560,6 +560,7 @@ bool Engine::run_direct(const TensorView& tensor) {
 size_t Engine::direct_lane_bytes() const {
   return impl_->direct_lane_bytes();
 }
+
 void Engine::expedite() const {
   impl_->queue().expedite();
 }
