@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
+#include <string>
 
 #include "krug/types.h"
 #include "net/address.h"
@@ -25,6 +27,7 @@
 #include "run/launch/ssh.h"
 #include "run/launch/starter.h"
 #include "run/launch/supervisor.h"
+#include "run/launch/thread_share.h"
 #include "transport/shm_segment.h"
 
 namespace krug::run {
@@ -111,6 +114,22 @@ struct StepContext {
   bool via_srun() const { return !options.slurm_job_id.empty(); }
 };
 
+// Gives a rank of this host its share of the cores (run/launch/thread_share.h), unless the job
+// chose OMP_NUM_THREADS; says so once per host with --verbose.
+void share_cores_of_this_host(EnvMap& env, const RankSlot& slot, bool verbose) {
+  auto chosen = env.find("OMP_NUM_THREADS");
+  std::optional<int> threads = omp_threads_per_rank(
+      chosen == env.end() ? std::nullopt : std::optional<std::string>(chosen->second),
+      std::to_string(slot.local_size), usable_cores());
+  if (!threads) return;
+  env["OMP_NUM_THREADS"] = std::to_string(*threads);
+  if (verbose && slot.local_rank == 0)
+    fmt::print(stderr,
+               "krugrun: host {}: {} ranks share {} cores, OMP_NUM_THREADS={} each (set "
+               "OMP_NUM_THREADS, e.g. -x OMP_NUM_THREADS=N, to choose)\n",
+               slot.host, slot.local_size, usable_cores(), *threads);
+}
+
 // Starts one rank and wraps it for the supervisor: its output pumps and whether it is remote.
 SupervisedRank start_rank(const StepContext& step, const RankSlot& slot, RankStarter& starter) {
   const LaunchOptions& options = step.options;
@@ -118,17 +137,18 @@ SupervisedRank start_rank(const StepContext& step, const RankSlot& slot, RankSta
   rank_job.rendezvous_addr =
       rendezvous_address_for(slot.host, step.multi_host(), options, step.this_host,
                              step.my_addresses, step.multi_host() ? step.remote.front() : "");
-  RankLaunch launch{slot, options.command,
-                    to_envp(rank_environment(step.base_env, options, slot, rank_job)),
-                    step.forward_names};
+  // srun ranks are local children whatever their host; their status is the rank's.
+  const bool is_remote =
+      !step.via_srun() && !is_local_host(slot.host, step.this_host, step.my_addresses);
+  EnvMap env = rank_environment(step.base_env, options, slot, rank_job);
+  // An ssh-started rank's wrapper shares its own host's cores; srun ranks get Slurm's binding.
+  if (!is_remote && !step.via_srun()) share_cores_of_this_host(env, slot, options.verbose);
+  RankLaunch launch{slot, options.command, to_envp(env), step.forward_names};
   // Zero-padded to the widest rank, as horovodrun does, so the directories sort by rank.
   const int width = static_cast<int>(std::to_string(std::max(0, slot.size - 1)).size());
   auto [out_file, err_file] =
       output_files(options.output_dir, fmt::format("rank.{:0{}}", slot.rank, width));
   StartedRank started = starter.start(launch);
-  // srun ranks are local children whatever their host; their status is the rank's.
-  const bool is_remote =
-      !step.via_srun() && !is_local_host(slot.host, step.this_host, step.my_addresses);
   if (options.verbose)
     fmt::print(stderr, "krugrun: rank {}: pid {} on host {}{}: {}\n", slot.rank,
                started.process.pid(), slot.host,

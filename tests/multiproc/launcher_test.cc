@@ -2,13 +2,11 @@
 // and signal handling. Each krugrun is a child of the test with its output in temp files.
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
-
-#include "krugrun_process.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +19,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "krugrun_process.h"
 
 namespace {
 
@@ -108,6 +108,31 @@ TEST(Launcher, RanksAreLaidOutHostByHost) {
   EXPECT_EQ(env[2]["KRUG_LOCAL_SIZE"], "1");
   EXPECT_EQ(env[2]["HOROVOD_CROSS_RANK"], "1");
   EXPECT_EQ(env[0]["HOROVOD_CROSS_SIZE"], "2");
+}
+
+// Ranks that each ran a thread per core would take each other's cores (run/launch/thread_share.h).
+TEST(Launcher, RanksShareTheirHostsCoresUnlessTheJobChoseThreads) {
+  ::unsetenv("OMP_NUM_THREADS");
+  cpu_set_t affinity;
+  CPU_ZERO(&affinity);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(affinity), &affinity), 0);
+  const std::string share = std::to_string(std::max(1, CPU_COUNT(&affinity) / 2));
+  const char* print = "echo OMP_NUM_THREADS=${OMP_NUM_THREADS-unset}";
+
+  Krugrun shared({"-np", "3", "-H", "localhost:2,127.0.0.1:1", "--verbose", "sh", "-c", print});
+  ASSERT_EQ(shared.wait(), 0) << shared.err();
+  auto env = env_by_rank(shared.out());
+  ASSERT_EQ(env.size(), 3u) << shared.out();
+  EXPECT_EQ(env[0]["OMP_NUM_THREADS"], share);
+  EXPECT_EQ(env[1]["OMP_NUM_THREADS"], share);
+  EXPECT_EQ(env[2]["OMP_NUM_THREADS"], "unset") << "alone on its host: every core";
+  EXPECT_TRUE(contains(shared.err(), "host localhost: 2 ranks share")) << shared.err();
+
+  Krugrun chosen({"-np", "2", "-x", "OMP_NUM_THREADS=7", "sh", "-c", print});
+  ASSERT_EQ(chosen.wait(), 0) << chosen.err();
+  env = env_by_rank(chosen.out());
+  EXPECT_EQ(env[0]["OMP_NUM_THREADS"], "7");
+  EXPECT_EQ(env[1]["OMP_NUM_THREADS"], "7");
 }
 
 TEST(Launcher, PrefixesWholeLinesPerStream) {

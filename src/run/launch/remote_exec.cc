@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "run/cli/hosts.h"
 #include "run/launch/env_block.h"
 #include "run/launch/fd.h"
+#include "run/launch/thread_share.h"
 
 namespace krug::run {
 namespace {
@@ -75,6 +77,19 @@ void apply_environment_from_stdin() {
   }
 }
 
+std::optional<std::string> env_value(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+// The rank's share of this host's cores, which only this end of ssh knows
+// (run/launch/thread_share.h).
+void share_cores_of_this_host() {
+  std::optional<int> threads = omp_threads_per_rank(env_value("OMP_NUM_THREADS"),
+                                                    env_value("KRUG_LOCAL_SIZE"), usable_cores());
+  if (threads) ::setenv("OMP_NUM_THREADS", std::to_string(*threads).c_str(), 1);
+}
+
 // `__remote-exec [--cwd DIR] -- command...`: sets the environment krugrun sends on stdin, enters
 // DIR and returns the command.
 char** parse_and_apply(int argc, char** argv) {
@@ -90,6 +105,7 @@ char** parse_and_apply(int argc, char** argv) {
                        126};
   if (i + 1 >= argc) throw StartFailure{"no command to run", 126};
   apply_environment_from_stdin();
+  share_cores_of_this_host();
   if (!cwd.empty() && ::chdir(cwd.c_str()) != 0)
     throw StartFailure{"cannot enter the working directory " + cwd + ": " + std::strerror(errno) +
                            " (krugrun runs remote ranks in its own working directory: it must "

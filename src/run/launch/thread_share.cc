@@ -1,0 +1,29 @@
+#include "run/launch/thread_share.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <charconv>
+#include <thread>
+
+namespace krug::run {
+
+std::optional<int> omp_threads_per_rank(const std::optional<std::string>& omp_num_threads,
+                                        const std::optional<std::string>& local_size,
+                                        int usable_cores) {
+  if (omp_num_threads || !local_size) return std::nullopt;
+  int ranks = 0;
+  const char* end = local_size->data() + local_size->size();
+  auto [ptr, ec] = std::from_chars(local_size->data(), end, ranks);
+  if (ec != std::errc{} || ptr != end || ranks <= 1) return std::nullopt;
+  return std::max(1, usable_cores / ranks);
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+}  // namespace krug::run

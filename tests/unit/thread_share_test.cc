@@ -1,0 +1,54 @@
+// krugrun's share of a host's cores per rank when the job leaves OMP_NUM_THREADS unset.
+#include "run/launch/thread_share.h"
+
+#include <gtest/gtest.h>
+#include <sched.h>
+
+namespace krug::run {
+namespace {
+
+TEST(ThreadShare, TheHostsCoresAreSharedEvenlyAmongItsRanks) {
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "2", 16), 8);
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "4", 16), 4);
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "3", 16), 5) << "rounded down: never more threads "
+                                                               "than cores";
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "2", 2), 1);
+}
+
+TEST(ThreadShare, EveryRankGetsAThreadWhenRanksOutnumberCores) {
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "4", 2), 1);
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "64", 1), 1);
+}
+
+TEST(ThreadShare, TheUsersChoiceStands) {
+  EXPECT_EQ(omp_threads_per_rank("16", "2", 16), std::nullopt);
+  EXPECT_EQ(omp_threads_per_rank("", "2", 16), std::nullopt) << "set, even empty, is a choice";
+}
+
+TEST(ThreadShare, ARankAloneOnItsHostKeepsEveryCore) {
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "1", 16), std::nullopt);
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, std::nullopt, 16), std::nullopt)
+      << "no topology: an elastic worker, or not started by krugrun";
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "two", 16), std::nullopt);
+  EXPECT_EQ(omp_threads_per_rank(std::nullopt, "2x", 16), std::nullopt);
+}
+
+TEST(ThreadShare, UsableCoresFollowTheAffinityMask) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(usable_cores(), CPU_COUNT(&all));
+  // As under taskset or a Slurm cgroup: one core left, so one thread per rank.
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+  const int restricted = usable_cores();
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(restricted, 1);
+}
+
+}  // namespace
+}  // namespace krug::run
