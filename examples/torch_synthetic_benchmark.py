@@ -27,7 +27,9 @@ def parse_args():
                    help="compress gradients to float16 for the allreduce")
     p.add_argument("--use-adasum", action="store_true", help="combine gradients with Adasum")
     p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads per rank; 0 keeps torch's own choice "
+                        "(OMP_NUM_THREADS, which krugrun sets to each rank's share of the cores)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
 
@@ -40,7 +42,8 @@ def log(message):
 def main():
     args = parse_args()
     hvd.init()
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed + hvd.rank())  # different data per rank; weights from rank 0
 
     if not hasattr(models, args.model):
@@ -68,7 +71,7 @@ def main():
 
     log("Model: %s" % args.model)
     log("Batch size: %d, image size: %d, threads per rank: %d"
-        % (args.batch_size, args.image_size, args.threads))
+        % (args.batch_size, args.image_size, torch.get_num_threads()))
     log("Number of ranks: %d; gradients: %s%s"
         % (hvd.size(), "Adasum" if args.use_adasum else "average",
            ", float16 on the wire" if args.fp16_allreduce else ""))
