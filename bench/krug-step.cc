@@ -24,6 +24,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: krugrun -np N krug-step [--tensors N --tensor-bytes SIZE | --shapes FILE]\n"
     "                               [--sync] [--iters N] [--warmup N] [--target-seconds S]\n"
+    "                               [--percentiles]\n"
     "\n"
     "  --tensors N          tensors per step (default 100)\n"
     "  --tensor-bytes SIZE  bytes of each tensor, float32 (default 1K)\n"
@@ -32,7 +33,9 @@ constexpr const char* kUsage =
     "                       asynchronously, then wait for all)\n"
     "  --iters N            timed steps (default: enough for --target-seconds, 3..1000)\n"
     "  --warmup N           untimed steps before the estimate (default 1)\n"
-    "  --target-seconds S   timed seconds when --iters is not given (default 0.5)\n";
+    "  --target-seconds S   timed seconds when --iters is not given (default 0.5)\n"
+    "  --percentiles        then time as many steps one by one: the median, 90th and 99th\n"
+    "                       percentile and the longest step of the slowest rank\n";
 
 bench::Timing step_timing() {
   bench::Timing t;
@@ -50,8 +53,8 @@ Options parse_args(int argc, char** argv) {
   Options o;
   bench::Flags flags(argc, argv, kUsage);
   for (std::string flag; flags.next(&flag);) {
-    if (flag == "--sync") {
-      o.sync = true;
+    if (flag == "--sync" || flag == "--percentiles") {
+      (flag == "--sync" ? o.sync : o.timing.percentiles) = true;
       continue;
     }
     if (!bench::parse_common_flag(flag, flags.value(flag), o.timing, &o.step))

@@ -140,12 +140,37 @@ struct Timing {
   double target_seconds = 0.2;
   int64_t min_iters = 3;
   int64_t max_iters = 1000;
+  bool percentiles = false;  // also time every operation alone (--percentiles)
+};
+
+// Where the operations' times lie: an average hides whether every call is a little slower or a
+// few wait for a descheduled peer (a busy or oversubscribed host, a VM's stolen time).
+struct Spread {
+  double p50 = 0, p90 = 0, p99 = 0, max = 0;  // seconds, each the slowest rank's
 };
 
 struct Timed {
   int64_t iters = 0;
   double seconds = 0;  // per operation, slowest rank
+  std::optional<Spread> spread;  // with Timing::percentiles
 };
+
+// The q-quantile (0..1) of `sorted` (nearest rank).
+inline double quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const auto i = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size() - 1, i == 0 ? 0 : i - 1)];
+}
+
+// This rank's spread of `seconds`, each figure the maximum over the ranks.
+template <class Slowest>
+Spread spread_of(std::vector<double> seconds, Slowest&& slowest) {
+  std::sort(seconds.begin(), seconds.end());
+  return Spread{.p50 = slowest(quantile(seconds, 0.5)),
+                .p90 = slowest(quantile(seconds, 0.9)),
+                .p99 = slowest(quantile(seconds, 0.99)),
+                .max = slowest(seconds.empty() ? 0.0 : seconds.back())};
+}
 
 // Times `once()` as krug-bench does. `slowest(v)` returns the maximum of v over the ranks (it is
 // collective: every rank calls it the same number of times); `barrier()` lines the ranks up.
@@ -173,6 +198,17 @@ Timed time_operation(const Timing& t, Once&& once, Slowest&& slowest, Barrier&& 
   auto t0 = Clock::now();
   for (int64_t i = 0; i < r.iters; ++i) once();
   r.seconds = slowest(seconds_since(t0) / static_cast<double>(r.iters));
+  if (t.percentiles) {
+    // A second pass, so that reading the clock around every call leaves the average alone.
+    std::vector<double> each(static_cast<size_t>(r.iters));
+    barrier();
+    for (auto& s : each) {
+      const auto start = Clock::now();
+      once();
+      s = seconds_since(start);
+    }
+    r.spread = spread_of(std::move(each), slowest);
+  }
   return r;
 }
 
@@ -273,6 +309,9 @@ inline void print_step_header(const char* tool, const std::string& what, int ran
 inline void print_step_row(int64_t tensors, int64_t bytes, const Timed& t, int64_t wrong) {
   std::printf("  %10" PRId64 " %14" PRId64 " %8" PRId64 " %14.2f %8" PRId64 "\n", tensors, bytes,
               t.iters, t.seconds * 1e6, wrong);
+  if (t.spread)
+    std::printf("# per step, us (slowest rank): p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n",
+                t.spread->p50 * 1e6, t.spread->p90 * 1e6, t.spread->p99 * 1e6, t.spread->max * 1e6);
   std::fflush(stdout);
 }
 

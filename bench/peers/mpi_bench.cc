@@ -38,7 +38,7 @@ constexpr const char* kUsage =
     "usage: mpirun -np N mpi_bench allreduce|allgather|broadcast [--min-bytes SIZE]\n"
     "           [--max-bytes SIZE] [--factor F] [--iters N] [--warmup N] [--target-seconds S]\n"
     "       mpirun -np N mpi_bench step [--tensors N --tensor-bytes SIZE | --shapes FILE]\n"
-    "           [--iters N] [--warmup N] [--target-seconds S]\n"
+    "           [--iters N] [--warmup N] [--target-seconds S] [--percentiles]\n"
     "\n"
     "Sweep defaults: 4 B .. 256M, factor 2, ~0.2 s per size (3..1000 iterations). Step defaults:\n"
     "100 tensors of 1K, ~0.5 s. SIZE takes K, M, G suffixes (x1024). Data type: float32.\n";
@@ -58,6 +58,10 @@ Options parse_args(int argc, char** argv) {
   o.mode = parse_mode(o.mode_name);
   if (o.mode == Mode::kStep) o.timing.target_seconds = 0.5;
   for (std::string flag; flags.next(&flag);) {
+    if (flag == "--percentiles") {
+      o.timing.percentiles = true;
+      continue;
+    }
     const std::string& value = flags.value(flag);
     if (flag == "--min-bytes")
       o.min_bytes = bench::parse_size(flag, value);
