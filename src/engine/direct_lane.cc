@@ -49,7 +49,7 @@ bool DirectLane::suits(const TensorView& t) const {
   return elements > 0 && bytes <= lane_->max_bytes();
 }
 
-void DirectLane::encode_signature(const TensorView& t) {
+std::span<const uint8_t> DirectLane::encode_signature(const TensorView& t) {
   signature_.clear();
   // The lane compares the collective, count, dtype, scale factors and root itself; an average
   // and a sum differ here.
@@ -57,6 +57,24 @@ void DirectLane::encode_signature(const TensorView& t) {
   append(signature_, static_cast<uint32_t>(t.shape.size()));
   for (int64_t d : t.shape) append(signature_, d);
   signature_ += t.name;
+  return {reinterpret_cast<const uint8_t*>(signature_.data()), signature_.size()};
+}
+
+collectives::shm::Lane::Call DirectLane::lane_call(const TensorView& t) const {
+  using collectives::shm::Lane;
+  const auto count = static_cast<size_t>(shape_elements(t.shape));
+  switch (t.op) {
+    case controller::OpType::kBroadcast:
+      return Lane::broadcast_call(count, t.dtype, t.root);
+    case controller::OpType::kAllgather:
+      return Lane::allgather_call(count, t.dtype);
+    default: {
+      const bool average = t.reduce_op == ReduceOp::kAverage;
+      const double postscale = average ? t.postscale / static_cast<double>(size_) : t.postscale;
+      return Lane::allreduce_call(count, t.dtype, average ? ReduceOp::kSum : t.reduce_op,
+                                  t.prescale, postscale);
+    }
+  }
 }
 
 bool DirectLane::run(const TensorView& t) {
@@ -66,40 +84,28 @@ bool DirectLane::run(const TensorView& t) {
   return ran;
 }
 
+void DirectLane::decline(const TensorView& t) {
+  if (busy_.test_and_set(std::memory_order_acquire)) return;  // another thread is on the lane
+  lane_->decline(lane_call(t), encode_signature(t));
+  busy_.clear(std::memory_order_release);
+}
+
 bool DirectLane::run_alone(const TensorView& t) {
   if (misses_ >= kMissesBeforePause) {
-    if (std::chrono::steady_clock::now() < paused_until_) return false;
+    if (std::chrono::steady_clock::now() < paused_until_) {
+      lane_->decline(lane_call(t), encode_signature(t));
+      return false;
+    }
     misses_ = 0;
   }
   lane_->set_window(misses_ > 0 ? kWindowsAfterAMiss * window_ : window_);
-  const bool ran = run_on_lane(t);
+  const bool ran = lane_->run(lane_call(t), encode_signature(t), t.input, t.output);
   if (ran) {
     misses_ = 0;
-  } else if (++misses_ == kMissesBeforePause) {
+  } else if (!lane_->partner_left() && ++misses_ == kMissesBeforePause) {
     paused_until_ = std::chrono::steady_clock::now() + kPause;
   }
   return ran;
-}
-
-bool DirectLane::run_on_lane(const TensorView& t) {
-  encode_signature(t);
-  const std::span<const uint8_t> signature{reinterpret_cast<const uint8_t*>(signature_.data()),
-                                           signature_.size()};
-  if (signature.size() > collectives::shm::Lane::kMaxSignature) return false;
-  const auto count = static_cast<size_t>(shape_elements(t.shape));
-  switch (t.op) {
-    case controller::OpType::kBroadcast:
-      return lane_->broadcast(signature, t.input, t.output, count, t.dtype, t.root);
-    case controller::OpType::kAllgather:
-      return lane_->allgather(signature, t.input, t.output, count, t.dtype);
-    default: {
-      // An average is the sum, divided like the engine does it: in the postscale.
-      const bool average = t.reduce_op == ReduceOp::kAverage;
-      const double postscale = average ? t.postscale / static_cast<double>(size_) : t.postscale;
-      return lane_->allreduce(signature, t.input, t.output, count, t.dtype,
-                              average ? ReduceOp::kSum : t.reduce_op, t.prescale, postscale);
-    }
-  }
 }
 
 }  // namespace krug::engine

@@ -31,12 +31,18 @@ class DirectLane {
   // Runs a call that suits() on the lane; false: nothing ran (the caller enqueues it). Any
   // thread; one at a time (another thread's call meanwhile gets false).
   bool run(const TensorView& t);
+  // This rank makes a call that suits() through the engine (it has another operation in
+  // flight, say): the peers waiting on the lane with it leave at once, not after a window.
+  void decline(const TensorView& t);
   size_t max_bytes() const { return lane_->max_bytes(); }
 
  private:
   bool run_alone(const TensorView& t);  // with busy_ set
-  bool run_on_lane(const TensorView& t);
-  void encode_signature(const TensorView& t);
+  // The lane's call for `t` (an average is the sum, divided as the engine divides it: in the
+  // postscale).
+  collectives::shm::Lane::Call lane_call(const TensorView& t) const;
+  // t's signature, in signature_.
+  std::span<const uint8_t> encode_signature(const TensorView& t);
 
   int size_;
   std::chrono::nanoseconds window_;
@@ -44,7 +50,9 @@ class DirectLane {
   std::unique_ptr<collectives::shm::Lane> lane_;
   std::atomic_flag busy_;  // a thread is in run()
   std::string signature_;  // busy_: the call's, reused
-  int misses_ = 0;         // busy_: calls in a row that found no partner
+  // busy_: calls in a row that found no partner (those whose partners took the engine or came
+  // late do not count: the ranks do make their calls together).
+  int misses_ = 0;
   std::chrono::steady_clock::time_point paused_until_{};  // busy_
 };
 

@@ -210,18 +210,24 @@ std::shared_ptr<HandleState> Engine::Impl::enqueue(const TensorView& t) {
 
 bool Engine::Impl::run_direct(const TensorView& t) {
   if (!lane_ || !lane_->suits(t)) return false;
-  {
-    // Only while nothing else of this rank's is in flight: the lane then cannot overtake an
-    // operation of the same name, and the engine, idle, is not needed. The background thread
-    // holds the loop for microseconds at a time: wait that out (giving up here would cost the
-    // peers, already on the lane, a whole window), but not a loop that stays busy.
-    std::unique_lock lock(loop_mu_, std::defer_lock);
-    const auto until = Clock::now() + busy_poll_;
-    while (!lock.try_lock())
-      if (Clock::now() >= until) return false;
-    if (stopped_ || timeline_ || !table_.empty() || queue_.changed()) return false;
+  if (!idle_for_direct_call()) {
+    // The call takes the engine: peers already waiting with it on the lane need not wait out
+    // their window (and this rank's share of the lane stays in step with theirs).
+    lane_->decline(t);
+    return false;
   }
   return lane_->run(t);
+}
+
+bool Engine::Impl::idle_for_direct_call() {
+  // Only while nothing else of this rank's is in flight: the lane then cannot overtake an
+  // operation of the same name, and the engine, idle, is not needed. The background thread
+  // holds the loop for microseconds at a time: wait that out, but not a loop that stays busy.
+  std::unique_lock lock(loop_mu_, std::defer_lock);
+  const auto until = Clock::now() + busy_poll_;
+  while (!lock.try_lock())
+    if (Clock::now() >= until) return false;
+  return !stopped_ && !timeline_ && table_.empty() && !queue_.changed();
 }
 
 size_t Engine::Impl::direct_lane_bytes() const {

@@ -47,6 +47,9 @@ class Engine::Impl : public Driver,
   std::shared_ptr<HandleState> enqueue(size_t count, const Fill& fill);
   std::shared_ptr<HandleState> enqueue(const TensorView& tensor);
   bool run_direct(const TensorView& tensor);
+  // Whether a synchronous call may take the direct lane now (nothing else of this rank's is in
+  // flight, no timeline records it).
+  bool idle_for_direct_call();
   size_t direct_lane_bytes() const;
   SubmissionQueue& queue() { return queue_; }
   const SubmissionQueue& queue() const { return queue_; }

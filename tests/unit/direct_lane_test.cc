@@ -1,7 +1,8 @@
 // Engine::run_direct (engine/direct_lane.h), ranks as engine threads: synchronous calls made
 // together run on the lane with the engine's result (allreduce; broadcast and allgather too); a
 // rank with anything else in flight, calls that differ, and a lane turned off run nothing there,
-// and the same calls through the engine then behave as they always did (results, mismatch errors).
+// and the same calls through the engine then behave as they always did (results, mismatch errors);
+// a rank with something in flight declines its calls, so its peer neither waits nor pauses.
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -126,6 +127,50 @@ TEST(EngineDirectLane, ARankWithAnOperationInFlightRunsNothingThere) {
     expect_ok(pending);
     EXPECT_EQ(pending_out, std::vector<float>(4, 2.0f));
   });
+}
+
+TEST(EngineDirectLane, APeerWithAnOperationInFlightCostsNoWindowAndNoPause) {
+  constexpr int kDeclined = 20;  // more than the misses in a row that pause the lane
+  std::vector<std::chrono::steady_clock::duration> waited(2);
+  std::vector<int> direct(2, 0);
+  std::barrier sync(2);
+  Config config;
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        config = e.config();
+        const std::vector<int64_t> shape{4};
+        std::vector<float> in(4, 1.0f), out(4, -1.0f), pending_out(4);
+        for (int i = 0; i < kDeclined; ++i) {
+          // Rank 0 has "pending" in flight at its call, so it declines the call on the lane.
+          const std::string n = std::to_string(i);
+          std::shared_ptr<HandleState> pending;
+          if (rank == 0) pending = enqueue(e, "pending" + n, shape, in, pending_out);
+          const auto start = std::chrono::steady_clock::now();
+          EXPECT_FALSE(run_direct(e, "now" + n, shape, in, out)) << "rank " << rank;
+          waited[rank] += std::chrono::steady_clock::now() - start;
+          expect_ok(enqueue(e, "now" + n, shape, in, out));
+          if (rank == 1) pending = enqueue(e, "pending" + n, shape, in, pending_out);
+          expect_ok(pending);
+        }
+        // Rank 1 counted none of those as a miss, so the lane is not paused: calls made
+        // together run there again.
+        for (int i = 0; i < 5; ++i) {
+          sync.arrive_and_wait();
+          const std::string name = "together" + std::to_string(i);
+          if (run_direct(e, name, shape, in, out))
+            ++direct[rank];
+          else
+            expect_ok(enqueue(e, name, shape, in, out));
+          EXPECT_EQ(out, std::vector<float>(4, 2.0f));
+        }
+      },
+      long_window);
+  // Waiting out its window each time, rank 1 would have spent more than 10 of them.
+  const auto window = 4 * config.busy_poll;
+  EXPECT_LT(waited[1], 10 * window) << "rank 1 waited for a peer that had declined";
+  EXPECT_GT(direct[0], 0) << "the lane stayed paused";
+  EXPECT_EQ(direct[0], direct[1]);
 }
 
 TEST(EngineDirectLane, MismatchedCallsFailThroughTheEngineAsBefore) {

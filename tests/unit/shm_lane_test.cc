@@ -2,8 +2,9 @@
 // the same call on every member reduces in rank order, small or not; broadcasts and allgathers
 // give every member the root's data and all data in rank order; different calls, or a
 // member that does not come, run nowhere (false on every member that came, outputs untouched);
-// members out of step find each other again; and over many calls with members missing at
-// random, a call that ran on one member ran on all of them with the right result.
+// members out of step find each other again; a call one member declines sends the others to
+// the engine at once; and over many calls with members missing at random, a call that ran on
+// one member ran on all of them with the right result.
 #include "collectives/shm/shm_lane.h"
 
 #include <gtest/gtest.h>
@@ -157,6 +158,7 @@ void member_0_alone_on_x(Lane& lane, int m, std::barrier<>& sync, std::vector<fl
                          std::vector<float>& out) {
   if (m == 0) {
     EXPECT_FALSE(sum_floats(lane, "x", in, out));
+    EXPECT_FALSE(lane.partner_left()) << "nobody else posted x";
   }
   sync.arrive_and_wait();
 }
@@ -174,6 +176,7 @@ TEST(DirectLane, AMemberThatDoesNotComeCostsAWindowAndStepIsFoundAgain) {
       const auto start = std::chrono::steady_clock::now();
       EXPECT_FALSE(sum_floats(lane, "x", in, out));
       EXPECT_LT(std::chrono::steady_clock::now() - start, kMeet / 2);
+      EXPECT_TRUE(lane.partner_left()) << "member 0 posted x";
     }
     EXPECT_EQ(out, std::vector<float>(3, -1.0f));
     sync.arrive_and_wait();
@@ -195,6 +198,54 @@ TEST(DirectLane, ALateMemberWaitsWhenTheDeadPositionHeldAnotherCall) {
     lane.set_window(kMeet);
     if (m == 0) std::this_thread::sleep_for(50ms);  // longer than member 1's old window
     EXPECT_TRUE(sum_floats(lane, "z", in, out)) << "member " << m;
+    EXPECT_EQ(out, std::vector<float>(3, 3.0f));
+  });
+}
+
+// Member 0 declines "x" (it runs it through the engine) before or after member 1 comes with
+// it; member 1, whose window no scheduler outlasts, leaves at once either way. Then both meet.
+void decline_x_while_member_1_calls_it(bool member_1_first) {
+  std::barrier engine(2);  // where both run "x" instead
+  on_members(2, kMeet, [&](Lane& lane, int m) {
+    std::vector<float> in(3, 1.0f + m), out(3, -1.0f);
+    const auto x = Lane::allreduce_call(in.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0);
+    if (m == 0) {
+      if (member_1_first) std::this_thread::sleep_for(20ms);
+      lane.decline(x, sig("x"));
+    } else {
+      if (!member_1_first) std::this_thread::sleep_for(20ms);
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_FALSE(sum_floats(lane, "x", in, out));
+      EXPECT_LT(std::chrono::steady_clock::now() - start, kMeet / 2);
+      EXPECT_TRUE(lane.partner_left());
+      EXPECT_EQ(out, std::vector<float>(3, -1.0f));
+    }
+    engine.arrive_and_wait();
+    EXPECT_TRUE(sum_floats(lane, "y", in, out)) << "member " << m;
+    EXPECT_EQ(out, std::vector<float>(3, 3.0f));
+  });
+}
+
+TEST(DirectLane, ADeclinedCallSendsAPartnerWaitingWithItToTheEngine) {
+  decline_x_while_member_1_calls_it(true);
+}
+
+TEST(DirectLane, ADeclinedCallSendsAPartnerComingLaterToTheEngine) {
+  decline_x_while_member_1_calls_it(false);
+}
+
+TEST(DirectLane, ADeclinedCallLeavesAnotherCallItsPartner) {
+  std::barrier sync(2);
+  on_members(2, kMeet, [&](Lane& lane, int m) {
+    std::vector<float> in(3, 1.0f + m), out(3, -1.0f);
+    // Member 0 declines "x"; member 1's call is "y", which member 0 makes next: member 1 passes
+    // the dead position and waits at the next one, where member 0 comes.
+    if (m == 0) {
+      lane.decline(Lane::allreduce_call(in.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0),
+                   sig("x"));
+    }
+    sync.arrive_and_wait();
+    EXPECT_TRUE(sum_floats(lane, "y", in, out)) << "member " << m;
     EXPECT_EQ(out, std::vector<float>(3, 3.0f));
   });
 }

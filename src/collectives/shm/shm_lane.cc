@@ -11,19 +11,6 @@
 
 namespace krug::collectives::shm {
 
-// Members compare the whole call, so no signature can make one read past another's data.
-struct Lane::Call {
-  uint64_t count;  // of one member's data
-  double prescale;
-  double postscale;
-  uint16_t signature_length;
-  uint16_t root;  // broadcast
-  uint8_t kind;
-  uint8_t dtype;
-  uint8_t op;  // allreduce
-  uint8_t padding;
-};
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -158,60 +145,89 @@ uint8_t* Lane::data(int member, uint64_t position) const {
   return slot(member, position) + kHeader;
 }
 
-bool Lane::allreduce(std::span<const uint8_t> signature, const void* input, void* output,
-                     size_t count, DataType dtype, ReduceOp op, double prescale, double postscale) {
+Lane::Call Lane::allreduce_call(size_t count, DataType dtype, ReduceOp op, double prescale,
+                                double postscale) {
   Call call = call_of(Kind::kAllreduce, count, dtype);
   call.op = static_cast<uint8_t>(op);
   call.prescale = prescale;
   call.postscale = postscale;
-  if (!run(call, signature, input, output)) return false;
-  reduce::scale(dtype, output, count, postscale);
-  return true;
+  return call;
+}
+
+Lane::Call Lane::broadcast_call(size_t count, DataType dtype, int root) {
+  Call call = call_of(Kind::kBroadcast, count, dtype);
+  // A root out of range fits no member: fits() refuses it.
+  call.root = root < 0 ? UINT16_MAX : static_cast<uint16_t>(std::min(root, int{UINT16_MAX}));
+  return call;
+}
+
+Lane::Call Lane::allgather_call(size_t count, DataType dtype) {
+  return call_of(Kind::kAllgather, count, dtype);
+}
+
+bool Lane::allreduce(std::span<const uint8_t> signature, const void* input, void* output,
+                     size_t count, DataType dtype, ReduceOp op, double prescale, double postscale) {
+  return run(allreduce_call(count, dtype, op, prescale, postscale), signature, input, output);
 }
 
 bool Lane::broadcast(std::span<const uint8_t> signature, const void* input, void* output,
                      size_t count, DataType dtype, int root) {
-  if (root < 0 || root >= size_) return false;
-  Call call = call_of(Kind::kBroadcast, count, dtype);
-  call.root = static_cast<uint16_t>(root);
-  return run(call, signature, input, output);
+  return run(broadcast_call(count, dtype, root), signature, input, output);
 }
 
 bool Lane::allgather(std::span<const uint8_t> signature, const void* input, void* output,
                      size_t count, DataType dtype) {
-  return run(call_of(Kind::kAllgather, count, dtype), signature, input, output);
+  return run(allgather_call(count, dtype), signature, input, output);
 }
 
-bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void* input,
-               void* output) {
-  const auto dtype = static_cast<DataType>(asked.dtype);
-  const size_t bytes = asked.count * dtype_size(dtype);
-  if (signature.size() > kMaxSignature || bytes > options_.max_bytes || asked.count == 0)
-    return false;
-  Call call = asked;
-  call.signature_length = static_cast<uint16_t>(signature.size());
-  Deadline deadline(options_.window);
-  // The first live position from here: aborted ones are skipped.
-  uint64_t position = next_;
-  for (;; ++position) {
+bool Lane::fits(const Call& call, std::span<const uint8_t> signature) const {
+  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  const bool root_ok = static_cast<Kind>(call.kind) != Kind::kBroadcast || call.root < size_;
+  return root_ok && signature.size() <= kMaxSignature && bytes <= options_.max_bytes &&
+         call.count > 0;
+}
+
+uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signature,
+                             Deadline& deadline) {
+  for (uint64_t position = next_;; ++position) {
     // Its slots were last used kRing positions ago: every member must be done with them.
-    if (position > kRing && !all_passed(position - kRing, deadline)) return false;
+    if (position > kRing && !all_passed(position - kRing, deadline)) return 0;
     const uint64_t w = word(position).load(std::memory_order_acquire);
-    if (position_of(w) != position || state_of(w) == kOpen) break;
+    if (position_of(w) != position || state_of(w) == kOpen) return position;
     if (state_of(w) == kCommit)  // a commit counts every member: this one cannot have missed it
       throw Error(
           fmt::format("direct lane: position {} committed without rank {}", position, rank_));
     // A member that posted this very call at the dead position runs it through the engine now
-    // (it cannot have finished it without this member): waiting for it here would only cost
-    // this member a window.
+    // (it cannot have finished it, nor posted again, without this member): waiting for it
+    // here would only cost this member a window.
     const bool gone_to_engine = posted_by_another(position, call, signature);
     pass(position);
-    if (gone_to_engine) return false;
+    if (gone_to_engine) {
+      partner_left_ = true;
+      return 0;
+    }
   }
+}
+
+void Lane::post_call(uint64_t position, const Call& call, std::span<const uint8_t> signature) {
   uint8_t* mine = slot(rank_, position);
   std::memcpy(mine, &call, sizeof(call));
   std::memcpy(mine + sizeof(call), signature.data(), signature.size());
+}
+
+bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void* input,
+               void* output) {
+  partner_left_ = false;
+  if (!fits(asked, signature)) return false;
+  Call call = asked;
+  call.signature_length = static_cast<uint16_t>(signature.size());
+  Deadline deadline(options_.window);
+  const uint64_t position = live_position(call, signature, deadline);
+  if (position == 0) return false;
+  post_call(position, call, signature);
   const auto kind = static_cast<Kind>(call.kind);
+  const auto dtype = static_cast<DataType>(call.dtype);
+  const size_t bytes = call.count * dtype_size(dtype);
   if (kind != Kind::kBroadcast || call.root == rank_)
     reduce::copy(data(rank_, position), input, bytes);
   if (kind == Kind::kAllreduce)
@@ -220,6 +236,7 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
 
   const uint64_t w = decision(position, arrive(position, call, signature), deadline);
   if (state_of(w) != kCommit) {
+    partner_left_ = posted_by_another(position, call, signature);
     pass(position);
     return false;
   }
@@ -232,7 +249,36 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     make_result(position, call, out);
   }
   pass(position);
+  if (kind == Kind::kAllreduce) reduce::scale(dtype, output, call.count, call.postscale);
   return true;
+}
+
+void Lane::decline(const Call& asked, std::span<const uint8_t> signature) {
+  partner_left_ = false;
+  if (!fits(asked, signature)) return;  // the others cannot post it either
+  Call call = asked;
+  call.signature_length = static_cast<uint16_t>(signature.size());
+  Deadline now(std::chrono::nanoseconds(0));
+  const uint64_t position = live_position(call, signature, now);
+  if (position == 0) return;
+  // Posted before the abort: whoever sees the abort finds the call it may be waiting with.
+  post_call(position, call, signature);
+  posted(rank_).store(position, std::memory_order_release);
+  abort(position);
+  pass(position);
+}
+
+void Lane::abort(uint64_t position) {
+  auto& decision_word = word(position);
+  uint64_t w = decision_word.load(std::memory_order_acquire);
+  for (;;) {
+    if (position_of(w) == position && state_of(w) != kOpen) return;
+    // A word of an earlier position: nobody has come here yet.
+    const uint64_t in = position_of(w) == position ? count_of(w) : 0;
+    if (decision_word.compare_exchange_weak(w, make_word(position, kAbort, in),
+                                            std::memory_order_acq_rel, std::memory_order_acquire))
+      return;
+  }
 }
 
 bool Lane::all_passed(uint64_t position, Deadline& deadline) {

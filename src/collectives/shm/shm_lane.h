@@ -18,7 +18,9 @@
 // A call that returns false changed no output; every member that posted at that position
 // returns false too, and runs the call through the engine, where its name is negotiated as
 // usual (mismatches are reported there). Members never wait longer than the window, so a member
-// that is busy elsewhere costs the others one window, not a hang.
+// that is busy elsewhere costs the others one window, not a hang. A member that knows it will
+// take the engine for a call declines it: it posts the call at its next position and aborts
+// the position, so the others leave at once (and later ones on arrival) instead of waiting.
 #pragma once
 
 #include <atomic>
@@ -52,27 +54,64 @@ class Lane {
   // The window of the calls from now on.
   void set_window(std::chrono::nanoseconds window) { options_.window = window; }
 
-  // Each call returns false, output untouched, when the members did not all make it here
-  // within the window. One thread at a time. `count`: elements of one member's data.
-
+  // What a member posts in its slot: the collective and the arguments the members compare
+  // (besides the caller's signature). Made by the *_call functions below. Members compare the
+  // whole call, so no signature can make one read past another's data.
+  struct Call {
+    uint64_t count;  // of one member's data
+    double prescale;
+    double postscale;
+    uint16_t signature_length;
+    uint16_t root;  // broadcast
+    uint8_t kind;
+    uint8_t dtype;
+    uint8_t op;  // allreduce
+    uint8_t padding;
+  };
   // output = prescale * input, reduced over the members, times postscale; `op` is the kernel's
   // (an average is a sum with postscale / size).
+  static Call allreduce_call(size_t count, DataType dtype, ReduceOp op, double prescale,
+                             double postscale);
+  // The root's input into every member's output (either may be the other).
+  static Call broadcast_call(size_t count, DataType dtype, int root);
+  // Every member's input in rank order into output (size x count elements).
+  static Call allgather_call(size_t count, DataType dtype);
+
+  // Meets the others at the next live position with `call` and makes this member's result in
+  // `output`; false, output untouched, when the members did not all make it there within the
+  // window or their calls differ. One thread at a time. `count`: elements of one member's data.
+  bool run(const Call& call, std::span<const uint8_t> signature, const void* input, void* output);
+  // Whether the last run() that returned false found another member's post of the same call at
+  // its position: the members make their calls together, only one took the engine or came too
+  // late, so the miss says nothing against using the lane.
+  bool partner_left() const { return partner_left_; }
+  // This member makes `call` through the engine: the others, waiting with it at this member's
+  // next position or coming there later, leave at once. Never waits; does nothing where the
+  // position's slots are still in use or another member is already gone to the engine with it.
+  void decline(const Call& call, std::span<const uint8_t> signature);
+
+  // The three collectives as run() with their *_call.
+
   bool allreduce(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
                  DataType dtype, ReduceOp op, double prescale, double postscale);
-  // The root's input into every member's output (either may be the other).
   bool broadcast(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
                  DataType dtype, int root);
-  // Every member's input in rank order into output (size x count elements).
   bool allgather(std::span<const uint8_t> signature, const void* input, void* output, size_t count,
                  DataType dtype);
 
   class Deadline;  // a call's window, read from the clock only once a wait spins
-  struct Call;     // what a member posts in its slot
 
  private:
-  // Meets the others at the next live position with `call`, and on commit makes this member's
-  // result in `output`.
-  bool run(const Call& call, std::span<const uint8_t> signature, const void* input, void* output);
+  // Whether `call` may take the lane at all (its data and signature fit).
+  bool fits(const Call& call, std::span<const uint8_t> signature) const;
+  // The first live position from next_, dead ones passed; 0 where the call must take the
+  // engine: a slot still in use at the deadline, or a dead position where another member
+  // posted this very call (it runs it through the engine).
+  uint64_t live_position(const Call& call, std::span<const uint8_t> signature, Deadline& deadline);
+  // Writes `call` and `signature` into this member's slot at `position`.
+  void post_call(uint64_t position, const Call& call, std::span<const uint8_t> signature);
+  // Aborts `position` for everyone, unless it is decided already.
+  void abort(uint64_t position);
   // Waits until every member has passed `position` (none of them reads its slots any more).
   bool all_passed(uint64_t position, Deadline& deadline);
   // Counts this member in at `position` (its slot written); returns the decision word after.
@@ -109,6 +148,7 @@ class Lane {
   size_t slot_bytes_;
   uint64_t next_ = 1;        // the next position this member takes
   uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
+  bool partner_left_ = false;
 };
 
 }  // namespace krug::collectives::shm
