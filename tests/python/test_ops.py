@@ -244,6 +244,52 @@ def test_synchronous_broadcasts_and_allgathers_give_the_same_results_on_the_dire
         assert torch.equal(g, want), i
 
 
+def test_unnamed_synchronous_calls_keep_their_names_in_step_on_the_lane_or_not():
+    # An unnamed call's name is made once, in the core, whichever way the call then goes: rank
+    # 0, with an operation in flight, takes the engine for every third round while its peers
+    # come to the lane; the unnamed calls after must still pair up by name.
+    tri = float(n() * (n() + 1) // 2)
+    for i in range(30):
+        pending = None
+        if r() == 0 and i % 3 == 0:
+            pending = hvd.allreduce_async(torch.ones(2), name="unnamed.pending.%d" % i)
+        t = torch.full((4,), float(r() + 1))
+        assert torch.equal(hvd.allreduce(t, op=hvd.Sum), torch.full((4,), tri)), i
+        assert torch.equal(hvd.allreduce_(t, op=hvd.Sum), torch.full((4,), tri)), i
+        assert torch.equal(hvd.broadcast(torch.full((3,), float(r())), 0), torch.zeros(3)), i
+        b = torch.full((2,), float(r()))
+        assert hvd.broadcast_(b, n() - 1) is b and torch.equal(b, torch.full((2,), n() - 1.0))
+        g = hvd.allgather(torch.full((1, 2), float(r())))
+        assert torch.equal(g, torch.arange(n(), dtype=torch.float32).repeat_interleave(2)
+                           .reshape(n(), 2)), i
+        if r() != 0 and i % 3 == 0:
+            pending = hvd.allreduce_async(torch.ones(2), name="unnamed.pending.%d" % i)
+        if pending is not None:
+            assert torch.equal(hvd.synchronize(pending), torch.ones(2)), i
+
+
+def test_differentiable_ops_record_a_graph_only_where_autograd_needs_one():
+    # Without a tensor that requires grad (or with grad mode off) the ops skip their
+    # autograd.Function, which costs more than a small allreduce: the same values, no grad_fn.
+    x = torch.full((3,), float(r() + 1), requires_grad=True)
+    cases = [("ar", lambda t, k: hvd.allreduce(t, name="graph.ar.%s" % k, op=hvd.Sum),
+              torch.full((3,), float(n() * (n() + 1) // 2))),
+             ("bc", lambda t, k: hvd.broadcast(t, 0, name="graph.bc.%s" % k),
+              torch.ones(3)),
+             ("ag", lambda t, k: hvd.allgather(t, name="graph.ag.%s" % k),
+              torch.arange(1.0, n() + 1).repeat_interleave(3))]
+    for label, op, want in cases:
+        recorded = op(x, "grad")
+        assert recorded.grad_fn is not None and torch.equal(recorded.detach(), want), label
+        with torch.no_grad():
+            plain = op(x, "nograd")
+        assert plain.grad_fn is None and not plain.requires_grad, label
+        assert torch.equal(plain, want), label
+        detached = op(x.detach(), "detached")
+        assert detached.grad_fn is None and torch.equal(detached, want), label
+    assert torch.equal(x.detach(), torch.full((3,), float(r() + 1))), "an input changed"
+
+
 def test_unnamed_ops_get_the_same_names_on_every_rank():
     for _ in range(3):
         y = hvd.allreduce(torch.ones(2), op=hvd.Sum)

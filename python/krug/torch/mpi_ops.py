@@ -193,6 +193,37 @@ def _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set):
     ctx.process_set = process_set
 
 
+def _needs_graph(tensor):
+    """Whether autograd must record an op on ``tensor``. Only then is a differentiable op's
+    torch.autograd.Function worth its cost (7 us a call on a 2-core VM, more than a small
+    allreduce on the direct lane); without it the result is the same, with no grad_fn."""
+    return tensor.requires_grad and torch.is_grad_enabled()
+
+
+def _user_name(name):
+    # The user's name as the core takes it; None leaves the unnamed call's name to the core.
+    return name if name is None or type(name) is str else str(name)
+
+
+def _direct(name, tensor, output, op, prescale_factor, postscale_factor):
+    """A synchronous allreduce on the global set, run at once on the direct lane (a small CPU
+    tensor whose call every rank of this one host makes together: docs/architecture.md) into
+    ``output`` (None: a new tensor). Returns the output when it ran there, else the name the call
+    takes through the engine (an unnamed call's is made by the core: krug::unnamed_op_name)."""
+    return _core.allreduce_direct(_user_name(name), tensor, output, op, float(prescale_factor),
+                                  float(postscale_factor))
+
+
+def _allreduced(tensor, name, op, prescale_factor, postscale_factor, process_set):
+    """The reduction of ``tensor`` in a new tensor: hvd.allreduce's forward."""
+    if op in _PLAIN_OPS and process_set is global_process_set:
+        name = _direct(name, tensor, None, op, prescale_factor, postscale_factor)
+        if type(name) is not str:
+            return name  # the output
+    return synchronize(_allreduce_async(tensor, None, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
 class HorovodAllreduce(torch.autograd.Function):
     """Differentiable allreduce: the gradient is the allreduce of the output's gradient with
     the same op and scale factors."""
@@ -200,14 +231,7 @@ class HorovodAllreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
         _keep_reduction(ctx, op, prescale_factor, postscale_factor, process_set)
-        output = None
-        if op in _PLAIN_OPS and process_set is global_process_set:
-            name = _name("allreduce", name, process_set)
-            output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-            if _direct(name, tensor, output, op, prescale_factor, postscale_factor):
-                return output
-        return synchronize(_allreduce_async(tensor, output, name, op, prescale_factor,
-                                            postscale_factor, process_set))
+        return _allreduced(tensor, name, op, prescale_factor, postscale_factor, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -223,8 +247,12 @@ def allreduce(tensor, average=None, name=None, compression=_NoCompression, op=No
     wire (e.g. hvd.Compression.fp16)."""
     op = handle_average_backwards_compatibility(op, average)
     compressed, cctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
-                                     process_set)
+    if _needs_graph(compressed):
+        reduced = HorovodAllreduce.apply(compressed, name, op, prescale_factor,
+                                         postscale_factor, process_set)
+    else:
+        reduced = _allreduced(compressed, name, op, prescale_factor, postscale_factor,
+                              process_set)
     return compression.decompress(reduced, cctx)
 
 
@@ -232,21 +260,16 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce: reduces ``tensor`` over all ranks and returns it. Not
     differentiable."""
-    op = handle_average_backwards_compatibility(op, average)
+    if average is not None or op is None:
+        op = handle_average_backwards_compatibility(op, average)
     if op in _PLAIN_OPS and process_set is global_process_set:
-        name = _name("allreduce", name, process_set)
-        if _direct(name, tensor, tensor, op, prescale_factor, postscale_factor):
+        # _direct's call, inline: this path is a few microseconds in all.
+        name = _core.allreduce_direct(_user_name(name), tensor, tensor, op,
+                                      float(prescale_factor), float(postscale_factor))
+        if type(name) is not str:
             return tensor
     return synchronize(allreduce_async_(tensor, None, name, op, prescale_factor,
                                         postscale_factor, process_set))
-
-
-def _direct(name, tensor, output, op, prescale_factor, postscale_factor):
-    """A synchronous allreduce on the global set run at once on the direct lane (a small CPU
-    tensor whose call every rank of this one host makes together: docs/architecture.md); False
-    when nothing ran."""
-    return _core.allreduce_direct(name, tensor, output, op, float(prescale_factor),
-                                  float(postscale_factor), 0)
 
 
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
@@ -369,21 +392,23 @@ def _allgather_backward(grad_output, dim, process_set):
     return grad_reduced.narrow(0, offset, dim)
 
 
+def _allgathered(tensor, name, process_set):
+    """Every rank's ``tensor`` concatenated along the first dimension: hvd.allgather's
+    forward."""
+    if process_set is global_process_set:
+        # The direct lane, for a small tensor whose shape is the same on every rank.
+        name = _core.allgather_direct(_user_name(name), tensor, None)
+        if type(name) is not str:
+            return name  # the output
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
 class HorovodAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 1
         ctx.process_set = process_set
-        lane = (process_set is global_process_set and tensor.dim() > 0
-                and tensor.numel() * tensor.element_size() <= _core.direct_lane_bytes())
-        if lane:
-            # The direct lane, where every rank's shape is this one's; the output is made for it
-            # alone, so only for a tensor it takes.
-            name = _name("allgather", name, process_set)
-            output = tensor.new_empty((tensor.shape[0] * size(),) + tuple(tensor.shape[1:]))
-            if _core.allgather_direct(name, tensor, output):
-                return output
-        return synchronize(allgather_async(tensor, name, process_set))
+        return _allgathered(tensor, name, process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -393,7 +418,9 @@ class HorovodAllgather(torch.autograd.Function):
 def allgather(tensor, name=None, process_set=global_process_set):
     """Returns the concatenation of every rank's ``tensor`` along the first dimension.
     Differentiable."""
-    return HorovodAllgather.apply(tensor, name, process_set)
+    if _needs_graph(tensor):
+        return HorovodAllgather.apply(tensor, name, process_set)
+    return _allgathered(tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
@@ -474,14 +501,18 @@ class HorovodBroadcast(torch.autograd.Function):
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns ``tensor`` of ``root_rank`` on every rank (a new tensor). Differentiable."""
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    if _needs_graph(tensor):
+        return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+    # No graph to keep the copy out of (_broadcast_output's no_grad and detach cost 10 us).
+    return broadcast_(tensor.clone(memory_format=torch.contiguous_format), root_rank, name,
+                      process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast from ``root_rank``; returns ``tensor``. Not differentiable."""
     if process_set is global_process_set:
-        name = _name("broadcast", name, process_set)
-        if _core.broadcast_direct(name, tensor, int(root_rank)):
+        name = _core.broadcast_direct(_user_name(name), tensor, int(root_rank))
+        if type(name) is not str:
             return tensor
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 

@@ -122,6 +122,11 @@ bool allreduce_direct(const std::string& name, const at::Tensor& input, const at
 // every rank's shape is the same).
 bool broadcast_direct(const std::string& name, const at::Tensor& tensor, int root);
 bool allgather_direct(const std::string& name, const at::Tensor& input, const at::Tensor& output);
+// The output of a direct call whose caller brings none (hvd.allreduce, hvd.allgather): empty and
+// contiguous, `rows` times the input's first dimension (1 for an allreduce, size() for an
+// allgather). nullopt for a tensor the lane would not take, so that a larger one, which takes
+// the engine, is not allocated twice.
+std::optional<at::Tensor> direct_output(const at::Tensor& input, int64_t rows);
 // Out of place into a newly allocated tensor (outputs()[0]).
 HandlePtr allreduce_async(const std::string& name, const at::Tensor& input,
                           const ReduceOptions& options = {});

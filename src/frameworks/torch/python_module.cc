@@ -12,7 +12,9 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -144,6 +146,16 @@ class HandleTable {
   std::vector<uint32_t> free_;
 };
 
+// `output` when `run(name)` ran the call on the direct lane, else the name the engine must use:
+// `name`, or the unnamed call's own, made here (see allreduce_direct below).
+template <typename Run>
+py::object output_or_name(std::optional<std::string> name, std::string_view kind,
+                          const std::optional<at::Tensor>& output, Run&& run) {
+  std::string n = name ? std::move(*name) : krug::unnamed_op_name(kind);
+  if (output && run(n, *output)) return py::cast(*output);
+  return py::str(n);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_torch_core, m) {
@@ -174,20 +186,35 @@ PYBIND11_MODULE(_torch_core, m) {
                                              reduce_options(op, prescale, postscale, process_set)));
       });
 
-  // hvd.allreduce(_) of a small CPU tensor: at once on the direct lane, or False.
-  m.def("allreduce_direct",
-        [](const std::string& name, const at::Tensor& input, const at::Tensor& output, int op,
-           double prescale, double postscale, int process_set) {
-          return ta::allreduce_direct(name, input, output,
-                                      reduce_options(op, prescale, postscale, process_set));
+  // hvd.allreduce(_), broadcast(_) and allgather of a small CPU tensor on the global set: the
+  // output when the call ran at once on the direct lane, else the name it takes through the
+  // engine. That is `name`, or for an unnamed call (None) its "<kind>.noname.<n>", made here so
+  // the call costs one trip into the core and one name whichever way it goes. An output of
+  // None is made here, for a tensor the lane takes.
+  m.def("allreduce_direct", [](std::optional<std::string> name, const at::Tensor& input,
+                               std::optional<at::Tensor> output, int op, double prescale,
+                               double postscale) {
+    if (!output) output = ta::direct_output(input, 1);
+    return output_or_name(
+        std::move(name), "allreduce", output, [&](const std::string& n, const at::Tensor& out) {
+          return ta::allreduce_direct(n, input, out, reduce_options(op, prescale, postscale, 0));
         });
-  m.def("broadcast_direct", [](const std::string& name, const at::Tensor& tensor, int root) {
-    return ta::broadcast_direct(name, tensor, root);
   });
-  m.def("allgather_direct",
-        [](const std::string& name, const at::Tensor& input, const at::Tensor& output) {
-          return ta::allgather_direct(name, input, output);
+  m.def("broadcast_direct",
+        [](std::optional<std::string> name, const at::Tensor& tensor, int root) {
+          return output_or_name(std::move(name), "broadcast", tensor,
+                                [&](const std::string& n, const at::Tensor& t) {
+                                  return ta::broadcast_direct(n, t, root);
+                                });
         });
+  m.def("allgather_direct", [](std::optional<std::string> name, const at::Tensor& input,
+                               std::optional<at::Tensor> output) {
+    if (!output) output = ta::direct_output(input, krug::size());
+    return output_or_name(std::move(name), "allgather", output,
+                          [&](const std::string& n, const at::Tensor& out) {
+                            return ta::allgather_direct(n, input, out);
+                          });
+  });
   m.def("direct_lane_bytes", [] { return krug::frontend::direct_lane_bytes(); });
   m.def("grouped_allreduce_async",
         [](const std::string& name, const std::vector<at::Tensor>& inputs,
