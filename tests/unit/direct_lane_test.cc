@@ -21,9 +21,11 @@ using testing::request;
 using testing::run_ranks;
 using testing::submit;
 
-// A window long enough that threads on a busy 2-core machine still meet.
+// A busy poll, and with it a window (4 of them), long enough that threads on a busy 2-core
+// machine still meet.
+constexpr auto kLongBusyPoll = std::chrono::microseconds(20000);
 void long_window(Config& c) {
-  c.busy_poll = std::chrono::microseconds(20000);
+  c.busy_poll = kLongBusyPoll;
 }
 
 bool run_direct(Engine& e, const std::string& name, const std::vector<int64_t>& shape,
@@ -134,11 +136,9 @@ TEST(EngineDirectLane, APeerWithAnOperationInFlightCostsNoWindowAndNoPause) {
   std::vector<std::chrono::steady_clock::duration> waited(2);
   std::vector<int> direct(2, 0);
   std::barrier sync(2);
-  Config config;
   run_ranks(
       2,
       [&](Engine& e, int rank) {
-        config = e.config();
         const std::vector<int64_t> shape{4};
         std::vector<float> in(4, 1.0f), out(4, -1.0f), pending_out(4);
         for (int i = 0; i < kDeclined; ++i) {
@@ -167,7 +167,7 @@ TEST(EngineDirectLane, APeerWithAnOperationInFlightCostsNoWindowAndNoPause) {
       },
       long_window);
   // Waiting out its window each time, rank 1 would have spent more than 10 of them.
-  const auto window = 4 * config.busy_poll;
+  const auto window = 4 * kLongBusyPoll;
   EXPECT_LT(waited[1], 10 * window) << "rank 1 waited for a peer that had declined";
   EXPECT_GT(direct[0], 0) << "the lane stayed paused";
   EXPECT_EQ(direct[0], direct[1]);
