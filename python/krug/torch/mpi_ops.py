@@ -260,12 +260,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce: reduces ``tensor`` over all ranks and returns it. Not
     differentiable."""
-    if average is not None or op is None:
-        op = handle_average_backwards_compatibility(op, average)
+    op = handle_average_backwards_compatibility(op, average)
     if op in _PLAIN_OPS and process_set is global_process_set:
-        # _direct's call, inline: this path is a few microseconds in all.
-        name = _core.allreduce_direct(_user_name(name), tensor, tensor, op,
-                                      float(prescale_factor), float(postscale_factor))
+        name = _direct(name, tensor, tensor, op, prescale_factor, postscale_factor)
         if type(name) is not str:
             return tensor
     return synchronize(allreduce_async_(tensor, None, name, op, prescale_factor,

@@ -215,7 +215,6 @@ PYBIND11_MODULE(_torch_core, m) {
                             return ta::allgather_direct(n, input, out);
                           });
   });
-  m.def("direct_lane_bytes", [] { return krug::frontend::direct_lane_bytes(); });
   m.def("grouped_allreduce_async",
         [](const std::string& name, const std::vector<at::Tensor>& inputs,
            const std::vector<at::Tensor>& outputs, int op, double prescale, double postscale,
