@@ -14,6 +14,14 @@ constexpr auto kPause = std::chrono::seconds(1);
 // through the engine, which may leave one rank asleep in its wait: on a VM it can take longer
 // than a window to wake, and its partner, giving up, would send both through the engine again.
 constexpr int kWindowsAfterAMiss = 10;
+// After its window, a call whose rank met its partners at the last call sleeps this long for
+// them. Such a partner is on its way; what keeps it is most often its core, taken for a few
+// milliseconds (by a VM's host, another process): sleeping frees this rank's core meanwhile,
+// and the partner wakes it on arrival. Sent through the engine instead, both ranks would
+// sleep there and need more wake-ups than this one, each as long on a VM, and the next calls
+// would miss each other while they catch up. Not after a miss: a partner that does not come
+// (it runs its calls asynchronously, say) costs a sleep once, not every call.
+constexpr auto kSleepInStep = std::chrono::milliseconds(20);
 
 template <typename T>
 void append(std::string& out, const T& value) {
@@ -98,7 +106,10 @@ bool DirectLane::run_alone(const TensorView& t) {
     }
     misses_ = 0;
   }
-  lane_->set_window(misses_ > 0 ? kWindowsAfterAMiss * window_ : window_);
+  if (misses_ > 0)
+    lane_->set_wait(kWindowsAfterAMiss * window_, {});
+  else
+    lane_->set_wait(window_, kSleepInStep);
   const bool ran = lane_->run(lane_call(t), encode_signature(t), t.input, t.output);
   if (ran) {
     misses_ = 0;

@@ -3,7 +3,8 @@
 // give every member the root's data and all data in rank order; different calls, or a
 // member that does not come, run nowhere (false on every member that came, outputs untouched);
 // members out of step find each other again; a call one member declines sends the others to
-// the engine at once; and over many calls with members missing at random, a call that ran on
+// the engine at once; members asleep after their window are woken by the last arrival or a
+// decline; and over many calls with members missing at random, a call that ran on
 // one member ran on all of them with the right result.
 #include "collectives/shm/shm_lane.h"
 
@@ -11,6 +12,7 @@
 
 #include <barrier>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <thread>
@@ -172,7 +174,7 @@ TEST(DirectLane, AMemberThatDoesNotComeCostsAWindowAndStepIsFoundAgain) {
     // posted "x" at the dead position and runs it through the engine, so member 1 gives up at
     // once instead of waiting at the next position for a partner that is not coming.
     if (m == 1) {
-      lane.set_window(kMeet);
+      lane.set_wait(kMeet, {});
       const auto start = std::chrono::steady_clock::now();
       EXPECT_FALSE(sum_floats(lane, "x", in, out));
       EXPECT_LT(std::chrono::steady_clock::now() - start, kMeet / 2);
@@ -182,7 +184,7 @@ TEST(DirectLane, AMemberThatDoesNotComeCostsAWindowAndStepIsFoundAgain) {
     sync.arrive_and_wait();
     // Both again (a window long enough for a busy machine: a short one could lose its partner
     // to the scheduler): they meet at the next position.
-    lane.set_window(kMeet);
+    lane.set_wait(kMeet, {});
     EXPECT_TRUE(sum_floats(lane, "y", in, out)) << "member " << m;
     EXPECT_EQ(out, std::vector<float>(3, 3.0f));
   });
@@ -195,7 +197,7 @@ TEST(DirectLane, ALateMemberWaitsWhenTheDeadPositionHeldAnotherCall) {
     member_0_alone_on_x(lane, m, sync, in, out);
     // Member 1's call is another one: member 0 may yet make it, so member 1 posts at the next
     // position and waits there, where member 0 comes.
-    lane.set_window(kMeet);
+    lane.set_wait(kMeet, {});
     if (m == 0) std::this_thread::sleep_for(50ms);  // longer than member 1's old window
     EXPECT_TRUE(sum_floats(lane, "z", in, out)) << "member " << m;
     EXPECT_EQ(out, std::vector<float>(3, 3.0f));
@@ -250,6 +252,79 @@ TEST(DirectLane, ADeclinedCallLeavesAnotherCallItsPartner) {
   });
 }
 
+// The CPU time this thread has used: what tells a sleeping wait from a spinning one.
+std::chrono::nanoseconds thread_cpu_time() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+}
+
+// Members 0 .. size-2 come at once with a window of a microsecond and a sleep no scheduler
+// outlasts; the last comes 100 ms later. The early ones sleep (they use a fraction of the wait
+// in CPU time) until the last one's arrival wakes them, and the call runs on every member.
+void early_members_sleep_until_the_last_comes(int size) {
+  on_members(size, 1us, [&](Lane& lane, int m) {
+    lane.set_wait(1us, kMeet);
+    std::vector<float> in(3, 1.0f), out(3, -1.0f);
+    const bool last = m == size - 1;
+    if (last) std::this_thread::sleep_for(100ms);
+    const auto start = std::chrono::steady_clock::now();
+    const auto cpu = thread_cpu_time();
+    EXPECT_TRUE(sum_floats(lane, "late", in, out)) << "member " << m;
+    EXPECT_EQ(out, std::vector<float>(3, static_cast<float>(size)));
+    // The last one in decided the call: it did not wait.
+    EXPECT_EQ(lane.last_wait(), last ? Lane::Wait::kNone : Lane::Wait::kSlept) << "member " << m;
+    if (last) return;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, kMeet / 2) << "member " << m;
+    EXPECT_LT(thread_cpu_time() - cpu, 50ms) << "member " << m << " spun instead of sleeping";
+  });
+}
+
+TEST(DirectLane, AMemberAsleepAfterItsWindowIsWokenByItsPartnersArrival) {
+  early_members_sleep_until_the_last_comes(2);
+}
+
+TEST(DirectLane, EveryMemberAsleepIsWokenByTheLastArrival) {
+  early_members_sleep_until_the_last_comes(3);
+}
+
+TEST(DirectLane, AMemberAsleepLeavesWhenItsPartnerDeclines) {
+  on_members(2, 1us, [&](Lane& lane, int m) {
+    std::vector<float> in(3, 1.0f), out(3, -1.0f);
+    if (m == 1) {
+      std::this_thread::sleep_for(100ms);
+      lane.decline(Lane::allreduce_call(in.size(), DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0),
+                   sig("x"));
+      return;
+    }
+    lane.set_wait(1us, kMeet);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_FALSE(sum_floats(lane, "x", in, out));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, kMeet / 2);
+    EXPECT_TRUE(lane.partner_left());
+    EXPECT_EQ(out, std::vector<float>(3, -1.0f));
+  });
+}
+
+TEST(DirectLane, AMemberWhosePartnerNeverComesGivesUpAfterItsSleep) {
+  std::barrier done(2);
+  on_members(2, 1us, [&](Lane& lane, int m) {
+    if (m == 0) {
+      lane.set_wait(1us, 30ms);
+      std::vector<float> in(3, 1.0f), out(3, -1.0f);
+      const auto start = std::chrono::steady_clock::now();
+      EXPECT_FALSE(sum_floats(lane, "x", in, out));
+      EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
+      EXPECT_FALSE(lane.partner_left());
+    }
+    done.arrive_and_wait();
+    // The sleeper's abort left the lane in step: both meet at the next call.
+    lane.set_wait(kMeet, {});
+    std::vector<float> in(3, 1.0f), out(3, -1.0f);
+    EXPECT_TRUE(sum_floats(lane, "y", in, out)) << "member " << m;
+  });
+}
+
 TEST(DirectLane, ACallThatRanOnOneMemberRanOnAllWithTheRightResult) {
   constexpr int kMembers = 3, kCalls = 300;
   // Member m makes call i unless this says no (about one in six): then it sits the call out.
@@ -270,7 +345,7 @@ TEST(DirectLane, ACallThatRanOnOneMemberRanOnAllWithTheRightResult) {
     for (int i = 0; i < kCalls; ++i) {
       sync.arrive_and_wait();
       if (!calls(m, i)) continue;
-      lane.set_window(sure_to_meet(i) ? std::chrono::nanoseconds(kMeet) : 2ms);
+      lane.set_wait(sure_to_meet(i) ? std::chrono::nanoseconds(kMeet) : 2ms, {});
       std::vector<float> in(16, static_cast<float>(m + 1)), out(16, -1.0f);
       const bool ran = sum_floats(lane, "call-" + std::to_string(i), in, out);
       outcome[m][i] = ran;

@@ -1,9 +1,16 @@
 #include "collectives/shm/shm_lane.h"
 
 #include <fmt/format.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <climits>
 #include <cstring>
+#include <ctime>
+#include <optional>
 
 #include "collectives/shm/rank_order.h"
 #include "reduce/copy.h"
@@ -28,18 +35,21 @@ constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
 static_assert(sizeof(Lane::Call) + Lane::kMaxSignature <= kHeader);
 enum class Kind : uint8_t { kAllreduce, kBroadcast, kAllgather };
 
-// A position's decision word: the position, its state and how many members are in.
+// A position's decision word: the position, its state, whether a member sleeps on it (whoever
+// decides the position must wake it) and how many members are in.
 enum State : uint64_t { kOpen = 0, kCommit = 1, kAbort = 2 };
-constexpr int kCountBits = 14;
+constexpr int kStateShift = 14;
+constexpr int kCountBits = 13;
 constexpr uint64_t kCountMask = (uint64_t{1} << kCountBits) - 1;
+constexpr uint64_t kSleeper = uint64_t{1} << kCountBits;
 constexpr uint64_t make_word(uint64_t position, State state, uint64_t count) {
-  return position << 16 | static_cast<uint64_t>(state) << kCountBits | count;
+  return position << 16 | static_cast<uint64_t>(state) << kStateShift | count;
 }
 constexpr uint64_t position_of(uint64_t word) {
   return word >> 16;
 }
 constexpr State state_of(uint64_t word) {
-  return static_cast<State>((word >> kCountBits) & 3);
+  return static_cast<State>((word >> kStateShift) & 3);
 }
 constexpr uint64_t count_of(uint64_t word) {
   return word & kCountMask;
@@ -67,6 +77,18 @@ size_t slot_bytes_for(size_t max_bytes) {
 
 void pause() {
   __builtin_ia32_pause();
+}
+
+// A futex watches 32 bits: the decision word's low half, which holds its state, count, sleeper
+// mark and the position's low bits, so any change of the word shows there.
+uint32_t* low_half(std::atomic<uint64_t>& decision_word) {
+  static_assert(std::endian::native == std::endian::little);
+  return reinterpret_cast<uint32_t*>(&decision_word);
+}
+
+// Shared futexes (not FUTEX_PRIVATE): the members are different processes.
+void wake_sleepers(std::atomic<uint64_t>& decision_word) {
+  ::syscall(SYS_futex, low_half(decision_word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 }  // namespace
@@ -218,6 +240,7 @@ void Lane::post_call(uint64_t position, const Call& call, std::span<const uint8_
 bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void* input,
                void* output) {
   partner_left_ = false;
+  last_wait_ = Wait::kNone;
   if (!fits(asked, signature)) return false;
   Call call = asked;
   call.signature_length = static_cast<uint16_t>(signature.size());
@@ -274,10 +297,13 @@ void Lane::abort(uint64_t position) {
   for (;;) {
     if (position_of(w) == position && state_of(w) != kOpen) return;
     // A word of an earlier position: nobody has come here yet.
-    const uint64_t in = position_of(w) == position ? count_of(w) : 0;
+    const bool here = position_of(w) == position;
+    const uint64_t in = here ? count_of(w) : 0;
     if (decision_word.compare_exchange_weak(w, make_word(position, kAbort, in),
-                                            std::memory_order_acq_rel, std::memory_order_acquire))
+                                            std::memory_order_acq_rel, std::memory_order_acquire)) {
+      if (here && (w & kSleeper)) wake_sleepers(decision_word);
       return;
+    }
   }
 }
 
@@ -325,18 +351,23 @@ uint64_t Lane::arrive(uint64_t position, const Call& call, std::span<const uint8
   for (;;) {
     if (position_of(w) == position && state_of(w) != kOpen) return w;  // aborted meanwhile
     // A word of an earlier position: this member is the first here.
-    const uint64_t in = position_of(w) == position ? count_of(w) : 0;
-    uint64_t next = make_word(position, kOpen, in + 1);
+    const bool here = position_of(w) == position;
+    const uint64_t in = here ? count_of(w) : 0;
+    const uint64_t sleeper = here ? w & kSleeper : 0;
+    uint64_t next = make_word(position, kOpen, in + 1) | sleeper;
     // The last one in sees every other member's slot (each wrote it before counting itself in).
-    if (in + 1 == static_cast<uint64_t>(size_)) {
+    const bool last = in + 1 == static_cast<uint64_t>(size_);
+    if (last) {
       const bool agree = calls_agree(position, call, signature);
       if (agree && result_bytes(call) <= kInlineBytes)
         make_result(position, call, inline_result(position));
       next = make_word(position, agree ? kCommit : kAbort, in + 1);
     }
     if (decision_word.compare_exchange_weak(w, next, std::memory_order_acq_rel,
-                                            std::memory_order_acquire))
+                                            std::memory_order_acquire)) {
+      if (last && sleeper) wake_sleepers(decision_word);
       return next;
+    }
   }
 }
 
@@ -365,8 +396,10 @@ bool Lane::posted_by_another(uint64_t position, const Call& call,
 
 uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
   auto& decision_word = word(position);
+  std::optional<Clock::time_point> sleep_until;
   for (;;) {
     if (state_of(w) != kOpen) return w;
+    if (last_wait_ == Wait::kNone) last_wait_ = Wait::kSpun;
     spin_until(
         [&] {
           w = decision_word.load(std::memory_order_acquire);
@@ -374,12 +407,40 @@ uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
         },
         deadline);
     if (state_of(w) != kOpen) return w;
+    if (options_.sleep.count() > 0) {
+      const auto now = Clock::now();
+      if (!sleep_until) sleep_until = now + options_.sleep;
+      if (now < *sleep_until) {
+        last_wait_ = Wait::kSlept;
+        sleep_on(decision_word, w, *sleep_until);
+        w = decision_word.load(std::memory_order_acquire);
+        continue;
+      }
+    }
     // The others did not all come in time: nobody may commit this position any more.
     const uint64_t aborted = make_word(position, kAbort, count_of(w));
     if (decision_word.compare_exchange_strong(w, aborted, std::memory_order_acq_rel,
-                                              std::memory_order_acquire))
+                                              std::memory_order_acquire)) {
+      if (w & kSleeper) wake_sleepers(decision_word);  // other members asleep here
       return aborted;
+    }
   }
+}
+
+void Lane::sleep_on(std::atomic<uint64_t>& decision_word, uint64_t w, Clock::time_point until) {
+  // Marked first: whoever changes the word after the mark wakes this member, and a change before
+  // it fails the mark (or the futex's own comparison), so no wake-up is lost.
+  const uint64_t marked = w | kSleeper;
+  if (marked != w && !decision_word.compare_exchange_strong(w, marked, std::memory_order_acq_rel,
+                                                            std::memory_order_acquire))
+    return;
+  const auto ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now()).count();
+  if (ns <= 0) return;
+  const timespec timeout{static_cast<time_t>(ns / 1'000'000'000),
+                         static_cast<long>(ns % 1'000'000'000)};
+  ::syscall(SYS_futex, low_half(decision_word), FUTEX_WAIT, static_cast<uint32_t>(marked), &timeout,
+            nullptr, 0);
 }
 
 void Lane::pass(uint64_t position) {

@@ -11,9 +11,9 @@
 // the same bits as through the engine); up to 56 bytes of result the last member makes it into
 // the decision word's cache line, where the others read it, and above that each member makes it
 // itself. Unequal, it aborts. A member
-// that waited a whole window for the others aborts the position too. An aborted position is dead:
-// whoever reaches it later skips it and posts at the next one, so members that fell out of step
-// (one ran a call through the engine) find each other again at the next position.
+// that waited a whole window (and its sleep) for the others aborts the position too. An aborted
+// position is dead: whoever reaches it later skips it and posts at the next one, so members that
+// fell out of step (one ran a call through the engine) find each other again at the next position.
 //
 // A call that returns false changed no output; every member that posted at that position
 // returns false too, and runs the call through the engine, where its name is negotiated as
@@ -37,8 +37,12 @@ class Lane {
  public:
   struct Options {
     size_t max_bytes = 64 * 1024;  // payload of one call
-    // How long a member waits for the others at a position (or for a slot to be free).
+    // How long a member spins for the others at a position (or for a slot to be free).
     std::chrono::nanoseconds window = std::chrono::microseconds(50);
+    // How long it then sleeps for them, woken by the last one in: a partner whose core was
+    // taken (by the host of a VM, another process) is usually on its way, and sleeping frees
+    // this member's core without the engine's longer way around. 0: never sleeps.
+    std::chrono::nanoseconds sleep{0};
   };
   // Signatures longer than this take the engine.
   static constexpr size_t kMaxSignature = 216;
@@ -51,8 +55,11 @@ class Lane {
   Lane& operator=(const Lane&) = delete;
 
   size_t max_bytes() const { return options_.max_bytes; }
-  // The window of the calls from now on.
-  void set_window(std::chrono::nanoseconds window) { options_.window = window; }
+  // The window and the sleep of the calls from now on.
+  void set_wait(std::chrono::nanoseconds window, std::chrono::nanoseconds sleep) {
+    options_.window = window;
+    options_.sleep = sleep;
+  }
 
   // What a member posts in its slot: the collective and the arguments the members compare
   // (besides the caller's signature). Made by the *_call functions below. Members compare the
@@ -85,6 +92,10 @@ class Lane {
   // its position: the members make their calls together, only one took the engine or came too
   // late, so the miss says nothing against using the lane.
   bool partner_left() const { return partner_left_; }
+  // How the last run() waited for its decision: not at all (it came last, or too late), by
+  // spinning within its window, or asleep after it.
+  enum class Wait : uint8_t { kNone, kSpun, kSlept };
+  Wait last_wait() const { return last_wait_; }
   // This member makes `call` through the engine: the others, waiting with it at this member's
   // next position or coming there later, leave at once. Never waits; does nothing where the
   // position's slots are still in use or another member is already gone to the engine with it.
@@ -128,8 +139,13 @@ class Lane {
   // Whether another member completed its post of this call at `position`.
   bool posted_by_another(uint64_t position, const Call& call,
                          std::span<const uint8_t> signature) const;
-  // Spins for the decision until the deadline, then aborts the position if it is still open.
+  // Spins for the decision until the deadline, sleeps for it up to options_.sleep more, then
+  // aborts the position if it is still open.
   uint64_t decision(uint64_t position, uint64_t word, Deadline& deadline);
+  // Marks the open decision word `w` (a member sleeps on it) and sleeps until the word changes
+  // or `until`; returns at once where the word is no longer `w`.
+  static void sleep_on(std::atomic<uint64_t>& decision_word, uint64_t w,
+                       std::chrono::steady_clock::time_point until);
   void pass(uint64_t position);
 
   std::atomic<uint64_t>& word(uint64_t position) const;
@@ -149,6 +165,7 @@ class Lane {
   uint64_t next_ = 1;        // the next position this member takes
   uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
   bool partner_left_ = false;
+  Wait last_wait_ = Wait::kNone;
 };
 
 }  // namespace krug::collectives::shm
