@@ -2,11 +2,13 @@
 // together run on the lane with the engine's result (allreduce; broadcast and allgather too); a
 // rank with anything else in flight, calls that differ, and a lane turned off run nothing there,
 // and the same calls through the engine then behave as they always did (results, mismatch errors);
-// a rank with something in flight declines its calls, so its peer neither waits nor pauses.
+// a rank with something in flight declines its calls, so its peer neither waits nor pauses; a
+// peer that comes later than the window is waited for, asleep, on the lane.
 #include <gtest/gtest.h>
 
 #include <barrier>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -170,6 +172,32 @@ TEST(EngineDirectLane, APeerWithAnOperationInFlightCostsNoWindowAndNoPause) {
   const auto window = 4 * kLongBusyPoll;
   EXPECT_LT(waited[1], 10 * window) << "rank 1 waited for a peer that had declined";
   EXPECT_GT(direct[0], 0) << "the lane stayed paused";
+  EXPECT_EQ(direct[0], direct[1]);
+}
+
+TEST(EngineDirectLane, APartnerLateByMoreThanTheWindowIsWaitedForAsleep) {
+  // The default busy poll: a window of 200 us, 2 ms after a miss. Rank 1 comes 3 ms late to
+  // every call, as a rank whose core was taken for that long: rank 0 sleeps for it on the lane
+  // (up to 20 ms) instead of sending both through the engine.
+  constexpr int kCalls = 10;
+  std::vector<int> direct(2, 0);
+  std::barrier sync(2);
+  run_ranks(2, [&](Engine& e, int rank) {
+    const std::vector<int64_t> shape{4};
+    std::vector<float> in(4, 1.0f + rank), out(4, -1.0f);
+    for (int i = 0; i < kCalls; ++i) {
+      sync.arrive_and_wait();
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      const std::string name = "late" + std::to_string(i);
+      if (run_direct(e, name, shape, in, out))
+        ++direct[rank];
+      else
+        expect_ok(enqueue(e, name, shape, in, out));
+      EXPECT_EQ(out, std::vector<float>(4, 3.0f));
+    }
+  });
+  // A scheduler that oversleeps rank 1 past rank 0's sleep can cost a call or two.
+  EXPECT_GE(direct[0], kCalls - 2) << "rank 0 gave its late partner up";
   EXPECT_EQ(direct[0], direct[1]);
 }
 
