@@ -17,10 +17,11 @@
 //
 // A call that returns false changed no output; every member that posted at that position
 // returns false too, and runs the call through the engine, where its name is negotiated as
-// usual (mismatches are reported there). Members never wait longer than the window, so a member
-// that is busy elsewhere costs the others one window, not a hang. A member that knows it will
-// take the engine for a call declines it: it posts the call at its next position and aborts
-// the position, so the others leave at once (and later ones on arrival) instead of waiting.
+// usual (mismatches are reported there). Members never wait longer than the window and its
+// sleep, so a member that is busy elsewhere costs the others that, not a hang. A member that
+// knows it will take the engine for a call declines it: it posts the call at its next position
+// and aborts the position, so the others leave at once (and later ones on arrival) instead of
+// waiting.
 #pragma once
 
 #include <atomic>
