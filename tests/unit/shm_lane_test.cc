@@ -9,6 +9,7 @@
 #include "collectives/shm/shm_lane.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <barrier>
 #include <cstring>
@@ -323,6 +324,37 @@ TEST(DirectLane, AMemberWhosePartnerNeverComesGivesUpAfterItsSleep) {
     std::vector<float> in(3, 1.0f), out(3, -1.0f);
     EXPECT_TRUE(sum_floats(lane, "y", in, out)) << "member " << m;
   });
+}
+
+// Pins the calling thread to the first core this process may use.
+void pin_to_one_core() {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &allowed)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+}
+
+TEST(DirectLane, MembersOnOneCoreSleepInsteadOfSpinningTheirWindow) {
+  // A member spinning for a partner on its own core keeps that partner off the core until the
+  // window (20 ms) or the scheduler's slice (milliseconds) ends: 200 calls would take 0.2 s or
+  // more. Sleeping at once, each takes a switch between the two.
+  constexpr int kCalls = 200;
+  std::vector<std::chrono::steady_clock::duration> took(2);
+  on_members(2, 20ms, [&](Lane& lane, int m) {
+    pin_to_one_core();
+    lane.set_wait(20ms, kMeet);
+    std::vector<float> in(3, 1.0f), out(3, -1.0f);
+    EXPECT_TRUE(sum_floats(lane, "first", in, out));  // each learns the other's core
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) EXPECT_TRUE(sum_floats(lane, "c", in, out)) << "call " << i;
+    took[m] = std::chrono::steady_clock::now() - start;
+  });
+  for (int m = 0; m < 2; ++m)
+    EXPECT_LT(took[m], 100ms) << "member " << m << " spun while its partner could not run";
 }
 
 TEST(DirectLane, ACallThatRanOnOneMemberRanOnAllWithTheRightResult) {

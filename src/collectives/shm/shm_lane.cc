@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -149,6 +150,18 @@ std::atomic<uint64_t>& Lane::posted(int member) const {
       memory_ + kRing * kLine + static_cast<size_t>(member) * kLine + sizeof(uint64_t));
 }
 
+std::atomic<uint32_t>& Lane::core(int member) const {
+  return *reinterpret_cast<std::atomic<uint32_t>*>(
+      memory_ + kRing * kLine + static_cast<size_t>(member) * kLine + 2 * sizeof(uint64_t));
+}
+
+bool Lane::another_on_this_core() const {
+  if (core_ == 0) return false;
+  for (int m = 0; m < size_; ++m)
+    if (m != rank_ && core(m).load(std::memory_order_relaxed) == core_) return true;
+  return false;
+}
+
 std::atomic<uint64_t>& Lane::passed(int member) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(memory_ + kRing * kLine +
                                                    static_cast<size_t>(member) * kLine);
@@ -256,6 +269,9 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   if (kind == Kind::kAllreduce)
     reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
   posted(rank_).store(position, std::memory_order_release);
+  // Read from the kernel's per-thread record (rseq): costs next to nothing.
+  core_ = static_cast<uint32_t>(sched_getcpu() + 1);
+  core(rank_).store(core_, std::memory_order_relaxed);
 
   const uint64_t w = decision(position, arrive(position, call, signature), deadline);
   if (state_of(w) != kCommit) {
@@ -396,20 +412,25 @@ bool Lane::posted_by_another(uint64_t position, const Call& call,
 
 uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
   auto& decision_word = word(position);
+  // The scheduler put another member on this core (a busy host): while this one spins, that
+  // one cannot run, so each call would cost a window.
+  const bool spin = !another_on_this_core();
+  const auto sleep = spin ? options_.sleep : options_.window + options_.sleep;
   std::optional<Clock::time_point> sleep_until;
   for (;;) {
     if (state_of(w) != kOpen) return w;
     if (last_wait_ == Wait::kNone) last_wait_ = Wait::kSpun;
-    spin_until(
-        [&] {
-          w = decision_word.load(std::memory_order_acquire);
-          return state_of(w) != kOpen;
-        },
-        deadline);
+    if (spin)
+      spin_until(
+          [&] {
+            w = decision_word.load(std::memory_order_acquire);
+            return state_of(w) != kOpen;
+          },
+          deadline);
     if (state_of(w) != kOpen) return w;
-    if (options_.sleep.count() > 0) {
+    if (sleep.count() > 0) {
       const auto now = Clock::now();
-      if (!sleep_until) sleep_until = now + options_.sleep;
+      if (!sleep_until) sleep_until = now + sleep;
       if (now < *sleep_until) {
         last_wait_ = Wait::kSlept;
         sleep_on(decision_word, w, *sleep_until);

@@ -141,7 +141,8 @@ class Lane {
   bool posted_by_another(uint64_t position, const Call& call,
                          std::span<const uint8_t> signature) const;
   // Spins for the decision until the deadline, sleeps for it up to options_.sleep more, then
-  // aborts the position if it is still open.
+  // aborts the position if it is still open. Where another member last ran on this member's
+  // core, it sleeps the window too: spinning would only keep that member off the core.
   uint64_t decision(uint64_t position, uint64_t word, Deadline& deadline);
   // Marks the open decision word `w` (a member sleeps on it) and sleeps until the word changes
   // or `until`; returns at once where the word is no longer `w`.
@@ -154,6 +155,9 @@ class Lane {
   // The last position where `member` completed its post (its slot readable from then on, until
   // every member has passed the position).
   std::atomic<uint64_t>& posted(int member) const;
+  // The core `member` last posted from, plus one (0: not known).
+  std::atomic<uint32_t>& core(int member) const;
+  bool another_on_this_core() const;
   uint8_t* inline_result(uint64_t position) const;
   uint8_t* slot(int member, uint64_t position) const;
   uint8_t* data(int member, uint64_t position) const;
@@ -167,6 +171,7 @@ class Lane {
   uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
   bool partner_left_ = false;
   Wait last_wait_ = Wait::kNone;
+  uint32_t core_ = 0;  // as core(rank_)
 };
 
 }  // namespace krug::collectives::shm
