@@ -1,19 +1,15 @@
 #include "collectives/shm/shm_lane.h"
 
 #include <fmt/format.h>
-#include <linux/futex.h>
 #include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
-#include <climits>
 #include <cstring>
-#include <ctime>
 #include <optional>
 
 #include "collectives/shm/rank_order.h"
+#include "collectives/shm/shm_sync.h"
 #include "reduce/copy.h"
 #include "reduce/reduce.h"
 
@@ -87,9 +83,8 @@ uint32_t* low_half(std::atomic<uint64_t>& decision_word) {
   return reinterpret_cast<uint32_t*>(&decision_word);
 }
 
-// Shared futexes (not FUTEX_PRIVATE): the members are different processes.
 void wake_sleepers(std::atomic<uint64_t>& decision_word) {
-  ::syscall(SYS_futex, low_half(decision_word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  futex_wake_all(low_half(decision_word));
 }
 
 }  // namespace
@@ -455,13 +450,8 @@ void Lane::sleep_on(std::atomic<uint64_t>& decision_word, uint64_t w, Clock::tim
   if (marked != w && !decision_word.compare_exchange_strong(w, marked, std::memory_order_acq_rel,
                                                             std::memory_order_acquire))
     return;
-  const auto ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now()).count();
-  if (ns <= 0) return;
-  const timespec timeout{static_cast<time_t>(ns / 1'000'000'000),
-                         static_cast<long>(ns % 1'000'000'000)};
-  ::syscall(SYS_futex, low_half(decision_word), FUTEX_WAIT, static_cast<uint32_t>(marked), &timeout,
-            nullptr, 0);
+  futex_wait(low_half(decision_word), static_cast<uint32_t>(marked),
+             std::chrono::duration_cast<std::chrono::nanoseconds>(until - Clock::now()));
 }
 
 void Lane::pass(uint64_t position) {

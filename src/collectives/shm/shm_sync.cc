@@ -12,10 +12,9 @@
 namespace krug::collectives::shm {
 namespace {
 
-// Shared (not FUTEX_PRIVATE) operations: waiters and wakers are different processes.
-long futex(std::atomic<uint32_t>& word, int op, uint32_t value, const timespec* timeout) {
+uint32_t* word_of(std::atomic<uint32_t>& value) {
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), op, value, timeout, nullptr, 0);
+  return reinterpret_cast<uint32_t*>(&value);
 }
 
 inline void cpu_relax() {
@@ -26,6 +25,17 @@ inline void cpu_relax() {
 
 }  // namespace
 
+void futex_wait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0) return;
+  const auto ns = timeout.count();
+  const timespec t{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &t, nullptr, 0);
+}
+
+void futex_wake_all(uint32_t* word) {
+  ::syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
 void publish(Counter& counter, uint32_t value) {
   // Sequentially consistent store then load, against the waiter's increment of `sleepers`
   // followed by futex_wait's check of `value`: one of the two sides always sees the other.
@@ -33,7 +43,9 @@ void publish(Counter& counter, uint32_t value) {
   if (counter.sleepers.load(std::memory_order_seq_cst) != 0) wake_all(counter);
 }
 
-void wake_all(Counter& counter) { futex(counter.value, FUTEX_WAKE, INT_MAX, nullptr); }
+void wake_all(Counter& counter) {
+  futex_wake_all(word_of(counter.value));
+}
 
 std::string wait_for(Counter& counter, uint32_t target, const WaitContext& context) {
   using Clock = std::chrono::steady_clock;
@@ -58,9 +70,8 @@ std::string wait_for(Counter& counter, uint32_t target, const WaitContext& conte
       break;
     }
     const auto slice = std::min<Clock::duration>(kSlice, context.deadline - now);
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
-    const timespec timeout{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-    futex(counter.value, FUTEX_WAIT, seen, &timeout);
+    futex_wait(word_of(counter.value), seen,
+               std::chrono::duration_cast<std::chrono::nanoseconds>(slice));
     if (reached(counter.value.load(std::memory_order_acquire), target)) break;
     if (context.check) {
       stopped = context.check();

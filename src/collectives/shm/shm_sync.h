@@ -19,6 +19,12 @@ struct alignas(64) Counter {
   std::atomic<uint32_t> sleepers{0};  // waiters inside futex_wait: a publisher wakes only then
 };
 
+// Futex operations on a 32-bit word in memory the members share (not FUTEX_PRIVATE: they are
+// different processes). futex_wait sleeps while *word == expected, up to `timeout`; it returns
+// on a wake-up, a change of the word, a signal or the timeout alike.
+void futex_wait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds timeout);
+void futex_wake_all(uint32_t* word);
+
 // Wrap-safe "counter has reached target": counters grow by one per step and may wrap.
 inline bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
