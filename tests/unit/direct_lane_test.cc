@@ -50,6 +50,15 @@ std::shared_ptr<HandleState> enqueue(Engine& e, const std::string& name,
                 out.data());
 }
 
+// The call on the lane, or else through the engine, as a binding makes it; whether it ran on
+// the lane.
+bool run_anywhere(Engine& e, const std::string& name, const std::vector<int64_t>& shape,
+                  const std::vector<float>& in, std::vector<float>& out) {
+  if (run_direct(e, name, shape, in, out)) return true;
+  expect_ok(enqueue(e, name, shape, in, out));
+  return false;
+}
+
 TEST(EngineDirectLane, CallsMadeTogetherRunThereWithTheEnginesResult) {
   std::vector<int> direct(2, 0);
   run_ranks(
@@ -160,10 +169,7 @@ TEST(EngineDirectLane, APeerWithAnOperationInFlightCostsNoWindowAndNoPause) {
         for (int i = 0; i < 5; ++i) {
           sync.arrive_and_wait();
           const std::string name = "together" + std::to_string(i);
-          if (run_direct(e, name, shape, in, out))
-            ++direct[rank];
-          else
-            expect_ok(enqueue(e, name, shape, in, out));
+          direct[rank] += run_anywhere(e, name, shape, in, out);
           EXPECT_EQ(out, std::vector<float>(4, 2.0f));
         }
       },
@@ -189,10 +195,7 @@ TEST(EngineDirectLane, APartnerLateByMoreThanTheWindowIsWaitedForAsleep) {
       sync.arrive_and_wait();
       if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));
       const std::string name = "late" + std::to_string(i);
-      if (run_direct(e, name, shape, in, out))
-        ++direct[rank];
-      else
-        expect_ok(enqueue(e, name, shape, in, out));
+      direct[rank] += run_anywhere(e, name, shape, in, out);
       EXPECT_EQ(out, std::vector<float>(4, 3.0f));
     }
   });
