@@ -11,7 +11,12 @@
 // to carry on over the reset, the newcomer's names would match no survivor's and the step would
 // stall. A wrong result prints "unnamed ops: FAIL" and fails the worker.
 //
-//   krugrun --host-discovery-script d.sh elastic_torch_worker STEPS [STEP_MILLISECONDS]
+//   krugrun --host-discovery-script d.sh elastic_torch_worker STEPS [STEP_MILLISECONDS
+//       [HOLD_AT_STEP HOLD_FOR_WORKERS]]
+//
+// With HOLD_AT_STEP, the ranks wait after committing that step until the job has
+// HOLD_FOR_WORKERS workers: a test that adds a host then sees the newcomer join however fast the
+// steps run.
 #include <krug/elastic.h>
 #include <krug/krug.h>
 #include <krug/torch.h>
@@ -48,15 +53,33 @@ bool unnamed_ops_agree() {
   return false;
 }
 
+// Waits until the job has `workers` workers. A new host raises HostsUpdatedInterrupt here on
+// every rank; elastic::run re-forms the job and calls the training function again.
+void hold_for(krug::elastic::State& state, int workers) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (krug::size() < workers) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "no %d workers after 120 s\n", workers);
+      std::exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    state.check_host_updates();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: elastic_torch_worker STEPS [STEP_MILLISECONDS]\n");
+    std::fprintf(stderr,
+                 "usage: elastic_torch_worker STEPS [STEP_MILLISECONDS [HOLD_AT_STEP "
+                 "HOLD_FOR_WORKERS]]\n");
     return 2;
   }
   const int64_t steps = std::atoll(argv[1]);
   const int step_ms = argc > 2 ? std::atoi(argv[2]) : 20;
+  const int64_t hold_at = argc > 4 ? std::atoll(argv[3]) : -1;
+  const int hold_workers = argc > 4 ? std::atoi(argv[4]) : 0;
   torch::manual_seed(7);
   try {
     krug::init();
@@ -74,6 +97,7 @@ int main(int argc, char** argv) {
 
   const bool trained = krug::elastic::run(state, [&] {
     while (state.values["step"] < steps) {
+      if (state.values["step"] == hold_at) hold_for(state, hold_workers);
       std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
       if (!unnamed_ops_agree()) std::exit(1);
       // The step's global batch, identical on every rank; this rank takes its slice.

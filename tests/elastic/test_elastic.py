@@ -199,11 +199,14 @@ def test_torch_cpp_unnamed_ops_agree_after_a_worker_is_added(tmp_path):
     """The LibTorch API's unnamed operations across a round that adds a worker: every step makes
     unnamed calls (elastic_torch_worker.cc), whose names restart at every init(), on the
     survivors and the newcomer alike. Counters that carried on over the reset would give the
-    newcomer names no survivor uses, and the job would stall instead of finishing."""
+    newcomer names no survivor uses, and the job would stall instead of finishing. The ranks
+    hold after step 10 until the newcomer has joined: 70 steps of 10 ms were once over before
+    it did."""
     worker = os.environ.get("KRUG_ELASTIC_TORCH_WORKER",
                             os.path.join(os.path.dirname(__file__), "..", "..", "build", "tests",
                                          "elastic", "elastic_torch_worker"))
-    job = ElasticJob(tmp_path, HOSTS[:2], ["--min-np", "2"], command=[worker, "80", "10"])
+    job = ElasticJob(tmp_path, HOSTS[:2], ["--min-np", "2"],
+                     command=[worker, "80", "10", "10", "3"])
     index, _, _ = job.wait_for(r"step 10 committed")
     job.set_hosts(HOSTS[:3])
     index, _, _ = job.wait_for(r"worker w2 on host 127\.0\.0\.3: pid \d+ started", after=index)
