@@ -47,7 +47,7 @@ struct Config {
   Milliseconds cycle_time{1.0};                        // KRUG_CYCLE_TIME (ms)
   int64_t cache_capacity = 1024;                       // KRUG_CACHE_CAPACITY (0 disables)
   std::chrono::microseconds busy_poll{50};             // KRUG_BUSY_POLL_MICROSECONDS
-  int64_t direct_lane_bytes = 64 * 1024;               // KRUG_DIRECT_LANE_BYTES
+  int64_t direct_lane_bytes = 1024 * 1024;             // KRUG_DIRECT_LANE_BYTES
   Seconds timeout{30.0};  // KRUG_TIMEOUT_SECONDS: any blocking step, dead-peer detection
   // Autotuner
   bool autotune = false;                   // KRUG_AUTOTUNE

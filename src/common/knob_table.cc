@@ -37,12 +37,12 @@ std::vector<Knob> make_table() {
               "loop themselves. Only when this host has a core per rank. 0 turns it off."},
       {.name = "KRUG_DIRECT_LANE_BYTES", .aliases = {}, .unit = "bytes",
        .field = &Config::direct_lane_bytes, .bounds = kNonNegative,
-       .doc = "Largest synchronous allreduce, broadcast or allgather (one rank's tensor; C++ "
-              "API, hvd.allreduce, hvd.broadcast_) that skips negotiation when every rank (at "
-              "most 16) is on one host and makes the same call at about the same time: the ranks "
-              "meet on a shared-memory lane and run it there, or after 4 x "
-              "KRUG_BUSY_POLL_MICROSECONDS go through the engine as usual. Needs busy polling. "
-              "0 turns it off."},
+       .doc = "Largest synchronous allreduce, broadcast or allgather (every rank's tensor "
+              "together: 512 KiB a rank at 2 ranks, 64 KiB at 16; C++ API, hvd.allreduce, "
+              "hvd.broadcast_) that skips negotiation when every rank (at most 16) is on one host "
+              "and makes the same call at about the same time: the ranks meet on a shared-memory "
+              "lane and run it there, or after 4 x KRUG_BUSY_POLL_MICROSECONDS go through the "
+              "engine as usual. Needs busy polling. 0 turns it off."},
       {.name = "KRUG_TIMEOUT_SECONDS", .aliases = {"HOROVOD_GLOO_TIMEOUT_SECONDS"},
        .unit = "seconds",
        .field = &Config::timeout, .bounds = kPositive,

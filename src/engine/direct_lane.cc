@@ -33,7 +33,7 @@ void append(std::string& out, const T& value) {
 DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> store,
                        std::chrono::nanoseconds window)
     : size_(config.size), window_(window) {
-  const auto max_bytes = static_cast<size_t>(config.direct_lane_bytes);
+  const size_t max_bytes = bytes_per_rank(config.direct_lane_bytes, config.size);
   rendezvous::PrefixStore prefixed("lane/", std::move(store));
   segment_ = std::make_unique<transport::Segment>(
       config.rank, config.size, collectives::shm::Lane::memory_bytes(config.size, max_bytes),
@@ -43,6 +43,12 @@ DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> 
       config.rank, config.size, segment_->data(),
       collectives::shm::Lane::Options{.max_bytes = max_bytes, .window = window});
   signature_.reserve(collectives::shm::Lane::kMaxSignature);
+}
+
+size_t DirectLane::bytes_per_rank(int64_t lane_bytes, int size) {
+  constexpr size_t kLine = 64;
+  if (lane_bytes <= 0 || size <= 0) return 0;
+  return static_cast<size_t>(lane_bytes) / static_cast<size_t>(size) / kLine * kLine;
 }
 
 bool DirectLane::suits(const TensorView& t) const {

@@ -23,8 +23,12 @@ class DirectLane {
   DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> store,
              std::chrono::nanoseconds window);
 
+  // The largest input of one rank on the lane: KRUG_DIRECT_LANE_BYTES counts every rank's
+  // input together, since each rank reads all of them (down to a cache line; 0: no lane).
+  static size_t bytes_per_rank(int64_t lane_bytes, int size);
+
   // Whether a call may take the lane: an allreduce (not Adasum), broadcast or allgather of host
-  // memory on the global process set, of 1 to KRUG_DIRECT_LANE_BYTES bytes on this rank. An
+  // memory on the global process set, of 1 to bytes_per_rank() bytes on this rank. An
   // allgather's output holds size x its input: the lane runs it only where every rank's shape
   // is the same.
   bool suits(const TensorView& t) const;

@@ -80,7 +80,8 @@ bool direct_lane_applies(const Config& config, bool single_host, bool mailboxes,
                          std::chrono::microseconds busy_poll) {
   return config.size > 1 && config.size <= kDirectLaneMaxRanks && single_host && mailboxes &&
          config.data_plane == DataPlane::kShm && busy_poll.count() > 0 &&
-         config.direct_lane_bytes > 0 && !config.autotune && config.timeline_path.empty();
+         DirectLane::bytes_per_rank(config.direct_lane_bytes, config.size) > 0 &&
+         !config.autotune && config.timeline_path.empty();
 }
 
 }  // namespace

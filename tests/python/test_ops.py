@@ -227,7 +227,9 @@ def test_synchronous_broadcasts_and_allgathers_give_the_same_results_on_the_dire
     # differentiable broadcast and an allgather whose rows differ between the ranks go through
     # the engine or take the lane: every one must give the engine's result.
     for i in range(60):
-        rows = (1, 300, 6000)[i % 3]  # 12 B, 3.6 KiB and 72 KiB (beyond the lane) of int32
+        # 12 B, 3.6 KiB, 72 KiB and, every seventh call, 720 KiB (beyond the lane at any size)
+        # of int32
+        rows = 60000 if i % 7 == 3 else (1, 300, 6000)[i % 3]
         root = i % n()
         t = torch.full((rows, 3), 10 * i + r(), dtype=torch.int32)
         if i % 4 == 0:

@@ -4,6 +4,8 @@
 // and the same calls through the engine then behave as they always did (results, mismatch errors);
 // a rank with something in flight declines its calls, so its peer neither waits nor pauses; a
 // peer that comes later than the window is waited for, asleep, on the lane.
+#include "engine/direct_lane.h"
+
 #include <gtest/gtest.h>
 
 #include <barrier>
@@ -59,12 +61,23 @@ bool run_anywhere(Engine& e, const std::string& name, const std::vector<int64_t>
   return false;
 }
 
+TEST(EngineDirectLane, TheLanesBytesAreSharedByTheRanks) {
+  // Each rank reads every rank's input, so the budget is split: 512 KiB a rank at 2 ranks, 64
+  // KiB at 16, whole cache lines, nothing where a rank's share is less than one.
+  EXPECT_EQ(DirectLane::bytes_per_rank(1 << 20, 2), 512u * 1024);
+  EXPECT_EQ(DirectLane::bytes_per_rank(1 << 20, 16), 64u * 1024);
+  EXPECT_EQ(DirectLane::bytes_per_rank(1 << 20, 3), 349504u);
+  EXPECT_EQ(DirectLane::bytes_per_rank(100, 2), 0u);
+  EXPECT_EQ(DirectLane::bytes_per_rank(0, 2), 0u);
+}
+
 TEST(EngineDirectLane, CallsMadeTogetherRunThereWithTheEnginesResult) {
   std::vector<int> direct(2, 0);
   run_ranks(
       2,
       [&](Engine& e, int rank) {
-        EXPECT_EQ(e.direct_lane_bytes(), static_cast<size_t>(e.config().direct_lane_bytes));
+        // The lane's bytes are every rank's input together.
+        EXPECT_EQ(e.direct_lane_bytes(), static_cast<size_t>(e.config().direct_lane_bytes) / 2);
         EXPECT_GT(e.direct_lane_bytes(), 0u);
         const std::vector<int64_t> shape{3, 2};
         for (int i = 0; i < 100; ++i) {
