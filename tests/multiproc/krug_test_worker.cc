@@ -664,10 +664,10 @@ void ops_output_allocator(int n) {
 }
 
 // Synchronous broadcasts and allgathers of sizes that the direct lane makes in its decision
-// line, in its slots and not at all (beyond KRUG_DIRECT_LANE_BYTES), from every root in turn;
-// then an allgather whose shapes differ between the ranks.
+// line, in its slots and not at all (60000 rows of 12 bytes: more than any rank's share of
+// KRUG_DIRECT_LANE_BYTES's default 1 MiB), from every root in turn; then an allgather whose
+// shapes differ between the ranks.
 void sync_broadcasts_and_allgathers(int n) {
-  // 60000 rows of 12 bytes are more than any rank's share of the lane's default 1 MiB.
   for (int64_t rows : {1, 50, 6000, 60000}) {
     const std::string tag = " of " + std::to_string(rows) + " rows";
     for (int root = 0; root < n; ++root) {
