@@ -38,8 +38,9 @@ std::vector<Knob> make_table() {
       {.name = "KRUG_DIRECT_LANE_BYTES", .aliases = {}, .unit = "bytes",
        .field = &Config::direct_lane_bytes, .bounds = kNonNegative,
        .doc = "Largest synchronous allreduce, broadcast or allgather (every rank's tensor "
-              "together: 512 KiB a rank at 2 ranks, 64 KiB at 16; C++ API, hvd.allreduce, "
-              "hvd.broadcast_) that skips negotiation when every rank (at most 16) is on one host "
+              "together: 512 KiB a rank at 2 ranks, 64 KiB at 16; a broadcast, whose root alone "
+              "posts its tensor, may take all of it; C++ API, hvd.allreduce, hvd.broadcast_) "
+              "that skips negotiation when every rank (at most 16) is on one host "
               "and makes the same call at about the same time: the ranks meet on a shared-memory "
               "lane and run it there, or after 4 x KRUG_BUSY_POLL_MICROSECONDS go through the "
               "engine as usual. Needs busy polling. 0 turns it off."},

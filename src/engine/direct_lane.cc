@@ -60,7 +60,10 @@ bool DirectLane::suits(const TensorView& t) const {
   if (!collective || !gathers_rows || t.process_set != 0 || t.output == nullptr) return false;
   const int64_t elements = shape_elements(t.shape);
   const auto bytes = static_cast<size_t>(elements) * dtype_size(t.dtype);
-  return elements > 0 && bytes <= lane_->max_bytes();
+  // Only a broadcast's root posts data: it may take every rank's share.
+  const size_t most =
+      t.op == OpType::kBroadcast ? lane_->max_broadcast_bytes() : lane_->max_bytes();
+  return elements > 0 && bytes <= most;
 }
 
 std::span<const uint8_t> DirectLane::encode_signature(const TensorView& t) {

@@ -28,7 +28,8 @@ class DirectLane {
   static size_t bytes_per_rank(int64_t lane_bytes, int size);
 
   // Whether a call may take the lane: an allreduce (not Adasum), broadcast or allgather of host
-  // memory on the global process set, of 1 to bytes_per_rank() bytes on this rank. An
+  // memory on the global process set, of 1 to bytes_per_rank() bytes on this rank (a broadcast:
+  // to size x bytes_per_rank(), since only its root posts data). An
   // allgather's output holds size x its input: the lane runs it only where every rank's shape
   // is the same.
   bool suits(const TensorView& t) const;

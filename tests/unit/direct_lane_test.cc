@@ -231,6 +231,52 @@ TEST(EngineDirectLane, MismatchedCallsFailThroughTheEngineAsBefore) {
       long_window);
 }
 
+TEST(EngineDirectLane, ABroadcastMayTakeTheWholeBudget) {
+  // A 4 KiB budget at 2 ranks: 2 KiB a rank for allreduces and allgathers, all 4 KiB for a
+  // broadcast, whose root alone posts data. What does not fit runs nowhere, at once.
+  std::barrier sync(2);
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        EXPECT_EQ(e.direct_lane_bytes(), 2048u);
+        auto broadcast = [&](const std::string& name, std::vector<float>& data) {
+          const std::vector<int64_t> shape{static_cast<int64_t>(data.size())};
+          return e.run_direct(TensorView{.name = name,
+                                         .op = OpType::kBroadcast,
+                                         .dtype = DataType::kFloat32,
+                                         .shape = shape,
+                                         .root = 1,
+                                         .input = data.data(),
+                                         .output = data.data()});
+        };
+        int ran = 0;
+        for (int i = 0; i < 10 && ran == 0; ++i) {
+          sync.arrive_and_wait();  // a call that found no partner ran on neither rank
+          std::vector<float> data(1024, static_cast<float>(rank * 10 + i));
+          if (!broadcast("whole." + std::to_string(i), data)) continue;
+          ++ran;
+          EXPECT_EQ(data, std::vector<float>(1024, static_cast<float>(10 + i)));
+        }
+        EXPECT_EQ(ran, 1) << "no 4 KiB broadcast ran on the lane on rank " << rank;
+        std::vector<float> over(1025, static_cast<float>(rank));
+        EXPECT_FALSE(broadcast("over", over));
+        EXPECT_EQ(over, std::vector<float>(1025, static_cast<float>(rank)));
+        std::vector<float> piece(1024, 1.0f), gathered(2048, -1.0f);
+        const std::vector<int64_t> piece_shape{1024};
+        EXPECT_FALSE(e.run_direct(TensorView{.name = "gather",
+                                             .op = OpType::kAllgather,
+                                             .dtype = DataType::kFloat32,
+                                             .shape = piece_shape,
+                                             .input = piece.data(),
+                                             .output = gathered.data()}));
+        EXPECT_EQ(gathered, std::vector<float>(2048, -1.0f));
+      },
+      [](Config& c) {
+        long_window(c);
+        c.direct_lane_bytes = 4096;
+      });
+}
+
 TEST(EngineDirectLane, ZeroBytesTurnsItOff) {
   run_ranks(
       2,

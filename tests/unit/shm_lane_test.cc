@@ -125,6 +125,41 @@ TEST(DirectLane, AllgatherGivesEveryMemberAllInputsInRankOrder) {
   EXPECT_EQ(ran, std::vector<int>(3, 3));
 }
 
+TEST(DirectLane, ABroadcastMayFillEveryMembersRoom) {
+  // Only the root posts a broadcast's data, so it may take all 3 x 4096 bytes of a position;
+  // allreduces and allgathers of a whole room each at the positions between, every position of
+  // the ring in turn, must not overwrite it or be overwritten. A byte more runs nowhere.
+  constexpr size_t kRoom = 4096 / sizeof(int32_t);
+  std::vector<int> ran(3, 0);
+  on_members(3, kMeet, [&](Lane& lane, int m) {
+    EXPECT_EQ(lane.max_broadcast_bytes(), 3 * lane.max_bytes());
+    for (int i = 0; i < 9; ++i) {
+      const int root = i % 3;
+      std::vector<int32_t> b(3 * kRoom), sum_in(kRoom, m + 1), sum_out(kRoom, -1);
+      std::vector<int32_t> gather_in(kRoom, 10 * m + i), gathered(3 * kRoom, -1), want;
+      for (size_t k = 0; k < b.size(); ++k)
+        b[k] = m == root ? static_cast<int32_t>(1000 * i + k) : -1;
+      for (int r = 0; r < 3; ++r) want.insert(want.end(), kRoom, 10 * r + i);
+      const bool all =
+          lane.broadcast(sig("b"), b.data(), b.data(), b.size(), DataType::kInt32, root) &
+          lane.allreduce(sig("s"), sum_in.data(), sum_out.data(), kRoom, DataType::kInt32,
+                         ReduceOp::kSum, 1.0, 1.0) &
+          lane.allgather(sig("g"), gather_in.data(), gathered.data(), kRoom, DataType::kInt32);
+      if (!all) continue;
+      ++ran[m];
+      for (size_t k = 0; k < b.size(); ++k)
+        ASSERT_EQ(b[k], static_cast<int32_t>(1000 * i + k)) << "member " << m << ", call " << i;
+      EXPECT_EQ(sum_out, std::vector<int32_t>(kRoom, 6)) << "member " << m << ", call " << i;
+      EXPECT_EQ(gathered, want) << "member " << m << ", call " << i;
+    }
+    std::vector<int32_t> over(3 * kRoom + 1, 7), out(over.size(), -1);
+    EXPECT_FALSE(
+        lane.broadcast(sig("o"), over.data(), out.data(), over.size(), DataType::kInt32, 0));
+    EXPECT_EQ(out, std::vector<int32_t>(over.size(), -1)) << "member " << m;
+  });
+  EXPECT_EQ(ran, std::vector<int>(3, 9));
+}
+
 TEST(DirectLane, CollectivesThatDifferInKindOrRootRunNowhere) {
   on_members(2, kMeet, [&](Lane& lane, int m) {
     std::vector<float> in(4, 1.0f + m), out(4, -1.0f), gathered(8, -1.0f);

@@ -68,8 +68,8 @@ size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
 
-size_t slot_bytes_for(size_t max_bytes) {
-  return round_up(kHeader + max_bytes, kLine);
+size_t data_stride_for(size_t max_bytes) {
+  return round_up(max_bytes, kLine);
 }
 
 void pause() {
@@ -121,7 +121,7 @@ bool spin_until(Done&& done, Lane::Deadline& deadline) {
 
 size_t Lane::memory_bytes(int size, size_t max_bytes) {
   return kRing * kLine + static_cast<size_t>(size) * kLine +
-         static_cast<size_t>(size) * kRing * slot_bytes_for(max_bytes);
+         static_cast<size_t>(size) * kRing * (kHeader + data_stride_for(max_bytes));
 }
 
 Lane::Lane(int rank, int size, uint8_t* memory, const Options& options)
@@ -129,7 +129,7 @@ Lane::Lane(int rank, int size, uint8_t* memory, const Options& options)
       size_(size),
       memory_(memory),
       options_(options),
-      slot_bytes_(slot_bytes_for(options.max_bytes)) {
+      data_stride_(data_stride_for(options.max_bytes)) {
   if (size < 2 || static_cast<uint64_t>(size) > kCountMask || rank < 0 || rank >= size)
     throw Error(
         fmt::format("direct lane: rank {} of {} members (2 to {})", rank, size, kCountMask));
@@ -166,13 +166,25 @@ uint8_t* Lane::inline_result(uint64_t position) const {
   return memory_ + (position % kRing) * kLine + sizeof(uint64_t);
 }
 
+// A position's area: every member's header (its call and signature), then every member's data
+// side by side, so that a broadcast root's data may take all of it.
+uint8_t* Lane::area(uint64_t position) const {
+  const size_t members = static_cast<size_t>(size_);
+  return memory_ + kRing * kLine + members * kLine +
+         (position % kRing) * members * (kHeader + data_stride_);
+}
+
 uint8_t* Lane::slot(int member, uint64_t position) const {
-  const size_t index = static_cast<size_t>(member) * kRing + position % kRing;
-  return memory_ + kRing * kLine + static_cast<size_t>(size_) * kLine + index * slot_bytes_;
+  return area(position) + static_cast<size_t>(member) * kHeader;
 }
 
 uint8_t* Lane::data(int member, uint64_t position) const {
-  return slot(member, position) + kHeader;
+  return area(position) + static_cast<size_t>(size_) * kHeader +
+         static_cast<size_t>(member) * data_stride_;
+}
+
+uint8_t* Lane::posted_data(const Call& call, int member, uint64_t position) const {
+  return data(static_cast<Kind>(call.kind) == Kind::kBroadcast ? 0 : member, position);
 }
 
 Lane::Call Lane::allreduce_call(size_t count, DataType dtype, ReduceOp op, double prescale,
@@ -212,9 +224,10 @@ bool Lane::allgather(std::span<const uint8_t> signature, const void* input, void
 
 bool Lane::fits(const Call& call, std::span<const uint8_t> signature) const {
   const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
-  const bool root_ok = static_cast<Kind>(call.kind) != Kind::kBroadcast || call.root < size_;
-  return root_ok && signature.size() <= kMaxSignature && bytes <= options_.max_bytes &&
-         call.count > 0;
+  const bool broadcast = static_cast<Kind>(call.kind) == Kind::kBroadcast;
+  const bool root_ok = !broadcast || call.root < size_;
+  const size_t most = broadcast ? max_broadcast_bytes() : options_.max_bytes;
+  return root_ok && signature.size() <= kMaxSignature && bytes <= most && call.count > 0;
 }
 
 uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signature,
@@ -260,7 +273,7 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   const auto dtype = static_cast<DataType>(call.dtype);
   const size_t bytes = call.count * dtype_size(dtype);
   if (kind != Kind::kBroadcast || call.root == rank_)
-    reduce::copy(data(rank_, position), input, bytes);
+    reduce::copy(posted_data(call, rank_, position), input, bytes);
   if (kind == Kind::kAllreduce)
     reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
   posted(rank_).store(position, std::memory_order_release);
@@ -347,7 +360,7 @@ void Lane::make_result(uint64_t position, const Call& call, uint8_t* out) const 
                            [&](int m) { return data(m, position); });
       break;
     case Kind::kBroadcast:
-      std::memcpy(out, data(call.root, position), bytes);
+      reduce::copy(out, posted_data(call, call.root, position), bytes);
       break;
     case Kind::kAllgather:
       for (int m = 0; m < size_; ++m)

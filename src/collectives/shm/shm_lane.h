@@ -4,13 +4,13 @@
 // Members meet at positions 1, 2, 3, ... of the lane, each taking them in order. At a position
 // every member posts its call (the collective, count, dtype, op, scale factors, root, and the
 // caller's signature: an opaque byte string, the name and shape) and its data (an allreduce's
-// prescaled input; a broadcast's on the root only), then counts itself in on the position's
-// decision word. The member that brings the count to `size` compares the calls: equal, the
-// position commits and every member makes its result from the posted data (an allreduce reduces
-// all inputs in rank order, the association of the shared-memory communicator, so the result has
-// the same bits as through the engine); up to 56 bytes of result the last member makes it into
-// the decision word's cache line, where the others read it, and above that each member makes it
-// itself. Unequal, it aborts. A member
+// prescaled input; a broadcast's on the root only, which may fill every member's room), then
+// counts itself in on the position's decision word. The member that brings the count to `size`
+// compares the calls: equal, the position commits and every member makes its result from the
+// posted data (an allreduce reduces all inputs in rank order, the association of the
+// shared-memory communicator, so the result has the same bits as through the engine); up to 56
+// bytes of result the last member makes it into the decision word's cache line, where the others
+// read it, and above that each member makes it itself. Unequal, it aborts. A member
 // that waited a whole window (and its sleep) for the others aborts the position too. An aborted
 // position is dead: whoever reaches it later skips it and posts at the next one, so members that
 // fell out of step (one ran a call through the engine) find each other again at the next position.
@@ -55,7 +55,10 @@ class Lane {
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
+  // The most bytes of one member's data in a call. A broadcast posts only the root's, which may
+  // take every member's room: size x max_bytes().
   size_t max_bytes() const { return options_.max_bytes; }
+  size_t max_broadcast_bytes() const { return static_cast<size_t>(size_) * options_.max_bytes; }
   // The window and the sleep of the calls from now on.
   void set_wait(std::chrono::nanoseconds window, std::chrono::nanoseconds sleep) {
     options_.window = window;
@@ -159,14 +162,20 @@ class Lane {
   std::atomic<uint32_t>& core(int member) const;
   bool another_on_this_core() const;
   uint8_t* inline_result(uint64_t position) const;
+  uint8_t* area(uint64_t position) const;
+  // `member`'s call and signature at `position`.
   uint8_t* slot(int member, uint64_t position) const;
+  // Where `member` posts its data at `position`: its own room, max_bytes() rounded up to a
+  // cache line, after the room of the members before it.
   uint8_t* data(int member, uint64_t position) const;
+  // Where `member` posts its data of `call` (a broadcast's root: from the first member's room).
+  uint8_t* posted_data(const Call& call, int member, uint64_t position) const;
 
   int rank_;
   int size_;
   uint8_t* memory_;
   Options options_;
-  size_t slot_bytes_;
+  size_t data_stride_;       // max_bytes, rounded up to a cache line
   uint64_t next_ = 1;        // the next position this member takes
   uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
   bool partner_left_ = false;
