@@ -23,6 +23,9 @@ using Clock = std::chrono::steady_clock;
 // member a slot of max_bytes in /dev/shm (Docker's is 64 MiB by default).
 constexpr uint64_t kRing = 4;
 constexpr size_t kLine = 64;
+// Each member's lines: what it passed and posted last (written every call, read by the others
+// now and then), and the core it ran on (read by the others every call, written rarely).
+constexpr size_t kMemberLines = 2;
 // A slot: the call (Lane::Call and the caller's signature), then the data from kHeader.
 constexpr size_t kHeader = 256;
 // A position's line holds its decision word and, for a call of up to this many bytes, the result
@@ -120,7 +123,7 @@ bool spin_until(Done&& done, Lane::Deadline& deadline) {
 }  // namespace
 
 size_t Lane::memory_bytes(int size, size_t max_bytes) {
-  return kRing * kLine + static_cast<size_t>(size) * kLine +
+  return kRing * kLine + static_cast<size_t>(size) * kMemberLines * kLine +
          static_cast<size_t>(size) * kRing * (kHeader + data_stride_for(max_bytes));
 }
 
@@ -140,14 +143,16 @@ std::atomic<uint64_t>& Lane::word(uint64_t position) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(memory_ + (position % kRing) * kLine);
 }
 
+uint8_t* Lane::member_line(int member, size_t line) const {
+  return memory_ + kRing * kLine + (static_cast<size_t>(member) * kMemberLines + line) * kLine;
+}
+
 std::atomic<uint64_t>& Lane::posted(int member) const {
-  return *reinterpret_cast<std::atomic<uint64_t>*>(
-      memory_ + kRing * kLine + static_cast<size_t>(member) * kLine + sizeof(uint64_t));
+  return *reinterpret_cast<std::atomic<uint64_t>*>(member_line(member, 0) + sizeof(uint64_t));
 }
 
 std::atomic<uint32_t>& Lane::core(int member) const {
-  return *reinterpret_cast<std::atomic<uint32_t>*>(
-      memory_ + kRing * kLine + static_cast<size_t>(member) * kLine + 2 * sizeof(uint64_t));
+  return *reinterpret_cast<std::atomic<uint32_t>*>(member_line(member, 1));
 }
 
 bool Lane::another_on_this_core() const {
@@ -158,8 +163,7 @@ bool Lane::another_on_this_core() const {
 }
 
 std::atomic<uint64_t>& Lane::passed(int member) const {
-  return *reinterpret_cast<std::atomic<uint64_t>*>(memory_ + kRing * kLine +
-                                                   static_cast<size_t>(member) * kLine);
+  return *reinterpret_cast<std::atomic<uint64_t>*>(member_line(member, 0));
 }
 
 uint8_t* Lane::inline_result(uint64_t position) const {
@@ -170,7 +174,7 @@ uint8_t* Lane::inline_result(uint64_t position) const {
 // side by side, so that a broadcast root's data may take all of it.
 uint8_t* Lane::area(uint64_t position) const {
   const size_t members = static_cast<size_t>(size_);
-  return memory_ + kRing * kLine + members * kLine +
+  return memory_ + kRing * kLine + members * kMemberLines * kLine +
          (position % kRing) * members * (kHeader + data_stride_);
 }
 
@@ -278,8 +282,11 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
   posted(rank_).store(position, std::memory_order_release);
   // Read from the kernel's per-thread record (rseq): costs next to nothing.
-  core_ = static_cast<uint32_t>(sched_getcpu() + 1);
-  core(rank_).store(core_, std::memory_order_relaxed);
+  const auto core_now = static_cast<uint32_t>(sched_getcpu() + 1);
+  if (core_now != core_) {  // written only when it changes: every member reads it every call
+    core_ = core_now;
+    core(rank_).store(core_, std::memory_order_relaxed);
+  }
 
   const uint64_t w = decision(position, arrive(position, call, signature), deadline);
   if (state_of(w) != kCommit) {
@@ -420,6 +427,7 @@ bool Lane::posted_by_another(uint64_t position, const Call& call,
 
 uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
   auto& decision_word = word(position);
+  if (state_of(w) != kOpen) return w;  // came last: no need to read where the others ran
   // The scheduler put another member on this core (a busy host): while this one spins, that
   // one cannot run, so each call would cost a window.
   const bool spin = !another_on_this_core();

@@ -154,6 +154,7 @@ class Lane {
   void pass(uint64_t position);
 
   std::atomic<uint64_t>& word(uint64_t position) const;
+  uint8_t* member_line(int member, size_t line) const;
   std::atomic<uint64_t>& passed(int member) const;
   // The last position where `member` completed its post (its slot readable from then on, until
   // every member has passed the position).
