@@ -1,5 +1,6 @@
 #include "engine/direct_lane.h"
 
+#include "collectives/shm/cross_memory.h"
 #include "common/shape.h"
 
 namespace krug::engine {
@@ -34,14 +35,19 @@ DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> 
                        std::chrono::nanoseconds window)
     : size_(config.size), window_(window) {
   const size_t max_bytes = bytes_per_rank(config.direct_lane_bytes, config.size);
+  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.timeout);
   rendezvous::PrefixStore prefixed("lane/", std::move(store));
   segment_ = std::make_unique<transport::Segment>(
       config.rank, config.size, collectives::shm::Lane::memory_bytes(config.size, max_bytes),
-      config.job_id, prefixed,
-      std::chrono::duration_cast<std::chrono::milliseconds>(config.timeout));
+      config.job_id, prefixed, timeout);
   lane_ = std::make_unique<collectives::shm::Lane>(
       config.rank, config.size, segment_->data(),
-      collectives::shm::Lane::Options{.max_bytes = max_bytes, .window = window});
+      collectives::shm::Lane::Options{
+          .max_bytes = max_bytes,
+          .window = window,
+          .pids = collectives::shm::probe_cross_memory(config.rank, config.size, prefixed, timeout),
+          .cross_memory_bytes = collectives::shm::Lane::Options{}.cross_memory_bytes,
+          .stall = timeout});
   signature_.reserve(collectives::shm::Lane::kMaxSignature);
 }
 

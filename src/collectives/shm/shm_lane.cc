@@ -8,6 +8,7 @@
 #include <cstring>
 #include <optional>
 
+#include "collectives/shm/cross_memory.h"
 #include "collectives/shm/rank_order.h"
 #include "collectives/shm/shm_sync.h"
 #include "reduce/copy.h"
@@ -24,15 +25,20 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kRing = 4;
 constexpr size_t kLine = 64;
 // Each member's lines: what it passed and posted last (written every call, read by the others
-// now and then), and the core it ran on (read by the others every call, written rarely).
+// now and then) and how many owners sleep until it passes, and the core it ran on (read by the
+// others every call, written rarely).
 constexpr size_t kMemberLines = 2;
+// An owner asleep for its readers wakes at least this often to see whether its stall is over.
+constexpr auto kReaderSleep = std::chrono::milliseconds(50);
 // A slot: the call (Lane::Call and the caller's signature), then the data from kHeader.
 constexpr size_t kHeader = 256;
 // A position's line holds its decision word and, for a call of up to this many bytes, the result
 // that the last member in reduced: the others read it in the line they watch for the decision,
 // instead of fetching every member's data after it.
 constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
-static_assert(sizeof(Lane::Call) + Lane::kMaxSignature <= kHeader);
+// The last word of a member's header: where its input is, for a call read in place.
+constexpr size_t kAddressOffset = kHeader - sizeof(uint64_t);
+static_assert(sizeof(Lane::Call) + Lane::kMaxSignature <= kAddressOffset);
 enum class Kind : uint8_t { kAllreduce, kBroadcast, kAllgather };
 
 // A position's decision word: the position, its state, whether a member sleeps on it (whoever
@@ -147,6 +153,10 @@ uint8_t* Lane::member_line(int member, size_t line) const {
   return memory_ + kRing * kLine + (static_cast<size_t>(member) * kMemberLines + line) * kLine;
 }
 
+std::atomic<uint32_t>& Lane::sleepers(int member) const {
+  return *reinterpret_cast<std::atomic<uint32_t>*>(member_line(member, 0) + 2 * sizeof(uint64_t));
+}
+
 std::atomic<uint64_t>& Lane::posted(int member) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(member_line(member, 0) + sizeof(uint64_t));
 }
@@ -185,6 +195,10 @@ uint8_t* Lane::slot(int member, uint64_t position) const {
 uint8_t* Lane::data(int member, uint64_t position) const {
   return area(position) + static_cast<size_t>(size_) * kHeader +
          static_cast<size_t>(member) * data_stride_;
+}
+
+std::atomic<uint64_t>& Lane::input_address(int member, uint64_t position) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(slot(member, position) + kAddressOffset);
 }
 
 uint8_t* Lane::posted_data(const Call& call, int member, uint64_t position) const {
@@ -276,7 +290,13 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   const auto kind = static_cast<Kind>(call.kind);
   const auto dtype = static_cast<DataType>(call.dtype);
   const size_t bytes = call.count * dtype_size(dtype);
-  if (kind != Kind::kBroadcast || call.root == rank_)
+  const bool in_place = reads_in_place(call);
+  const bool owner = kind != Kind::kBroadcast || call.root == rank_;
+  if (in_place && owner)
+    input_address(rank_, position)
+        .store(reinterpret_cast<uint64_t>(readable_input(call, input, output)),
+               std::memory_order_relaxed);
+  else if (owner)
     reduce::copy(posted_data(call, rank_, position), input, bytes);
   if (kind == Kind::kAllreduce)
     reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
@@ -295,6 +315,10 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     return false;
   }
   auto* out = static_cast<uint8_t*>(output);
+  if (in_place) {
+    read_in_place(position, call, out);
+    return true;
+  }
   if (kind == Kind::kBroadcast && call.root == rank_) {
     if (out != input) std::memcpy(out, input, bytes);  // the root's result: its input
   } else if (result_bytes(call) <= kInlineBytes) {
@@ -320,6 +344,86 @@ void Lane::decline(const Call& asked, std::span<const uint8_t> signature) {
   posted(rank_).store(position, std::memory_order_release);
   abort(position);
   pass(position);
+}
+
+bool Lane::reads_in_place(const Call& call) const {
+  const auto kind = static_cast<Kind>(call.kind);
+  return !options_.pids.empty() && kind != Kind::kAllreduce &&
+         result_bytes(call) >= options_.cross_memory_bytes;
+}
+
+const void* Lane::readable_input(const Call& call, const void* input, const void* output) {
+  if (static_cast<Kind>(call.kind) != Kind::kAllgather) return input;
+  // This member writes the others' rows into its output while they read its input: an input
+  // inside those rows is read from a copy that stays put until they are done.
+  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  const auto in = reinterpret_cast<uintptr_t>(input);
+  const auto out = reinterpret_cast<uintptr_t>(output);
+  const uintptr_t own = out + static_cast<uintptr_t>(rank_) * bytes;
+  const bool clear = in + bytes <= out || in >= out + result_bytes(call) || in == own;
+  if (clear) return input;
+  spare_.assign(static_cast<const uint8_t*>(input), static_cast<const uint8_t*>(input) + bytes);
+  return spare_.data();
+}
+
+void Lane::read_in_place(uint64_t position, const Call& call, uint8_t* out) {
+  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  const bool gather = static_cast<Kind>(call.kind) == Kind::kAllgather;
+  // This member's input as the others read it (its copy, where its rows would overwrite it).
+  const auto* mine =
+      reinterpret_cast<const void*>(input_address(rank_, position).load(std::memory_order_relaxed));
+  std::string failed;
+  int from = -1;
+  for (int m = gather ? 0 : call.root; m < (gather ? size_ : call.root + 1) && failed.empty();
+       ++m) {
+    uint8_t* to = out + (gather ? static_cast<size_t>(m) * bytes : 0);
+    if (m == rank_) {
+      if (to != mine) reduce::move(to, mine, bytes);
+      continue;
+    }
+    const auto remote = input_address(m, position).load(std::memory_order_relaxed);
+    failed = read_process_memory(options_.pids[static_cast<size_t>(m)], to,
+                                 reinterpret_cast<const void*>(remote), bytes);
+    from = m;
+  }
+  pass(position);
+  if (gather || call.root == rank_) wait_for_readers(position);
+  if (!failed.empty())
+    throw Error(
+        fmt::format("direct lane: rank {} could not read rank {}'s {} bytes in place "
+                    "({}); that rank most likely died: its own error, or its exit "
+                    "status from the launcher, says why",
+                    rank_, from, bytes, failed));
+}
+
+void Lane::wait_for_readers(uint64_t position) {
+  Deadline window(options_.window);
+  const auto stall_at = Clock::now() + options_.stall;
+  // The readers are copying, so spin for them, unless one runs on this core.
+  const bool spin = !another_on_this_core();
+  for (int m = 0; m < size_; ++m) {
+    auto& reader = passed(m);
+    auto done = [&] { return reader.load(std::memory_order_acquire) >= position; };
+    if (m == rank_ || (spin && spin_until(done, window))) continue;
+    // Past the window the reader has lost its core: sleep until its pass wakes this member.
+    sleepers(m).fetch_add(1, std::memory_order_seq_cst);
+    for (;;) {
+      const uint64_t seen = reader.load(std::memory_order_seq_cst);
+      if (seen >= position) break;
+      const auto now = Clock::now();
+      if (now >= stall_at) {
+        sleepers(m).fetch_sub(1, std::memory_order_seq_cst);
+        throw Error(fmt::format(
+            "direct lane: rank {} waited {} s for rank {} to finish reading its input in place; "
+            "that rank died or stopped: its own error, or its exit status from the launcher, "
+            "says why",
+            rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), m));
+      }
+      futex_wait(low_half(reader), static_cast<uint32_t>(seen),
+                 std::min<std::chrono::nanoseconds>(kReaderSleep, stall_at - now));
+    }
+    sleepers(m).fetch_sub(1, std::memory_order_seq_cst);
+  }
 }
 
 void Lane::abort(uint64_t position) {
@@ -476,7 +580,10 @@ void Lane::sleep_on(std::atomic<uint64_t>& decision_word, uint64_t w, Clock::tim
 }
 
 void Lane::pass(uint64_t position) {
-  passed(rank_).store(position, std::memory_order_release);
+  // Sequentially consistent against a sleeper's count then look at `passed`: one of the two
+  // sides sees the other, so no owner sleeps through this pass.
+  passed(rank_).store(position, std::memory_order_seq_cst);
+  if (sleepers(rank_).load(std::memory_order_seq_cst) != 0) futex_wake_all(low_half(passed(rank_)));
   next_ = position + 1;
 }
 

@@ -15,6 +15,10 @@
 // position is dead: whoever reaches it later skips it and posts at the next one, so members that
 // fell out of step (one ran a call through the engine) find each other again at the next position.
 //
+// Where the members may read each other's memory (Options::pids), a large broadcast or
+// allgather posts where its input is instead of the data, and the others copy it straight out
+// of the owner's process after the commit; the owner returns once all of them have.
+//
 // A call that returns false changed no output; every member that posted at that position
 // returns false too, and runs the call through the engine, where its name is negotiated as
 // usual (mismatches are reported there). Members never wait longer than the window and its
@@ -24,11 +28,14 @@
 // waiting.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "krug/types.h"
 
@@ -44,6 +51,15 @@ class Lane {
     // taken (by the host of a VM, another process) is usually on its way, and sleeping frees
     // this member's core without the engine's longer way around. 0: never sleeps.
     std::chrono::nanoseconds sleep{0};
+    // Every member's pid, where each may read the others' memory (cross_memory.h); empty: none
+    // may. Then a broadcast or allgather of at least `cross_memory_bytes` of result posts no
+    // data: the others read the root's (every member's) input in place, one copy instead of
+    // two, and its owner returns only once they all have.
+    std::vector<pid_t> pids;
+    size_t cross_memory_bytes = 32 * 1024;
+    // How long an owner waits for the others to finish reading its input in place (they are
+    // copying it, with no wait of their own): reached only where one died. Then run() throws.
+    std::chrono::nanoseconds stall = std::chrono::seconds(30);
   };
   // Signatures longer than this take the engine.
   static constexpr size_t kMaxSignature = 216;
@@ -154,11 +170,25 @@ class Lane {
   void pass(uint64_t position);
 
   std::atomic<uint64_t>& word(uint64_t position) const;
+  // Whether `call`'s data is read in place (cross-memory) rather than posted on the board.
+  bool reads_in_place(const Call& call) const;
+  // Where `member` said its input of the call at `position` is (read in place).
+  std::atomic<uint64_t>& input_address(int member, uint64_t position) const;
+  // The result of a call read in place, then this member's pass; throws where a read failed.
+  void read_in_place(uint64_t position, const Call& call, uint8_t* out);
+  // What the others read of this member's input in place: `input`, or a copy of it in spare_
+  // where this member's own result would overwrite it meanwhile (an allgather into itself).
+  const void* readable_input(const Call& call, const void* input, const void* output);
+  // Waits until every other member has passed `position`: none reads this member's input any
+  // more. Throws after options_.stall.
+  void wait_for_readers(uint64_t position);
   uint8_t* member_line(int member, size_t line) const;
   std::atomic<uint64_t>& passed(int member) const;
   // The last position where `member` completed its post (its slot readable from then on, until
   // every member has passed the position).
   std::atomic<uint64_t>& posted(int member) const;
+  // Owners asleep until `member` passes a position (they wait to have their input read).
+  std::atomic<uint32_t>& sleepers(int member) const;
   // The core `member` last posted from, plus one (0: not known).
   std::atomic<uint32_t>& core(int member) const;
   bool another_on_this_core() const;
@@ -182,6 +212,7 @@ class Lane {
   bool partner_left_ = false;
   Wait last_wait_ = Wait::kNone;
   uint32_t core_ = 0;  // as core(rank_)
+  std::vector<uint8_t> spare_;  // readable_input()
 };
 
 }  // namespace krug::collectives::shm
