@@ -165,19 +165,22 @@ Handle enqueue(const std::string& name, const Op& op, const TensorView& input, v
 // A synchronous allreduce, broadcast or allgather of host memory, run at once on the caller's
 // thread when it can skip negotiation: every rank is on this one host, this rank has nothing
 // else in flight, and every rank makes the same call (name, dtype, shape, op, scale factors,
-// root) within 4 x KRUG_BUSY_POLL_MICROSECONDS of the first; up to direct_lane_bytes() of
-// input, size() times that for a broadcast (the direct lane, docs/architecture.md). An
-// allgather's `output` holds size() times the input (the same shape on every rank). Returns true
-// when the result is in `output`; false when nothing ran: the caller then enqueues the call and
-// waits, as it would have without this. Throws InvalidArgument as enqueue() does.
+// root) within 4 x KRUG_BUSY_POLL_MICROSECONDS of the first; up to direct_lane_bytes(op.type)
+// of input (the direct lane, docs/architecture.md). An allgather's `output` holds size() times
+// the input (the same shape on every rank). Returns true when the result is in `output`; false
+// when nothing ran: the caller then enqueues the call and waits, as it would have without this.
+// Throws InvalidArgument as enqueue() does.
 bool run_direct(const std::string& name, const Op& op, const TensorView& input, void* output);
-// The most bytes of input run_direct() takes on this rank: its share of KRUG_DIRECT_LANE_BYTES,
-// which counts every rank's input together (512 KiB at 2 ranks by default; a broadcast, whose
-// root alone posts its input, may take every rank's share: the whole 1 MiB); 0 where this job
-// has no direct lane (ranks on several hosts, no busy polling, KRUG_DIRECT_LANE_BYTES=0, or a
-// share under 64 bytes). For a binding that must allocate an output only the lane needs (an
-// allgather's), and would waste it otherwise.
-size_t direct_lane_bytes();
+// The most bytes of input run_direct() takes on this rank for `op`. An allreduce: this rank's
+// share of KRUG_DIRECT_LANE_BYTES, which counts every rank's input together (512 KiB at 2 ranks
+// by default). A broadcast, whose root alone posts its input, every rank's share (1 MiB), and an
+// allgather this rank's; but where the ranks may read each other's memory, the lane reads a
+// broadcast or allgather of 32 KiB or more in place, up to 8 MiB of result (the broadcast's
+// tensor; all ranks' inputs of an allgather). 0 where this job has no direct lane (ranks on
+// several hosts, no busy polling, KRUG_DIRECT_LANE_BYTES=0, or a share under 64 bytes). For a
+// binding that must allocate an output only the lane needs (an allgather's), and would waste it
+// otherwise.
+size_t direct_lane_bytes(OpType op = OpType::kAllreduce);
 
 // Several tensors as one request, named "<name>.0", "<name>.1", ...: negotiated together, run
 // once all are ready on every rank, fused where they fit; one handle for all. `outputs`: one

@@ -173,8 +173,8 @@ bool run_direct(const std::string& name, const Op& op, const TensorView& input, 
   return engine->run_direct(by_reference_view(name, op, input, output));
 }
 
-size_t direct_lane_bytes() {
-  return current_engine()->direct_lane_bytes();
+size_t direct_lane_bytes(OpType op) {
+  return current_engine()->direct_lane_bytes(core(op));
 }
 
 Handle enqueue_group(const std::string& name, const Op& op, std::span<const TensorView> inputs,

@@ -66,10 +66,18 @@ bool DirectLane::suits(const TensorView& t) const {
   if (!collective || !gathers_rows || t.process_set != 0 || t.output == nullptr) return false;
   const int64_t elements = shape_elements(t.shape);
   const auto bytes = static_cast<size_t>(elements) * dtype_size(t.dtype);
-  // Only a broadcast's root posts data: it may take every rank's share.
-  const size_t most =
-      t.op == OpType::kBroadcast ? lane_->max_broadcast_bytes() : lane_->max_bytes();
-  return elements > 0 && bytes <= most;
+  return elements > 0 && bytes <= max_bytes(t.op);
+}
+
+size_t DirectLane::max_bytes(controller::OpType op) const {
+  switch (op) {
+    case controller::OpType::kBroadcast:
+      return lane_->max_broadcast_bytes();
+    case controller::OpType::kAllgather:
+      return lane_->max_allgather_bytes();
+    default:
+      return lane_->max_bytes();
+  }
 }
 
 std::span<const uint8_t> DirectLane::encode_signature(const TensorView& t) {

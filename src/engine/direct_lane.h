@@ -39,7 +39,8 @@ class DirectLane {
   // This rank makes a call that suits() through the engine (it has another operation in
   // flight, say): the peers waiting on the lane with it leave at once, not after a window.
   void decline(const TensorView& t);
-  size_t max_bytes() const { return lane_->max_bytes(); }
+  // The most bytes of one rank's input a call of `op` takes on the lane.
+  size_t max_bytes(controller::OpType op) const;
 
  private:
   bool run_alone(const TensorView& t);  // with busy_ set

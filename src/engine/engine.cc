@@ -234,8 +234,8 @@ bool Engine::Impl::idle_for_direct_call() {
   return !stopped_ && !timeline_ && table_.empty() && !queue_.changed();
 }
 
-size_t Engine::Impl::direct_lane_bytes() const {
-  return lane_ ? lane_->max_bytes() : 0;
+size_t Engine::Impl::direct_lane_bytes(controller::OpType op) const {
+  return lane_ ? lane_->max_bytes(op) : 0;
 }
 
 void Engine::Impl::shutdown() {
@@ -567,8 +567,8 @@ bool Engine::run_direct(const TensorView& tensor) {
   return impl_->run_direct(tensor);
 }
 
-size_t Engine::direct_lane_bytes() const {
-  return impl_->direct_lane_bytes();
+size_t Engine::direct_lane_bytes(controller::OpType op) const {
+  return impl_->direct_lane_bytes(op);
 }
 
 void Engine::expedite() const {

@@ -83,8 +83,9 @@ class Engine {
   // flight, the same call on every rank within the busy-poll window); false: nothing ran, and
   // the caller enqueues it. Never throws for operation errors.
   bool run_direct(const TensorView& tensor);
-  // The most bytes of input run_direct() takes; 0 where this engine has no direct lane.
-  size_t direct_lane_bytes() const;
+  // The most bytes of input run_direct() takes for `op`; 0 where this engine has no direct
+  // lane.
+  size_t direct_lane_bytes(controller::OpType op = controller::OpType::kAllreduce) const;
   // What was just enqueued completes through a callback, with no thread waiting to drive the
   // loop for it (TensorFlow's async kernels): the background thread takes it at once instead of
   // after the batching window that waiting threads use. Const: callers hold a const engine.

@@ -50,7 +50,7 @@ class Engine::Impl : public Driver,
   // Whether a synchronous call may take the direct lane now (nothing else of this rank's is in
   // flight, no timeline records it).
   bool idle_for_direct_call();
-  size_t direct_lane_bytes() const;
+  size_t direct_lane_bytes(controller::OpType op) const;
   SubmissionQueue& queue() { return queue_; }
   const SubmissionQueue& queue() const { return queue_; }
   const Config& config() const { return config_; }

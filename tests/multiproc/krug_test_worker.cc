@@ -664,12 +664,13 @@ void ops_output_allocator(int n) {
 }
 
 // Synchronous broadcasts and allgathers of sizes that the direct lane makes in its decision
-// line, in its slots and not at all, from every root in turn: 60000 rows of 12 bytes are more
-// than any rank's share of KRUG_DIRECT_LANE_BYTES's default 1 MiB, so that allgather takes the
-// engine, but a broadcast may take the whole budget (at 2 ranks, that one runs on the lane);
-// 100000 rows are beyond the budget. Then an allgather whose shapes differ between the ranks.
+// line, in its slots, read in place (from 32 KiB of result, where the ranks may read each
+// other's memory) and not at all, from every root in turn. 60000 rows of 12 bytes are more than
+// any rank's share of KRUG_DIRECT_LANE_BYTES's default 1 MiB, so on the board only a broadcast
+// takes them (it may fill every rank's room); read in place, both do, up to 8 MiB of result;
+// 800000 rows are beyond both. Then an allgather whose shapes differ between the ranks.
 void sync_broadcasts_and_allgathers(int n) {
-  for (int64_t rows : {1, 50, 6000, 60000, 100000}) {
+  for (int64_t rows : {1, 50, 6000, 60000, 800000}) {
     const std::string tag = " of " + std::to_string(rows) + " rows";
     for (int root = 0; root < n; ++root) {
       std::vector<int32_t> data(static_cast<size_t>(rows) * 3, g_rank == root ? root + 7 : -1);

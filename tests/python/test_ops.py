@@ -227,10 +227,10 @@ def test_synchronous_broadcasts_and_allgathers_give_the_same_results_on_the_dire
     # differentiable broadcast and an allgather whose rows differ between the ranks go through
     # the engine or take the lane: every one must give the engine's result.
     for i in range(60):
-        # 12 B, 3.6 KiB, 72 KiB and, every seventh call, 720 KiB of int32 (an allgather of it
-        # is beyond the lane at any size, a broadcast at 3 ranks or more), and every eleventh
-        # 1.2 MB (beyond the lane's whole budget)
-        rows = 60000 if i % 7 == 3 else 100000 if i % 11 == 5 else (1, 300, 6000)[i % 3]
+        # 12 B, 3.6 KiB, 72 KiB and, every seventh call, 720 KiB of int32 (on the board an
+        # allgather of it is beyond the lane at any size, a broadcast at 3 ranks or more; read
+        # in place, from 32 KiB, neither), and every eleventh 9.6 MB (beyond the lane)
+        rows = 60000 if i % 7 == 3 else 800000 if i % 11 == 5 else (1, 300, 6000)[i % 3]
         root = i % n()
         t = torch.full((rows, 3), 10 * i + r(), dtype=torch.int32)
         if i % 4 == 0:

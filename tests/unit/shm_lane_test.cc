@@ -213,6 +213,33 @@ TEST(DirectLane, BroadcastsAndAllgathersReadInPlaceGiveTheBoardsResults) {
   EXPECT_EQ(ran, std::vector<int>(3, 60));
 }
 
+TEST(DirectLane, ReadInPlaceTakesCallsBeyondTheBoardUpToItsOwnLimit) {
+  // A room of 4096 bytes a member, 12288 in all; read in place, up to 24000 bytes of result.
+  on_members(
+      3, kMeet,
+      [&](Lane& lane, int m) {
+        EXPECT_EQ(lane.max_broadcast_bytes(), 24000u);
+        EXPECT_EQ(lane.max_allgather_bytes(), 8000u);
+        std::vector<uint8_t> b(24000, m == 1 ? 9 : 0);
+        EXPECT_TRUE(lane.broadcast(sig("b"), b.data(), b.data(), b.size(), DataType::kUInt8, 1));
+        EXPECT_EQ(b, std::vector<uint8_t>(24000, 9));
+        std::vector<uint8_t> in(8000, static_cast<uint8_t>(m + 1)), out(24000), want;
+        for (int r = 0; r < 3; ++r) want.insert(want.end(), 8000, static_cast<uint8_t>(r + 1));
+        EXPECT_TRUE(lane.allgather(sig("g"), in.data(), out.data(), 8000, DataType::kUInt8));
+        EXPECT_EQ(out, want);
+        std::vector<uint8_t> over(24001, 1), out_over(3 * 8001, 0);
+        EXPECT_FALSE(
+            lane.broadcast(sig("o"), over.data(), over.data(), over.size(), DataType::kUInt8, 0));
+        EXPECT_FALSE(
+            lane.allgather(sig("p"), over.data(), out_over.data(), 8001, DataType::kUInt8));
+        EXPECT_EQ(out_over, std::vector<uint8_t>(3 * 8001, 0));
+      },
+      [](Lane::Options& options, int m) {
+        reading_in_place(options, m);
+        options.max_in_place_bytes = 24000;
+      });
+}
+
 TEST(DirectLane, AReadInPlaceThatFailsThrowsOnTheReaderAlone) {
   // Member 1 has the wrong pid for member 0 (no such process): its read fails after the call
   // committed, so it throws, naming member 0; member 0's result is whole.

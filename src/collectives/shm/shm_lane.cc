@@ -241,11 +241,26 @@ bool Lane::allgather(std::span<const uint8_t> signature, const void* input, void
 }
 
 bool Lane::fits(const Call& call, std::span<const uint8_t> signature) const {
+  const bool root_ok = static_cast<Kind>(call.kind) != Kind::kBroadcast || call.root < size_;
+  return root_ok && signature.size() <= kMaxSignature && call.count > 0 && data_fits(call);
+}
+
+bool Lane::data_fits(const Call& call) const {
+  if (reads_in_place(call)) return result_bytes(call) <= options_.max_in_place_bytes;
   const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
   const bool broadcast = static_cast<Kind>(call.kind) == Kind::kBroadcast;
-  const bool root_ok = !broadcast || call.root < size_;
-  const size_t most = broadcast ? max_broadcast_bytes() : options_.max_bytes;
-  return root_ok && signature.size() <= kMaxSignature && bytes <= most && call.count > 0;
+  return bytes <=
+         (broadcast ? static_cast<size_t>(size_) * options_.max_bytes : options_.max_bytes);
+}
+
+size_t Lane::max_broadcast_bytes() const {
+  const size_t board = static_cast<size_t>(size_) * options_.max_bytes;
+  return options_.pids.empty() ? board : std::max(board, options_.max_in_place_bytes);
+}
+
+size_t Lane::max_allgather_bytes() const {
+  const size_t in_place = options_.max_in_place_bytes / static_cast<size_t>(size_);
+  return options_.pids.empty() ? options_.max_bytes : std::max(options_.max_bytes, in_place);
 }
 
 uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signature,

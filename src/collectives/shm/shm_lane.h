@@ -57,6 +57,9 @@ class Lane {
     // two, and its owner returns only once they all have.
     std::vector<pid_t> pids;
     size_t cross_memory_bytes = 32 * 1024;
+    // The most result bytes of a call read in place (beyond it the engine's pipelined copies
+    // are faster).
+    size_t max_in_place_bytes = 8 << 20;
     // How long an owner waits for the others to finish reading its input in place (they are
     // copying it, with no wait of their own): reached only where one died. Then run() throws.
     std::chrono::nanoseconds stall = std::chrono::seconds(30);
@@ -71,10 +74,14 @@ class Lane {
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
 
-  // The most bytes of one member's data in a call. A broadcast posts only the root's, which may
-  // take every member's room: size x max_bytes().
+  // The most bytes of one member's input in an allreduce: its room on the board.
   size_t max_bytes() const { return options_.max_bytes; }
-  size_t max_broadcast_bytes() const { return static_cast<size_t>(size_) * options_.max_bytes; }
+  // The most of a broadcast: every member's room, since only the root posts; up to
+  // max_in_place_bytes where it is read in place, which takes no room.
+  size_t max_broadcast_bytes() const;
+  // The most of one member's input in an allgather: its room; read in place, 1/size of
+  // max_in_place_bytes.
+  size_t max_allgather_bytes() const;
   // The window and the sleep of the calls from now on.
   void set_wait(std::chrono::nanoseconds window, std::chrono::nanoseconds sleep) {
     options_.window = window;
@@ -135,6 +142,8 @@ class Lane {
  private:
   // Whether `call` may take the lane at all (its data and signature fit).
   bool fits(const Call& call, std::span<const uint8_t> signature) const;
+  // Whether `call`'s data fits: on the board, or read in place.
+  bool data_fits(const Call& call) const;
   // The first live position from next_, dead ones passed; 0 where the call must take the
   // engine: a slot still in use at the deadline, or a dead position where another member
   // posted this very call (it runs it through the engine).

@@ -498,7 +498,8 @@ bool broadcast_direct(const std::string& name, const at::Tensor& tensor, int roo
 std::optional<at::Tensor> direct_output(const at::Tensor& input, int64_t rows) {
   if (!lane_tensor(input) || (rows != 1 && input.dim() == 0)) return std::nullopt;
   const auto bytes = static_cast<size_t>(input.numel()) * input.element_size();
-  if (bytes == 0 || bytes > frontend::direct_lane_bytes()) return std::nullopt;
+  const auto op = rows == 1 ? OpType::kAllreduce : OpType::kAllgather;
+  if (bytes == 0 || bytes > frontend::direct_lane_bytes(op)) return std::nullopt;
   // Made here rather than in Python, where an allocation costs torch's argument parsing: on a
   // 2-core VM 2.5 us, more than the lane's call itself.
   if (rows == 1) return at::empty_like(input, at::MemoryFormat::Contiguous);
