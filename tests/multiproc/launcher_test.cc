@@ -214,14 +214,20 @@ TEST(Launcher, RankKilledBySignalIsReported) {
 
 // The kernel closes a killed rank's sockets before the rank can be reaped, so a peer that fails
 // because of it can be reaped first; the killed rank is still named as the cause. Here rank 1
-// ignores the SIGTERM of the stop and kills itself 0.1 s after rank 0 fails.
+// ignores the SIGTERM of the stop and kills itself as soon as rank 0, which failed, is reaped
+// (its pid gone): within the second krugrun gives a cause, whatever the machine's load. (A
+// fixed 0.1 s after rank 0 was told to fail was too short on a busy machine: rank 1 died first.)
 TEST(Launcher, ARankKilledJustAfterAnotherFailsIsTheCause) {
   const std::string flag = "/tmp/krug-test-" + unique_marker();
   Krugrun run({"-np", "2", "-x", "FLAG=" + flag, "sh", "-c",
-               "if [ $KRUG_RANK = 1 ]; then trap '' TERM; touch $FLAG; sleep 0.1; kill -9 $$; fi; "
+               "if [ $KRUG_RANK = 1 ]; then trap '' TERM; "
+               "while [ ! -s $FLAG.pid ]; do sleep 0.01; done; p=$(cat $FLAG.pid); touch $FLAG; "
+               "while kill -0 $p 2>/dev/null; do sleep 0.01; done; kill -9 $$; fi; "
+               "echo $$ > $FLAG.tmp && mv $FLAG.tmp $FLAG.pid; "
                "while [ ! -e $FLAG ]; do sleep 0.01; done; exit 1"});
   EXPECT_EQ(run.wait(), 128 + 9) << run.err();
   ::unlink(flag.c_str());
+  ::unlink((flag + ".pid").c_str());
   auto lines = lines_of(run.err());
   ASSERT_FALSE(lines.empty());
   EXPECT_EQ(lines.back(), "krugrun: rank 1 on host localhost was killed by signal 9 (SIGKILL)")
