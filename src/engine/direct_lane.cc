@@ -40,14 +40,13 @@ DirectLane::DirectLane(const Config& config, std::shared_ptr<rendezvous::Store> 
   segment_ = std::make_unique<transport::Segment>(
       config.rank, config.size, collectives::shm::Lane::memory_bytes(config.size, max_bytes),
       config.job_id, prefixed, timeout);
-  lane_ = std::make_unique<collectives::shm::Lane>(
-      config.rank, config.size, segment_->data(),
-      collectives::shm::Lane::Options{
-          .max_bytes = max_bytes,
-          .window = window,
-          .pids = collectives::shm::probe_cross_memory(config.rank, config.size, prefixed, timeout),
-          .cross_memory_bytes = collectives::shm::Lane::Options{}.cross_memory_bytes,
-          .stall = timeout});
+  collectives::shm::Lane::Options options;
+  options.max_bytes = max_bytes;
+  options.window = window;
+  options.pids = collectives::shm::probe_cross_memory(config.rank, config.size, prefixed, timeout);
+  options.stall = timeout;
+  lane_ =
+      std::make_unique<collectives::shm::Lane>(config.rank, config.size, segment_->data(), options);
   signature_.reserve(collectives::shm::Lane::kMaxSignature);
 }
 

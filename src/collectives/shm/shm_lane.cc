@@ -401,7 +401,7 @@ void Lane::read_in_place(uint64_t position, const Call& call, uint8_t* out) {
                                  reinterpret_cast<const void*>(remote), bytes);
     from = m;
   }
-  pass(position);
+  pass_waking_owners(position);
   if (gather || call.root == rank_) wait_for_readers(position);
   if (!failed.empty())
     throw Error(
@@ -595,6 +595,11 @@ void Lane::sleep_on(std::atomic<uint64_t>& decision_word, uint64_t w, Clock::tim
 }
 
 void Lane::pass(uint64_t position) {
+  passed(rank_).store(position, std::memory_order_release);
+  next_ = position + 1;
+}
+
+void Lane::pass_waking_owners(uint64_t position) {
   // Sequentially consistent against a sleeper's count then look at `passed`: one of the two
   // sides sees the other, so no owner sleeps through this pass.
   passed(rank_).store(position, std::memory_order_seq_cst);

@@ -177,6 +177,8 @@ class Lane {
   static void sleep_on(std::atomic<uint64_t>& decision_word, uint64_t w,
                        std::chrono::steady_clock::time_point until);
   void pass(uint64_t position);
+  // pass(), after a call read in place, whose owners may sleep until it (wait_for_readers).
+  void pass_waking_owners(uint64_t position);
 
   std::atomic<uint64_t>& word(uint64_t position) const;
   // Whether `call`'s data is read in place (cross-memory) rather than posted on the board.
