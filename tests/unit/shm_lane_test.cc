@@ -501,6 +501,44 @@ TEST(DirectLane, MembersOnOneCoreSleepInsteadOfSpinningTheirWindow) {
     EXPECT_LT(took[m], 100ms) << "member " << m << " spun while its partner could not run";
 }
 
+// The cores this process may use.
+std::vector<int> allowed_cores() {
+  cpu_set_t allowed;
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  return cores;
+}
+
+TEST(DirectLane, AMemberSharingItsPartnersCoreMovesToAFreeOne) {
+  const auto cores = allowed_cores();
+  if (cores.size() < 2) GTEST_SKIP() << "needs two cores";
+  // Both start on the first core; member 1 may then run on every core, member 0 only there.
+  // Member 1 comes first to the second call and, waiting, finds member 0 on its core: it
+  // moves to a core no member runs on, and may still run everywhere afterwards.
+  std::barrier both(2);
+  on_members(2, kMeet, [&](Lane& lane, int m) {
+    pin_to_one_core();
+    std::vector<float> in(3, 1.0f), out(3, -1.0f);
+    EXPECT_TRUE(sum_floats(lane, "first", in, out));  // each learns the other's core
+    std::this_thread::sleep_for(150ms);               // past the pause between two moves
+    if (m == 1) {
+      cpu_set_t all;
+      CPU_ZERO(&all);
+      for (int c : cores) CPU_SET(c, &all);
+      ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+    }
+    both.arrive_and_wait();
+    if (m == 0) std::this_thread::sleep_for(50ms);
+    EXPECT_TRUE(sum_floats(lane, "second", in, out)) << "member " << m;
+    EXPECT_EQ(out, std::vector<float>(3, 2.0f));
+    if (m == 0) return;
+    EXPECT_NE(sched_getcpu(), cores[0]) << "member 1 stayed on its partner's core";
+    EXPECT_EQ(allowed_cores(), cores) << "member 1 lost cores it may run on";
+  });
+}
+
 TEST(DirectLane, ACallThatRanOnOneMemberRanOnAllWithTheRightResult) {
   constexpr int kMembers = 3, kCalls = 300;
   // Member m makes call i unless this says no (about one in six): then it sits the call out.

@@ -30,6 +30,9 @@ constexpr size_t kLine = 64;
 constexpr size_t kMemberLines = 2;
 // An owner asleep for its readers wakes at least this often to see whether its stall is over.
 constexpr auto kReaderSleep = std::chrono::milliseconds(50);
+// A member that shares its core with another moves to a free one at most this often: where
+// the host has no free core, the scheduler's placement is as good as any.
+constexpr auto kMoveInterval = std::chrono::milliseconds(100);
 // A slot: the call (Lane::Call and the caller's signature), then the data from kHeader.
 constexpr size_t kHeader = 256;
 // A position's line holds its decision word and, for a call of up to this many bytes, the result
@@ -126,6 +129,17 @@ bool spin_until(Done&& done, Lane::Deadline& deadline) {
   }
 }
 
+// Moves the calling thread to core `cpu`, then lets it run on the cores `allowed` (its own, `cpu`
+// among them) again: the scheduler leaves it where it is until it has a reason to move it.
+bool move_to_core(int cpu, const cpu_set_t& allowed) {
+  cpu_set_t only;
+  CPU_ZERO(&only);
+  CPU_SET(cpu, &only);
+  if (::sched_setaffinity(0, sizeof(only), &only) != 0) return false;
+  ::sched_setaffinity(0, sizeof(allowed), &allowed);
+  return true;
+}
+
 }  // namespace
 
 size_t Lane::memory_bytes(int size, size_t max_bytes) {
@@ -163,6 +177,28 @@ std::atomic<uint64_t>& Lane::posted(int member) const {
 
 std::atomic<uint32_t>& Lane::core(int member) const {
   return *reinterpret_cast<std::atomic<uint32_t>*>(member_line(member, 1));
+}
+
+bool Lane::move_off_shared_core() {
+  // Of the members on this core, the last in rank order moves: they must not all move at once.
+  for (int m = rank_ + 1; m < size_; ++m)
+    if (core(m).load(std::memory_order_relaxed) == core_) return false;
+  const auto now = Clock::now();
+  if (now < next_move_) return false;
+  next_move_ = now + kMoveInterval;
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    bool taken = false;
+    for (int m = 0; m < size_ && !taken; ++m)
+      taken = core(m).load(std::memory_order_relaxed) == static_cast<uint32_t>(cpu + 1);
+    if (taken || !move_to_core(cpu, allowed)) continue;
+    core_ = static_cast<uint32_t>(cpu + 1);
+    core(rank_).store(core_, std::memory_order_relaxed);
+    return true;
+  }
+  return false;
 }
 
 bool Lane::another_on_this_core() const {
@@ -549,7 +585,7 @@ uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
   if (state_of(w) != kOpen) return w;  // came last: no need to read where the others ran
   // The scheduler put another member on this core (a busy host): while this one spins, that
   // one cannot run, so each call would cost a window.
-  const bool spin = !another_on_this_core();
+  const bool spin = !another_on_this_core() || move_off_shared_core();
   const auto sleep = spin ? options_.sleep : options_.window + options_.sleep;
   std::optional<Clock::time_point> sleep_until;
   for (;;) {

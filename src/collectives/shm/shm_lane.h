@@ -170,7 +170,8 @@ class Lane {
                          std::span<const uint8_t> signature) const;
   // Spins for the decision until the deadline, sleeps for it up to options_.sleep more, then
   // aborts the position if it is still open. Where another member last ran on this member's
-  // core, it sleeps the window too: spinning would only keep that member off the core.
+  // core, it sleeps the window too (spinning would only keep that member off the core), unless
+  // one of them moves to a free core (move_off_shared_core).
   uint64_t decision(uint64_t position, uint64_t word, Deadline& deadline);
   // Marks the open decision word `w` (a member sleeps on it) and sleeps until the word changes
   // or `until`; returns at once where the word is no longer `w`.
@@ -203,6 +204,11 @@ class Lane {
   // The core `member` last posted from, plus one (0: not known).
   std::atomic<uint32_t>& core(int member) const;
   bool another_on_this_core() const;
+  // Where another member shares this member's core and this one is the last of them in rank
+  // order, moves this thread to a core no member runs on; whether it moved. The scheduler puts
+  // a woken thread beside its waker, so members that wake each other can stay on one core
+  // while another is idle, each call then costing both a switch of the core.
+  bool move_off_shared_core();
   uint8_t* inline_result(uint64_t position) const;
   uint8_t* area(uint64_t position) const;
   // `member`'s call and signature at `position`.
@@ -223,6 +229,7 @@ class Lane {
   bool partner_left_ = false;
   Wait last_wait_ = Wait::kNone;
   uint32_t core_ = 0;  // as core(rank_)
+  std::chrono::steady_clock::time_point next_move_{};  // move_off_shared_core()
   std::vector<uint8_t> spare_;  // readable_input()
 };
 
