@@ -473,16 +473,29 @@ TEST(DirectLane, AMemberWhosePartnerNeverComesGivesUpAfterItsSleep) {
   });
 }
 
+// The cores this process may use.
+std::vector<int> allowed_cores() {
+  cpu_set_t allowed;
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
+  return cores;
+}
+
+// Lets the calling thread run on `cores` only.
+void run_on(const std::vector<int>& cores) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cores) CPU_SET(c, &set);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);
+}
+
 // Pins the calling thread to the first core this process may use.
 void pin_to_one_core() {
-  cpu_set_t allowed;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  int first = 0;
-  while (!CPU_ISSET(first, &allowed)) ++first;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(first, &one);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const auto cores = allowed_cores();
+  ASSERT_FALSE(cores.empty());
+  run_on({cores.front()});
 }
 
 TEST(DirectLane, MembersOnOneCoreSleepInsteadOfSpinningTheirWindow) {
@@ -502,16 +515,6 @@ TEST(DirectLane, MembersOnOneCoreSleepInsteadOfSpinningTheirWindow) {
   });
   for (int m = 0; m < 2; ++m)
     EXPECT_LT(took[m], 100ms) << "member " << m << " spun while its partner could not run";
-}
-
-// The cores this process may use.
-std::vector<int> allowed_cores() {
-  cpu_set_t allowed;
-  std::vector<int> cores;
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return cores;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &allowed)) cores.push_back(c);
-  return cores;
 }
 
 // The core the thread `tid` of this process last ran on (field 39 of its stat line), or -1.
@@ -542,10 +545,7 @@ TEST(DirectLane, AMemberSharingItsPartnersCoreMovesToAFreeOne) {
     EXPECT_TRUE(sum_floats(lane, "first", in, out));  // each learns the other's core
     std::this_thread::sleep_for(150ms);               // past the pause between two moves
     if (m == 1) {
-      cpu_set_t all;
-      CPU_ZERO(&all);
-      for (int c : cores) CPU_SET(c, &all);
-      ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+      run_on(cores);
       member_1_thread = gettid();
     }
     both.arrive_and_wait();

@@ -181,19 +181,16 @@ std::atomic<uint32_t>& Lane::core(int member) const {
 
 bool Lane::move_off_shared_core() {
   // Of the members on this core, the last in rank order moves: they must not all move at once.
-  for (int m = rank_ + 1; m < size_; ++m)
-    if (core(m).load(std::memory_order_relaxed) == core_) return false;
+  if (member_on_core(core_, rank_ + 1)) return false;
   const auto now = Clock::now();
   if (now < next_move_) return false;
   next_move_ = now + kMoveInterval;
   cpu_set_t allowed;
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &allowed)) continue;
-    bool taken = false;
-    for (int m = 0; m < size_ && !taken; ++m)
-      taken = core(m).load(std::memory_order_relaxed) == static_cast<uint32_t>(cpu + 1);
-    if (taken || !move_to_core(cpu, allowed)) continue;
+    if (!CPU_ISSET(cpu, &allowed) || member_on_core(static_cast<uint32_t>(cpu + 1), 0) ||
+        !move_to_core(cpu, allowed))
+      continue;
     core_ = static_cast<uint32_t>(cpu + 1);
     core(rank_).store(core_, std::memory_order_relaxed);
     return true;
@@ -201,11 +198,14 @@ bool Lane::move_off_shared_core() {
   return false;
 }
 
-bool Lane::another_on_this_core() const {
-  if (core_ == 0) return false;
-  for (int m = 0; m < size_; ++m)
-    if (m != rank_ && core(m).load(std::memory_order_relaxed) == core_) return true;
+bool Lane::member_on_core(uint32_t core_plus_one, int first) const {
+  for (int m = first; m < size_; ++m)
+    if (m != rank_ && core(m).load(std::memory_order_relaxed) == core_plus_one) return true;
   return false;
+}
+
+bool Lane::another_on_this_core() const {
+  return core_ != 0 && member_on_core(core_, 0);
 }
 
 std::atomic<uint64_t>& Lane::passed(int member) const {

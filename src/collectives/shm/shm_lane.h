@@ -203,6 +203,9 @@ class Lane {
   std::atomic<uint32_t>& sleepers(int member) const;
   // The core `member` last posted from, plus one (0: not known).
   std::atomic<uint32_t>& core(int member) const;
+  // Whether a member other than this one, `first` or later in rank order, last posted from
+  // `core_plus_one` (a core plus one, as core()).
+  bool member_on_core(uint32_t core_plus_one, int first) const;
   bool another_on_this_core() const;
   // Where another member shares this member's core and this one is the last of them in rank
   // order, moves this thread to a core no member runs on; whether it moved. The scheduler puts
