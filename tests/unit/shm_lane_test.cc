@@ -543,7 +543,7 @@ TEST(DirectLane, AMemberSharingItsPartnersCoreMovesToAFreeOne) {
     pin_to_one_core();
     std::vector<float> in(3, 1.0f), out(3, -1.0f);
     EXPECT_TRUE(sum_floats(lane, "first", in, out));  // each learns the other's core
-    std::this_thread::sleep_for(150ms);               // past the pause between two moves
+    std::this_thread::sleep_for(1ms);  // past the shortest pause between two tries to move
     if (m == 1) {
       run_on(cores);
       member_1_thread = gettid();

@@ -30,9 +30,6 @@ constexpr size_t kLine = 64;
 constexpr size_t kMemberLines = 2;
 // An owner asleep for its readers wakes at least this often to see whether its stall is over.
 constexpr auto kReaderSleep = std::chrono::milliseconds(50);
-// A member that shares its core with another moves to a free one at most this often: where
-// the host has no free core, the scheduler's placement is as good as any.
-constexpr auto kMoveInterval = std::chrono::milliseconds(100);
 // A slot: the call (Lane::Call and the caller's signature), then the data from kHeader.
 constexpr size_t kHeader = 256;
 // A position's line holds its decision word and, for a call of up to this many bytes, the result
@@ -182,9 +179,7 @@ std::atomic<uint32_t>& Lane::core(int member) const {
 bool Lane::move_off_shared_core() {
   // Of the members on this core, the last in rank order moves: they must not all move at once.
   if (member_on_core(core_, rank_ + 1)) return false;
-  const auto now = Clock::now();
-  if (now < next_move_) return false;
-  next_move_ = now + kMoveInterval;
+  if (!move_pacer_.may_try(Clock::now())) return false;
   cpu_set_t allowed;
   if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {

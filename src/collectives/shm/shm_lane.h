@@ -37,6 +37,7 @@
 #include <span>
 #include <vector>
 
+#include "collectives/shm/move_pacer.h"
 #include "krug/types.h"
 
 namespace krug::collectives::shm {
@@ -232,7 +233,7 @@ class Lane {
   bool partner_left_ = false;
   Wait last_wait_ = Wait::kNone;
   uint32_t core_ = 0;  // as core(rank_)
-  std::chrono::steady_clock::time_point next_move_{};  // move_off_shared_core()
+  MovePacer move_pacer_;        // move_off_shared_core()
   std::vector<uint8_t> spare_;  // readable_input()
 };
 
