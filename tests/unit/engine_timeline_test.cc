@@ -243,6 +243,8 @@ TEST_F(EngineTimeline, StartAndStopFromAnotherThreadWhileOperationsRun) {
           if (i % 3 == 0) e.stop_timeline();
         }
       });
+    // Steps on the direct lane take a microsecond: 2000 of them may end before the toggler runs.
+    while (files.load() == 0) std::this_thread::yield();
     for (int step = 0; step < 2000; ++step) {
       allreduce(e, "grad" + std::to_string(step % 7), rank);
       if (step % 100 == 0) allgather(e, "gather" + std::to_string(step), rank);
