@@ -39,7 +39,8 @@ std::vector<Knob> make_table() {
        .field = &Config::direct_lane_bytes, .bounds = kNonNegative,
        .doc = "Largest synchronous allreduce, broadcast or allgather (every rank's tensor "
               "together: 512 KiB a rank at 2 ranks, 64 KiB at 16; a broadcast, whose root alone "
-              "posts its tensor, may take all of it; C++ API, hvd.allreduce, hvd.broadcast_) "
+              "posts its tensor, may take all of it; C++ API, hvd.allreduce, hvd.broadcast_; "
+              "also an asynchronous one that a thread waits for alone at an idle engine) "
               "that skips negotiation when every rank (at most 16) is on one host "
               "and makes the same call at about the same time: the ranks meet on a shared-memory "
               "lane and run it there, or after 4 x KRUG_BUSY_POLL_MICROSECONDS go through the "

@@ -107,9 +107,10 @@ collectives::shm::Lane::Call DirectLane::lane_call(const TensorView& t) const {
   }
 }
 
-bool DirectLane::run(const TensorView& t) {
+bool DirectLane::run(const TensorView& t, Wait wait) {
   if (busy_.test_and_set(std::memory_order_acquire)) return false;
-  const bool ran = run_alone(t);
+  const bool ran = run_alone(t, wait);
+  if (ran) runs_.fetch_add(1, std::memory_order_relaxed);
   busy_.clear(std::memory_order_release);
   return ran;
 }
@@ -120,7 +121,13 @@ void DirectLane::decline(const TensorView& t) {
   busy_.clear(std::memory_order_release);
 }
 
-bool DirectLane::run_alone(const TensorView& t) {
+bool DirectLane::run_alone(const TensorView& t, Wait wait) {
+  if (wait == Wait::kWindowOnly) {
+    lane_->set_wait(window_, {}, /*leave_for_busy=*/true);
+    const bool ran = lane_->run(lane_call(t), encode_signature(t), t.input, t.output);
+    if (ran) misses_ = 0;
+    return ran;
+  }
   if (misses_ >= kMissesBeforePause) {
     if (std::chrono::steady_clock::now() < paused_until_) {
       lane_->decline(lane_call(t), encode_signature(t));

@@ -33,17 +33,32 @@ class DirectLane {
   // allgather's output holds size x its input: the lane runs it only where every rank's shape
   // is the same.
   bool suits(const TensorView& t) const;
+  // How a call waits for its partners on the lane. A synchronous call's thread has nothing
+  // else to do: after its window it sleeps for a late partner. An asynchronous operation run
+  // by the engine's loop (the thread waiting for it) spins its window only, and not while a
+  // peer's engine is busy: that peer sends it for negotiation, which this rank's loop must then
+  // take part in. Its misses never pause the lane: waiting for a late partner there costs no
+  // more than waiting for it through negotiation.
+  enum class Wait : uint8_t { kWindowThenSleep, kWindowOnly };
   // Runs a call that suits() on the lane; false: nothing ran (the caller enqueues it). Any
   // thread; one at a time (another thread's call meanwhile gets false).
-  bool run(const TensorView& t);
+  bool run(const TensorView& t, Wait wait = Wait::kWindowThenSleep);
   // This rank makes a call that suits() through the engine (it has another operation in
   // flight, say): the peers waiting on the lane with it leave at once, not after a window.
   void decline(const TensorView& t);
+  // This rank's engine has operations in flight (or none now): the peers' operations that
+  // the engine runs on the lane (Wait::kWindowOnly) leave it at once meanwhile, since this rank
+  // makes its calls through negotiation. Any thread; cheap when unchanged.
+  void set_engine_busy(bool busy) { lane_->set_busy(busy); }
+  // How long a call waits for its partners before it gives up (Wait::kWindowOnly).
+  std::chrono::nanoseconds window() const { return window_; }
+  // How many calls ran on the lane.
+  uint64_t runs() const { return runs_.load(std::memory_order_relaxed); }
   // The most bytes of one rank's input a call of `op` takes on the lane.
   size_t max_bytes(controller::OpType op) const;
 
  private:
-  bool run_alone(const TensorView& t);  // with busy_ set
+  bool run_alone(const TensorView& t, Wait wait);  // with busy_ set
   // The lane's call for `t` (an average is the sum, divided as the engine divides it: in the
   // postscale).
   collectives::shm::Lane::Call lane_call(const TensorView& t) const;
@@ -55,6 +70,7 @@ class DirectLane {
   std::unique_ptr<transport::Segment> segment_;
   std::unique_ptr<collectives::shm::Lane> lane_;
   std::atomic_flag busy_;  // a thread is in run()
+  std::atomic<uint64_t> runs_{0};
   std::string signature_;  // busy_: the call's, reused
   // busy_: calls in a row that found no partner (those whose partners took the engine or came
   // late do not count: the ranks do make their calls together).

@@ -288,11 +288,17 @@ std::vector<pollfd> Engine::Impl::poll_fds() const {
 void Engine::Impl::advance(bool background) {
   absorb_queue(background);
   negotiation_->advance(Clock::now(), table_.empty());
+  publish_busy();
+}
+
+void Engine::Impl::publish_busy() {
+  if (lane_) lane_->set_engine_busy(!table_.empty());
 }
 
 void Engine::Impl::receive(bool sockets) {
   if (!sockets) {
     if (control_->has_mail()) negotiation_->receive({});
+    publish_busy();
     return;
   }
   auto fds = poll_fds();
@@ -302,6 +308,7 @@ void Engine::Impl::receive(bool sockets) {
   if (fds[0].revents) wakeup_.drain_event();
   if (fds[1].revents && wakeup_.drain_timer()) queue_.timer_fired();
   negotiation_->receive(std::vector<pollfd>(fds.begin() + 2, fds.end()));
+  publish_busy();
 }
 
 bool Engine::Impl::loop_once() {
@@ -358,6 +365,7 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
   while (!lock.try_lock())
     if (handle.done() || Clock::now() >= until) return leave_loop(false);
   if (stopped_) return leave_loop(true);
+  drive_deadline_ = deadline;
   // Lists are read here now: peers need not ring the sleeping background thread's doorbell.
   control_->awake();
   try {
@@ -381,6 +389,7 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
 }
 
 void Engine::Impl::leave_loop(bool held) {
+  if (held) drive_deadline_ = Clock::time_point::max();
   if (held) control_->ring_doorbells(/*force=*/true);
   // First no longer a driver, then look at the queue (under its mutex, as enqueue reads
   // drivers_): an enqueue that saw this thread still driving did not wake the background thread.
@@ -408,6 +417,7 @@ void Engine::Impl::absorb_queue(bool background) {
   if (!queue_.changed()) return;
   bool shutting_down = false;
   if (!queue_.take(background, arrived_, shutting_down)) return;
+  if (!shutting_down && ran_on_lane(background)) return;
   for (auto& node : arrived_) {
     const Request& q = node.mapped().args.request;
     int64_t hit = -1;
@@ -422,6 +432,43 @@ void Engine::Impl::absorb_queue(bool background) {
   }
   arrived_.clear();
   if (shutting_down) negotiation_->begin_shutdown(Clock::now() + whole_ms(config_.timeout));
+}
+
+bool Engine::Impl::ran_on_lane(bool background) {
+  // Not on the background thread, which would spin there while the rank's own threads want its
+  // core; not for several operations, which fusion through negotiation serves better; not for
+  // a thread that waits only until a deadline sooner than the window. A peer that waits for it
+  // on the lane meanwhile leaves as soon as this rank's engine says it is busy with it.
+  if (!lane_ || background || arrived_.size() != 1 || !table_.empty() || timeline_ ||
+      observers_.tensors())
+    return false;
+  if (drive_deadline_ != Clock::time_point::max() &&
+      Clock::now() + lane_->window() > drive_deadline_)
+    return false;
+  LocalEntry& first = arrived_.front().mapped();
+  const TensorArgs& args = first.args;
+  const Request& q = args.request;
+  // By reference, in host memory, whole: as a synchronous call's.
+  if (q.group_size != 0 || q.device != controller::kHostMemory || args.device >= 0 || args.ready ||
+      args.allocate_output)
+    return false;
+  const TensorView view{.name = q.name,
+                        .op = q.op,
+                        .dtype = q.dtype,
+                        .shape = q.shape,
+                        .process_set = q.process_set,
+                        .reduce_op = q.reduce_op,
+                        .prescale = q.prescale,
+                        .postscale = q.postscale,
+                        .root = q.root,
+                        .input = args.input,
+                        .output = args.output};
+  if (!lane_->suits(view) || !lane_->run(view, DirectLane::Wait::kWindowOnly)) return false;
+  auto handle = std::move(first.handle);
+  queue_.recycle(arrived_);  // its name is no longer in flight
+  arrived_.clear();
+  handle->complete_part();
+  return true;
 }
 
 // ---- Responses ----
@@ -568,6 +615,10 @@ bool Engine::run_direct(const TensorView& tensor) {
 
 size_t Engine::direct_lane_bytes(controller::OpType op) const {
   return impl_->direct_lane_bytes(op);
+}
+
+uint64_t Engine::direct_runs() const {
+  return impl_->direct_runs();
 }
 
 void Engine::expedite() const {

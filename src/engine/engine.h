@@ -86,6 +86,9 @@ class Engine {
   // The most bytes of input run_direct() takes for `op`; 0 where this engine has no direct
   // lane.
   size_t direct_lane_bytes(controller::OpType op = controller::OpType::kAllreduce) const;
+  // How many operations ran on the direct lane on this rank: synchronous calls (run_direct) and
+  // operations that arrived alone at an idle engine, taken by a thread that waits for them.
+  uint64_t direct_runs() const;
   // What was just enqueued completes through a callback, with no thread waiting to drive the
   // loop for it (TensorFlow's async kernels): the background thread takes it at once instead of
   // after the batching window that waiting threads use. Const: callers hold a const engine.

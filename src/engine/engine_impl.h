@@ -51,6 +51,7 @@ class Engine::Impl : public Driver,
   // flight, no timeline records it).
   bool idle_for_direct_call();
   size_t direct_lane_bytes(controller::OpType op) const;
+  uint64_t direct_runs() const { return lane_ ? lane_->runs() : 0; }
   SubmissionQueue& queue() { return queue_; }
   const SubmissionQueue& queue() const { return queue_; }
   const Config& config() const { return config_; }
@@ -92,6 +93,13 @@ class Engine::Impl : public Driver,
   void leave_loop(bool held);
   void fail_loop(const std::exception& e);
   void absorb_queue(bool background);
+  // An operation that arrives alone at an idle engine, taken by a thread that waits for it,
+  // runs on the direct lane as a synchronous call does (its ranks make it together and wait
+  // for it: no negotiation is needed). Whether it ran (and completed); false leaves arrived_
+  // to negotiation.
+  bool ran_on_lane(bool background);
+  // Tells the peers' lanes whether this rank has operations in flight (DirectLane).
+  void publish_busy();
   void apply_tuning(int64_t fusion_threshold, double cycle_time_ms);
   // Responses: their names for observers, then their execution in list order.
   void announce(controller::ResponseList& list);
@@ -135,6 +143,9 @@ class Engine::Impl : public Driver,
   Executor executor_;
   bool stopped_ = false;
   std::vector<Table::node_type> arrived_;    // absorb_queue's
+  // Until when the thread that runs the loop now waits (drive()); max: no end, or the
+  // background thread.
+  Clock::time_point drive_deadline_ = Clock::time_point::max();
   std::vector<TableSlot*> allreduce_slots_;  // run_allreduce's
   std::vector<FusedTensor> allreduce_tensors_;
   std::unique_ptr<DirectLane> lane_;  // when synchronous calls may skip negotiation

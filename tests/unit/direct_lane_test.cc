@@ -3,7 +3,9 @@
 // rank with anything else in flight, calls that differ, and a lane turned off run nothing there,
 // and the same calls through the engine then behave as they always did (results, mismatch errors);
 // a rank with something in flight declines its calls, so its peer neither waits nor pauses; a
-// peer that comes later than the window is waited for, asleep, on the lane.
+// peer that comes later than the window is waited for, asleep, on the lane. An asynchronous
+// operation that a thread waits for alone at an idle engine runs there too, and leaves at once
+// where the peer's engine is busy.
 #include "engine/direct_lane.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +21,7 @@
 namespace krug::engine {
 namespace {
 
+using namespace std::chrono_literals;
 using controller::OpType;
 using testing::expect_ok;
 using testing::request;
@@ -280,6 +283,91 @@ TEST(EngineDirectLane, ABroadcastMayTakeTheWholeBudget) {
         long_window(c);
         c.direct_lane_bytes = 4096;
       });
+}
+
+TEST(EngineDirectLane, AnOperationWaitedForAloneRunsThereWithTheEnginesResult) {
+  // Each rank submits one operation at a time and waits for it: the waiting thread runs the
+  // loop, finds the engine idle and takes the operation to the lane, as a synchronous call.
+  constexpr int kOps = 50;
+  std::vector<uint64_t> direct(2, 0);
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        const std::vector<int64_t> shape{5};
+        for (int i = 0; i < kOps; ++i) {
+          std::vector<float> in(5, static_cast<float>(rank + i)), out(5, -1.0f);
+          expect_ok(enqueue(e, "alone" + std::to_string(i % 3), shape, in, out));
+          EXPECT_EQ(out, std::vector<float>(5, static_cast<float>(2 * i + 1))) << "op " << i;
+        }
+        direct[rank] = e.direct_runs();
+      },
+      long_window);
+  EXPECT_GT(direct[0], 0u) << "no operation ran on the lane";
+  EXPECT_EQ(direct[0], direct[1]);
+}
+
+TEST(EngineDirectLane, AnOperationWaitedForAloneLeavesAtOnceWhereThePeerNegotiates) {
+  // Rank 0 has "pending" in flight, so it negotiates "now"; rank 1, idle, takes "now" to the
+  // lane, and must leave at once rather than spin its window (80 ms) for a peer that will not
+  // come there.
+  constexpr int kRounds = 5;
+  const auto window = 4 * kLongBusyPoll;
+  std::chrono::steady_clock::duration waited{};
+  std::barrier sync(2);
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        const std::vector<int64_t> shape{4};
+        std::vector<float> in(4, 1.0f), out(4, -1.0f), pending_out(4, -1.0f);
+        for (int i = 0; i < kRounds; ++i) {
+          const std::string n = std::to_string(i);
+          std::shared_ptr<HandleState> pending;
+          if (rank == 0) {
+            pending = enqueue(e, "pending" + n, shape, in, pending_out);
+            // Driving the loop for a moment puts it in flight (rank 1 has not submitted it).
+            EXPECT_FALSE(pending->wait_until(std::chrono::steady_clock::now() + 1ms));
+          }
+          sync.arrive_and_wait();
+          const auto start = std::chrono::steady_clock::now();
+          expect_ok(enqueue(e, "now" + n, shape, in, out));
+          if (rank == 1) waited += std::chrono::steady_clock::now() - start;
+          EXPECT_EQ(out, std::vector<float>(4, 2.0f));
+          if (rank == 1) pending = enqueue(e, "pending" + n, shape, in, pending_out);
+          expect_ok(pending);
+          EXPECT_EQ(pending_out, std::vector<float>(4, 2.0f));
+        }
+      },
+      long_window);
+  // Spinning its window, rank 1 would have waited two of them, until it was a whole ring of
+  // positions ahead of rank 0 (which takes none): from then on its calls leave at once anyway.
+  EXPECT_LT(waited, window) << "rank 1 waited on the lane for a negotiating peer";
+}
+
+TEST(EngineDirectLane, AWaitUntilADeadlineDoesNotOutstayItOnTheLane) {
+  // Rank 0 waits 5 ms for an operation that rank 1 submits only afterwards: the lane's window
+  // (80 ms) is longer than the wait, so the operation does not go there.
+  const auto window = 4 * kLongBusyPoll;
+  std::chrono::steady_clock::duration waited{};
+  std::barrier sync(2);
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        const std::vector<int64_t> shape{4};
+        std::vector<float> in(4, 1.0f), out(4, -1.0f);
+        std::shared_ptr<HandleState> h;
+        if (rank == 0) {
+          h = enqueue(e, "later", shape, in, out);
+          const auto start = std::chrono::steady_clock::now();
+          EXPECT_FALSE(h->wait_until(start + 5ms));
+          waited = std::chrono::steady_clock::now() - start;
+        }
+        sync.arrive_and_wait();
+        if (rank == 1) h = enqueue(e, "later", shape, in, out);
+        expect_ok(h);
+        EXPECT_EQ(out, std::vector<float>(4, 2.0f));
+      },
+      long_window);
+  EXPECT_LT(waited, window / 2) << "a 5 ms wait took the lane's window";
 }
 
 TEST(EngineDirectLane, ZeroBytesTurnsItOff) {

@@ -25,8 +25,8 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kRing = 4;
 constexpr size_t kLine = 64;
 // Each member's lines: what it passed and posted last (written every call, read by the others
-// now and then) and how many owners sleep until it passes, and the core it ran on (read by the
-// others every call, written rarely).
+// now and then) and how many owners sleep until it passes; the core it ran on and whether it is
+// busy (read by the others every call, written rarely).
 constexpr size_t kMemberLines = 2;
 // An owner asleep for its readers wakes at least this often to see whether its stall is over.
 constexpr auto kReaderSleep = std::chrono::milliseconds(50);
@@ -193,6 +193,16 @@ bool Lane::move_off_shared_core() {
   return false;
 }
 
+std::atomic<uint32_t>& Lane::busy_word(int member) const {
+  return *reinterpret_cast<std::atomic<uint32_t>*>(member_line(member, 1) + sizeof(uint64_t));
+}
+
+bool Lane::another_busy() const {
+  for (int m = 0; m < size_; ++m)
+    if (m != rank_ && busy_word(m).load(std::memory_order_acquire) != 0) return true;
+  return false;
+}
+
 bool Lane::member_on_core(uint32_t core_plus_one, int first) const {
   for (int m = first; m < size_; ++m)
     if (m != rank_ && core(m).load(std::memory_order_relaxed) == core_plus_one) return true;
@@ -297,8 +307,12 @@ size_t Lane::max_allgather_bytes() const {
 uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signature,
                              Deadline& deadline) {
   for (uint64_t position = next_;; ++position) {
-    // Its slots were last used kRing positions ago: every member must be done with them.
-    if (position > kRing && !all_passed(position - kRing, deadline)) return 0;
+    // Its slots were last used kRing positions ago: every member must be done with them. A call
+    // that leaves for a busy member does not wait for one that is behind either: that member
+    // has been making its calls through negotiation, and catches up when it next comes.
+    Deadline now(std::chrono::nanoseconds(0));
+    if (position > kRing && !all_passed(position - kRing, leave_for_busy_ ? now : deadline))
+      return 0;
     const uint64_t w = word(position).load(std::memory_order_acquire);
     if (position_of(w) != position || state_of(w) == kOpen) return position;
     if (state_of(w) == kCommit)  // a commit counts every member: this one cannot have missed it
@@ -586,15 +600,19 @@ uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
   for (;;) {
     if (state_of(w) != kOpen) return w;
     if (last_wait_ == Wait::kNone) last_wait_ = Wait::kSpun;
+    bool busy = false;
     if (spin)
       spin_until(
           [&] {
             w = decision_word.load(std::memory_order_acquire);
-            return state_of(w) != kOpen;
+            busy = leave_for_busy_ && another_busy();
+            return state_of(w) != kOpen || busy;
           },
           deadline);
+    else
+      busy = leave_for_busy_ && another_busy();
     if (state_of(w) != kOpen) return w;
-    if (sleep.count() > 0) {
+    if (sleep.count() > 0 && !busy) {
       const auto now = Clock::now();
       if (!sleep_until) sleep_until = now + sleep;
       if (now < *sleep_until) {

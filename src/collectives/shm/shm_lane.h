@@ -83,10 +83,22 @@ class Lane {
   // The most of one member's input in an allgather: its room; read in place, 1/size of
   // max_in_place_bytes.
   size_t max_allgather_bytes() const;
-  // The window and the sleep of the calls from now on.
-  void set_wait(std::chrono::nanoseconds window, std::chrono::nanoseconds sleep) {
+  // The window and the sleep of the calls from now on. `leave_for_busy`: a call leaves a
+  // position at once, as if its window had passed, while another member says it is busy, and
+  // takes the engine at once where a member is kRing positions behind.
+  void set_wait(std::chrono::nanoseconds window, std::chrono::nanoseconds sleep,
+                bool leave_for_busy = false) {
     options_.window = window;
     options_.sleep = sleep;
+    leave_for_busy_ = leave_for_busy;
+  }
+  // This member has other work in flight that its calls wait behind (its engine's operations,
+  // say): the others' calls made with leave_for_busy do not wait for it. Cheap when unchanged;
+  // one thread at a time, any thread.
+  void set_busy(bool busy) {
+    if (busy == busy_) return;
+    busy_ = busy;
+    busy_word(rank_).store(busy ? 1 : 0, std::memory_order_release);
   }
 
   // What a member posts in its slot: the collective and the arguments the members compare
@@ -208,6 +220,10 @@ class Lane {
   // `core_plus_one` (a core plus one, as core()).
   bool member_on_core(uint32_t core_plus_one, int first) const;
   bool another_on_this_core() const;
+  // set_busy() of `member`, in its rarely written line.
+  std::atomic<uint32_t>& busy_word(int member) const;
+  // Whether a member other than this one says it is busy.
+  bool another_busy() const;
   // Where another member shares this member's core and this one is the last of them in rank
   // order, moves this thread to a core no member runs on; whether it moved. The scheduler puts
   // a woken thread beside its waker, so members that wake each other can stay on one core
@@ -233,6 +249,8 @@ class Lane {
   bool partner_left_ = false;
   Wait last_wait_ = Wait::kNone;
   uint32_t core_ = 0;  // as core(rank_)
+  bool busy_ = false;  // as busy_word(rank_)
+  bool leave_for_busy_ = false;
   MovePacer move_pacer_;        // move_off_shared_core()
   std::vector<uint8_t> spare_;  // readable_input()
 };
