@@ -31,6 +31,7 @@ using testing::submit;
 // A busy poll, and with it a window (4 of them), long enough that threads on a busy 2-core
 // machine still meet.
 constexpr auto kLongBusyPoll = std::chrono::microseconds(20000);
+constexpr auto kLongWindow = 4 * kLongBusyPoll;  // the lane's window with it
 void long_window(Config& c) {
   c.busy_poll = kLongBusyPoll;
 }
@@ -196,8 +197,7 @@ TEST(EngineDirectLane, APeerWithAnOperationInFlightCostsNoWindowAndNoPause) {
       },
       long_window);
   // Waiting out its window each time, rank 1 would have spent more than 10 of them.
-  const auto window = 4 * kLongBusyPoll;
-  EXPECT_LT(waited[1], 10 * window) << "rank 1 waited for a peer that had declined";
+  EXPECT_LT(waited[1], 10 * kLongWindow) << "rank 1 waited for a peer that had declined";
   EXPECT_GT(direct[0], 0) << "the lane stayed paused";
   EXPECT_EQ(direct[0], direct[1]);
 }
@@ -311,7 +311,6 @@ TEST(EngineDirectLane, AnOperationWaitedForAloneLeavesAtOnceWhereThePeerNegotiat
   // lane, and must leave at once rather than spin its window (80 ms) for a peer that will not
   // come there.
   constexpr int kRounds = 5;
-  const auto window = 4 * kLongBusyPoll;
   std::chrono::steady_clock::duration waited{};
   std::barrier sync(2);
   run_ranks(
@@ -340,13 +339,12 @@ TEST(EngineDirectLane, AnOperationWaitedForAloneLeavesAtOnceWhereThePeerNegotiat
       long_window);
   // Spinning its window, rank 1 would have waited two of them, until it was a whole ring of
   // positions ahead of rank 0 (which takes none): from then on its calls leave at once anyway.
-  EXPECT_LT(waited, window) << "rank 1 waited on the lane for a negotiating peer";
+  EXPECT_LT(waited, kLongWindow) << "rank 1 waited on the lane for a negotiating peer";
 }
 
 TEST(EngineDirectLane, AWaitUntilADeadlineDoesNotOutstayItOnTheLane) {
   // Rank 0 waits 5 ms for an operation that rank 1 submits only afterwards: the lane's window
   // (80 ms) is longer than the wait, so the operation does not go there.
-  const auto window = 4 * kLongBusyPoll;
   std::chrono::steady_clock::duration waited{};
   std::barrier sync(2);
   run_ranks(
@@ -367,7 +365,7 @@ TEST(EngineDirectLane, AWaitUntilADeadlineDoesNotOutstayItOnTheLane) {
         EXPECT_EQ(out, std::vector<float>(4, 2.0f));
       },
       long_window);
-  EXPECT_LT(waited, window / 2) << "a 5 ms wait took the lane's window";
+  EXPECT_LT(waited, kLongWindow / 2) << "a 5 ms wait took the lane's window";
 }
 
 TEST(EngineDirectLane, ZeroBytesTurnsItOff) {
