@@ -230,7 +230,12 @@ bool Engine::Impl::idle_for_direct_call() {
   // at its first call after a barrier (and free 10-20 us later), and that call took the engine,
   // 0.1-0.5 ms. Read the clock only here: a read costs a VM a good part of a whole lane call.
   if (!lock.owns_lock() && !lock.try_lock_until(Clock::now() + busy_poll_)) return false;
-  return !stopped_ && !timeline_ && table_.empty() && !queue_.changed();
+  return idle_for_lane() && !queue_.changed();
+}
+
+bool Engine::Impl::idle_for_lane() const {
+  // A timeline (the one observer of every operation) must see each call on the engine.
+  return !stopped_ && !observers_.tensors() && table_.empty();
 }
 
 size_t Engine::Impl::direct_lane_bytes(controller::OpType op) const {
@@ -439,9 +444,7 @@ bool Engine::Impl::ran_on_lane(bool background) {
   // core; not for several operations, which fusion through negotiation serves better; not for
   // a thread that waits only until a deadline sooner than the window. A peer that waits for it
   // on the lane meanwhile leaves as soon as this rank's engine says it is busy with it.
-  if (!lane_ || background || arrived_.size() != 1 || !table_.empty() || timeline_ ||
-      observers_.tensors())
-    return false;
+  if (!lane_ || background || arrived_.size() != 1 || !idle_for_lane()) return false;
   if (drive_deadline_ != Clock::time_point::max() &&
       Clock::now() + lane_->window() > drive_deadline_)
     return false;

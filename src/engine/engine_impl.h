@@ -50,6 +50,9 @@ class Engine::Impl : public Driver,
   // Whether a synchronous call may take the direct lane now (nothing else of this rank's is in
   // flight, no timeline records it).
   bool idle_for_direct_call();
+  // With loop_mu_ held: whether a call may take the lane as far as the loop goes (it runs,
+  // nothing of this rank's is in flight, no observer must see every operation).
+  bool idle_for_lane() const;
   size_t direct_lane_bytes(controller::OpType op) const;
   uint64_t direct_runs() const { return lane_ ? lane_->runs() : 0; }
   SubmissionQueue& queue() { return queue_; }

@@ -306,13 +306,13 @@ size_t Lane::max_allgather_bytes() const {
 
 uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signature,
                              Deadline& deadline) {
+  // A position's slots were last used kRing positions ago: every member must be done with them.
+  // A call that leaves for a busy member does not wait for one that is behind either: that
+  // member has been making its calls through negotiation, and catches up when it next comes.
+  Deadline no_wait(std::chrono::nanoseconds(0));
+  Deadline& slots_free_by = leave_for_busy_ ? no_wait : deadline;
   for (uint64_t position = next_;; ++position) {
-    // Its slots were last used kRing positions ago: every member must be done with them. A call
-    // that leaves for a busy member does not wait for one that is behind either: that member
-    // has been making its calls through negotiation, and catches up when it next comes.
-    Deadline now(std::chrono::nanoseconds(0));
-    if (position > kRing && !all_passed(position - kRing, leave_for_busy_ ? now : deadline))
-      return 0;
+    if (position > kRing && !all_passed(position - kRing, slots_free_by)) return 0;
     const uint64_t w = word(position).load(std::memory_order_acquire);
     if (position_of(w) != position || state_of(w) == kOpen) return position;
     if (state_of(w) == kCommit)  // a commit counts every member: this one cannot have missed it
