@@ -132,9 +132,8 @@ class Engine::Impl : public Driver,
   Wakeup wakeup_;
   SubmissionQueue queue_;  // shared with user threads
 
-  // The loop's state: only with loop_mu_ held (or in the constructor). Timed: a direct call
-  // sleeps for it until a deadline (idle_for_direct_call).
-  std::timed_mutex loop_mu_;
+  // The loop's state: only with loop_mu_ held (or in the constructor).
+  std::mutex loop_mu_;
   TensorTable table_;
   controller::ResponseCache cache_;
   std::unique_ptr<ControlPlane> control_;
