@@ -287,6 +287,17 @@ TEST(DirectLane, CollectivesThatDifferInKindOrRootRunNowhere) {
     EXPECT_EQ(gathered, std::vector<float>(8, -1.0f)) << "an output changed on member " << m;
     EXPECT_TRUE(lane.broadcast(sig("r"), in.data(), out.data(), 4, DataType::kFloat32, 1));
     EXPECT_EQ(out, std::vector<float>(4, 2.0f));
+    // Broadcasts that fill the board (6000 bytes, rooms of 4096): from different roots, and
+    // against an allreduce of a whole room. Neither may write into the other's room.
+    std::vector<float> big(1500, 1.0f + m), big_out(1500, -1.0f), room(1024, 1.0f + m);
+    EXPECT_FALSE(lane.broadcast(sig("R"), big.data(), big_out.data(), 1500, DataType::kFloat32, m));
+    EXPECT_FALSE(
+        m == 0 ? lane.broadcast(sig("B"), big.data(), big_out.data(), 1500, DataType::kFloat32, 0)
+               : sum_floats(lane, "B", room, room));
+    EXPECT_EQ(big_out, std::vector<float>(1500, -1.0f)) << "an output changed on member " << m;
+    EXPECT_EQ(room, std::vector<float>(1024, 1.0f + m)) << "an output changed on member " << m;
+    EXPECT_TRUE(lane.broadcast(sig("R"), big.data(), big_out.data(), 1500, DataType::kFloat32, 1));
+    EXPECT_EQ(big_out, std::vector<float>(1500, 2.0f));
   });
 }
 

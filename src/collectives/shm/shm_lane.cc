@@ -243,7 +243,12 @@ std::atomic<uint64_t>& Lane::input_address(int member, uint64_t position) const 
 }
 
 uint8_t* Lane::posted_data(const Call& call, int member, uint64_t position) const {
-  return data(static_cast<Kind>(call.kind) == Kind::kBroadcast ? 0 : member, position);
+  return data(fills_board(call) ? 0 : member, position);
+}
+
+bool Lane::fills_board(const Call& call) const {
+  return static_cast<Kind>(call.kind) == Kind::kBroadcast && !reads_in_place(call) &&
+         call.count * dtype_size(static_cast<DataType>(call.dtype)) > options_.max_bytes;
 }
 
 Lane::Call Lane::allreduce_call(size_t count, DataType dtype, ReduceOp op, double prescale,
@@ -352,11 +357,14 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   const size_t bytes = call.count * dtype_size(dtype);
   const bool in_place = reads_in_place(call);
   const bool owner = kind != Kind::kBroadcast || call.root == rank_;
+  // Before the commit a member writes in its own room only: the others may have posted other
+  // calls here, writing theirs. A root fills the board once the call is committed.
+  const bool board = fills_board(call);
   if (in_place && owner)
     input_address(rank_, position)
         .store(reinterpret_cast<uint64_t>(readable_input(call, input, output)),
                std::memory_order_relaxed);
-  else if (owner)
+  else if (owner && !board)
     reduce::copy(posted_data(call, rank_, position), input, bytes);
   if (kind == Kind::kAllreduce)
     reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
@@ -380,7 +388,15 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     return true;
   }
   if (kind == Kind::kBroadcast && call.root == rank_) {
+    if (board) {
+      reduce::copy(posted_data(call, rank_, position), input, bytes);
+      pass_waking_owners(position);  // the readers wait for this pass
+    }
     if (out != input) std::memcpy(out, input, bytes);  // the root's result: its input
+    if (board) return true;
+  } else if (board) {
+    wait_for_board(position, call.root);
+    make_result(position, call, out);
   } else if (result_bytes(call) <= kInlineBytes) {
     std::memcpy(out, inline_result(position), result_bytes(call));
   } else {
@@ -461,29 +477,44 @@ void Lane::wait_for_readers(uint64_t position) {
   const auto stall_at = Clock::now() + options_.stall;
   // The readers are copying, so spin for them, unless one runs on this core.
   const bool spin = !another_on_this_core();
-  for (int m = 0; m < size_; ++m) {
-    auto& reader = passed(m);
-    auto done = [&] { return reader.load(std::memory_order_acquire) >= position; };
-    if (m == rank_ || (spin && spin_until(done, window))) continue;
-    // Past the window the reader has lost its core: sleep until its pass wakes this member.
-    sleepers(m).fetch_add(1, std::memory_order_seq_cst);
-    for (;;) {
-      const uint64_t seen = reader.load(std::memory_order_seq_cst);
-      if (seen >= position) break;
-      const auto now = Clock::now();
-      if (now >= stall_at) {
-        sleepers(m).fetch_sub(1, std::memory_order_seq_cst);
-        throw Error(fmt::format(
-            "direct lane: rank {} waited {} s for rank {} to finish reading its input in place; "
-            "that rank died or stopped: its own error, or its exit status from the launcher, "
-            "says why",
-            rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), m));
-      }
-      futex_wait(low_half(reader), static_cast<uint32_t>(seen),
-                 std::min<std::chrono::nanoseconds>(kReaderSleep, stall_at - now));
-    }
-    sleepers(m).fetch_sub(1, std::memory_order_seq_cst);
+  for (int m = 0; m < size_; ++m)
+    if (m != rank_ && !await_pass(m, position, spin, window, stall_at))
+      throw Error(fmt::format(
+          "direct lane: rank {} waited {} s for rank {} to finish reading its input in place; "
+          "that rank died or stopped: its own error, or its exit status from the launcher, "
+          "says why",
+          rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), m));
+}
+
+void Lane::wait_for_board(uint64_t position, int root) {
+  Deadline window(options_.window);
+  // The root is copying, so spin for it, unless it runs on this core.
+  if (!await_pass(root, position, !another_on_this_core(), window, Clock::now() + options_.stall))
+    throw Error(fmt::format(
+        "direct lane: rank {} waited {} s for rank {} to post the broadcast they had agreed on; "
+        "that rank died or stopped: its own error, or its exit status from the launcher, says "
+        "why",
+        rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), root));
+}
+
+bool Lane::await_pass(int member, uint64_t position, bool spin, Deadline& window,
+                      Clock::time_point stall_at) {
+  auto& counter = passed(member);
+  auto done = [&] { return counter.load(std::memory_order_acquire) >= position; };
+  if (spin && spin_until(done, window)) return true;
+  // Past the window the member has lost its core: sleep until its pass wakes this one.
+  sleepers(member).fetch_add(1, std::memory_order_seq_cst);
+  bool arrived = false;
+  for (;;) {
+    const uint64_t seen = counter.load(std::memory_order_seq_cst);
+    arrived = seen >= position;
+    const auto now = Clock::now();
+    if (arrived || now >= stall_at) break;
+    futex_wait(low_half(counter), static_cast<uint32_t>(seen),
+               std::min<std::chrono::nanoseconds>(kReaderSleep, stall_at - now));
   }
+  sleepers(member).fetch_sub(1, std::memory_order_seq_cst);
+  return arrived;
 }
 
 void Lane::abort(uint64_t position) {
@@ -554,7 +585,7 @@ uint64_t Lane::arrive(uint64_t position, const Call& call, std::span<const uint8
     const bool last = in + 1 == static_cast<uint64_t>(size_);
     if (last) {
       const bool agree = calls_agree(position, call, signature);
-      if (agree && result_bytes(call) <= kInlineBytes)
+      if (agree && result_bytes(call) <= kInlineBytes && !fills_board(call))
         make_result(position, call, inline_result(position));
       next = make_word(position, agree ? kCommit : kAbort, in + 1);
     }
@@ -650,7 +681,7 @@ void Lane::pass(uint64_t position) {
 
 void Lane::pass_waking_owners(uint64_t position) {
   // Sequentially consistent against a sleeper's count then look at `passed`: one of the two
-  // sides sees the other, so no owner sleeps through this pass.
+  // sides sees the other, so no member waiting for this pass sleeps through it.
   passed(rank_).store(position, std::memory_order_seq_cst);
   if (sleepers(rank_).load(std::memory_order_seq_cst) != 0) futex_wake_all(low_half(passed(rank_)));
   next_ = position + 1;

@@ -191,7 +191,8 @@ class Lane {
   static void sleep_on(std::atomic<uint64_t>& decision_word, uint64_t w,
                        std::chrono::steady_clock::time_point until);
   void pass(uint64_t position);
-  // pass(), after a call read in place, whose owners may sleep until it (wait_for_readers).
+  // pass(), where others may sleep until it: the owners of a call read in place
+  // (wait_for_readers), the readers of a broadcast that fills the board (wait_for_board).
   void pass_waking_owners(uint64_t position);
 
   std::atomic<uint64_t>& word(uint64_t position) const;
@@ -207,6 +208,13 @@ class Lane {
   // Waits until every other member has passed `position`: none reads this member's input any
   // more. Throws after options_.stall.
   void wait_for_readers(uint64_t position);
+  // Waits until `root` has filled the board with its broadcast committed at `position`.
+  // Throws after options_.stall.
+  void wait_for_board(uint64_t position, int root);
+  // Waits until `member` has passed `position`: spins until `window` where `spin`, then sleeps
+  // until that pass wakes this member. False at `stall_at`.
+  bool await_pass(int member, uint64_t position, bool spin, Deadline& window,
+                  std::chrono::steady_clock::time_point stall_at);
   uint8_t* member_line(int member, size_t line) const;
   std::atomic<uint64_t>& passed(int member) const;
   // The last position where `member` completed its post (its slot readable from then on, until
@@ -236,8 +244,12 @@ class Lane {
   // Where `member` posts its data at `position`: its own room, max_bytes() rounded up to a
   // cache line, after the room of the members before it.
   uint8_t* data(int member, uint64_t position) const;
-  // Where `member` posts its data of `call` (a broadcast's root: from the first member's room).
+  // Where `member` posts its data of `call`: its room, or the first member's where the call
+  // fills the board.
   uint8_t* posted_data(const Call& call, int member, uint64_t position) const;
+  // Whether `call` is a broadcast posted across the rooms of several members: only its root
+  // posts, after the commit (the others may have written their rooms for other calls).
+  bool fills_board(const Call& call) const;
 
   int rank_;
   int size_;
