@@ -45,17 +45,17 @@ std::span<const uint8_t> sig(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
-// body(lane, member) on `size` threads, each member with its own Lane over one board, its
-// options those given with `tune(options, member)` applied.
+// body(lane, member) on `size` threads, each member with its own Lane over one board with
+// rooms of `room` bytes, its options those given with `tune(options, member)` applied.
 void on_members(int size, std::chrono::nanoseconds window,
                 const std::function<void(Lane&, int)>& body,
-                const std::function<void(Lane::Options&, int)>& tune = {}) {
-  Board board(size, 4096);
+                const std::function<void(Lane::Options&, int)>& tune = {}, size_t room = 4096) {
+  Board board(size, room);
   std::vector<std::thread> threads;
   for (int m = 0; m < size; ++m)
     threads.emplace_back([&, m] {
       Lane::Options options;
-      options.max_bytes = 4096;
+      options.max_bytes = room;
       options.window = window;
       if (tune) tune(options, m);
       Lane lane(m, size, board.aligned(), options);
@@ -169,6 +169,30 @@ TEST(DirectLane, ABroadcastMayFillEveryMembersRoom) {
     EXPECT_EQ(out, std::vector<int32_t>(over.size(), -1)) << "member " << m;
   });
   EXPECT_EQ(ran, std::vector<int>(3, 9));
+}
+
+TEST(DirectLane, ABroadcastOnTheBoardIsReadAsItsRootWritesIt) {
+  // Rooms of 100 KiB, broadcasts of up to 300 KiB from each root in turn: the root writes its
+  // room before the commit and the rest after it, around the board's end, in parts of 64 KiB
+  // that the readers copy as they come. A window of 1 µs sends them to sleep for the parts
+  // (sleeping up to 5 s for the decision first, so that they still meet).
+  constexpr size_t kRoom = 100 * 1024;
+  on_members(
+      3, 1us,
+      [&](Lane& lane, int m) {
+        for (int i = 0; i < 6; ++i) {
+          const int root = i % 3;
+          const size_t count = (i < 3 ? 3 * kRoom : kRoom + 1000) / sizeof(int32_t);
+          std::vector<int32_t> b(count, -1);
+          if (m == root)
+            for (size_t k = 0; k < count; ++k) b[k] = static_cast<int32_t>(1000 * i + k);
+          ASSERT_TRUE(lane.broadcast(sig("b"), b.data(), b.data(), count, DataType::kInt32, root))
+              << "member " << m << ", call " << i;
+          for (size_t k = 0; k < count; ++k)
+            ASSERT_EQ(b[k], static_cast<int32_t>(1000 * i + k)) << "member " << m << ", call " << i;
+        }
+      },
+      [](Lane::Options& options, int) { options.sleep = 5s; }, kRoom);
 }
 
 // Every member may read every other's memory here (threads of one process): from 1 KiB of result

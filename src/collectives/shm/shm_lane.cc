@@ -38,6 +38,8 @@ constexpr size_t kHeader = 256;
 constexpr size_t kInlineBytes = kLine - sizeof(uint64_t);
 // The last word of a member's header: where its input is, for a call read in place.
 constexpr size_t kAddressOffset = kHeader - sizeof(uint64_t);
+// A root fills the board after the commit in parts of this size, each readable once written.
+constexpr size_t kBoardPart = 64 * 1024;
 static_assert(sizeof(Lane::Call) + Lane::kMaxSignature <= kAddressOffset);
 enum class Kind : uint8_t { kAllreduce, kBroadcast, kAllgather };
 
@@ -242,8 +244,9 @@ std::atomic<uint64_t>& Lane::input_address(int member, uint64_t position) const 
   return *reinterpret_cast<std::atomic<uint64_t>*>(slot(member, position) + kAddressOffset);
 }
 
-uint8_t* Lane::posted_data(const Call& call, int member, uint64_t position) const {
-  return data(fills_board(call) ? 0 : member, position);
+std::atomic<uint64_t>& Lane::board_written(int root, uint64_t position) const {
+  // The slot's word for an input read in place: a broadcast on the board is not read in place.
+  return input_address(root, position);
 }
 
 bool Lane::fills_board(const Call& call) const {
@@ -364,8 +367,10 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     input_address(rank_, position)
         .store(reinterpret_cast<uint64_t>(readable_input(call, input, output)),
                std::memory_order_relaxed);
-  else if (owner && !board)
-    reduce::copy(posted_data(call, rank_, position), input, bytes);
+  else if (owner && board)
+    start_board(position, static_cast<const uint8_t*>(input), bytes);
+  else if (owner)
+    reduce::copy(data(rank_, position), input, bytes);
   if (kind == Kind::kAllreduce)
     reduce::scale(dtype, data(rank_, position), call.count, call.prescale);
   posted(rank_).store(position, std::memory_order_release);
@@ -388,15 +393,12 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     return true;
   }
   if (kind == Kind::kBroadcast && call.root == rank_) {
-    if (board) {
-      reduce::copy(posted_data(call, rank_, position), input, bytes);
-      pass_waking_owners(position);  // the readers wait for this pass
-    }
+    if (board) finish_board(position, static_cast<const uint8_t*>(input), bytes);
     if (out != input) std::memcpy(out, input, bytes);  // the root's result: its input
     if (board) return true;
   } else if (board) {
-    wait_for_board(position, call.root);
-    make_result(position, call, out);
+    read_board(position, call.root, out, bytes);
+    return true;
   } else if (result_bytes(call) <= kInlineBytes) {
     std::memcpy(out, inline_result(position), result_bytes(call));
   } else {
@@ -486,15 +488,64 @@ void Lane::wait_for_readers(uint64_t position) {
           rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), m));
 }
 
-void Lane::wait_for_board(uint64_t position, int root) {
+void Lane::copy_board(uint64_t position, int root, size_t offset, uint8_t* to, const uint8_t* from,
+                      size_t bytes) const {
+  // The data runs from the root's room on, around the board's end to the first member's room.
+  const size_t board = static_cast<size_t>(size_) * data_stride_;
+  uint8_t* base = data(0, position);
+  size_t at = (static_cast<size_t>(root) * data_stride_ + offset) % board;
+  while (bytes > 0) {
+    const size_t part = std::min(bytes, board - at);
+    if (from != nullptr)
+      reduce::copy(base + at, from, part);
+    else
+      reduce::copy(to, base + at, part);
+    to = to == nullptr ? nullptr : to + part;
+    from = from == nullptr ? nullptr : from + part;
+    bytes -= part;
+    at = 0;
+  }
+}
+
+void Lane::start_board(uint64_t position, const uint8_t* input, size_t bytes) {
+  const size_t own = std::min(bytes, options_.max_bytes);
+  copy_board(position, rank_, 0, nullptr, input, own);
+  board_written(rank_, position).store(own, std::memory_order_relaxed);  // posted() releases it
+}
+
+void Lane::finish_board(uint64_t position, const uint8_t* input, size_t bytes) {
+  auto& written = board_written(rank_, position);
+  for (size_t done = written.load(std::memory_order_relaxed); done < bytes;) {
+    const size_t part = std::min(kBoardPart, bytes - done);
+    copy_board(position, rank_, done, nullptr, input + done, part);
+    done += part;
+    written.store(done, std::memory_order_release);
+  }
+  pass_waking_owners(position);  // a reader that lost its core sleeps until this pass
+}
+
+void Lane::read_board(uint64_t position, int root, uint8_t* out, size_t bytes) {
+  auto& written = board_written(root, position);
   Deadline window(options_.window);
-  // The root is copying, so spin for it, unless it runs on this core.
-  if (!await_pass(root, position, !another_on_this_core(), window, Clock::now() + options_.stall))
-    throw Error(fmt::format(
-        "direct lane: rank {} waited {} s for rank {} to post the broadcast they had agreed on; "
-        "that rank died or stopped: its own error, or its exit status from the launcher, says "
-        "why",
-        rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), root));
+  // The root is copying, so spin for its next part, unless it runs on this core.
+  const bool spin = !another_on_this_core();
+  size_t copied = 0;
+  while (copied < bytes) {
+    size_t ready = written.load(std::memory_order_acquire);
+    auto more = [&] { return (ready = written.load(std::memory_order_acquire)) > copied; };
+    if (ready == copied && !(spin && spin_until(more, window))) {
+      if (!await_pass(root, position, false, window, Clock::now() + options_.stall))
+        throw Error(fmt::format(
+            "direct lane: rank {} waited {} s for rank {} to post the broadcast they had agreed "
+            "on; that rank died or stopped: its own error, or its exit status from the "
+            "launcher, says why",
+            rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), root));
+      ready = bytes;  // the root passes once it has written everything
+    }
+    copy_board(position, root, copied, out + copied, nullptr, ready - copied);
+    copied = ready;
+  }
+  pass(position);
 }
 
 bool Lane::await_pass(int member, uint64_t position, bool spin, Deadline& window,
@@ -562,7 +613,7 @@ void Lane::make_result(uint64_t position, const Call& call, uint8_t* out) const 
                            [&](int m) { return data(m, position); });
       break;
     case Kind::kBroadcast:
-      reduce::copy(out, posted_data(call, call.root, position), bytes);
+      reduce::copy(out, data(call.root, position), bytes);
       break;
     case Kind::kAllgather:
       for (int m = 0; m < size_; ++m)

@@ -192,7 +192,7 @@ class Lane {
                        std::chrono::steady_clock::time_point until);
   void pass(uint64_t position);
   // pass(), where others may sleep until it: the owners of a call read in place
-  // (wait_for_readers), the readers of a broadcast that fills the board (wait_for_board).
+  // (wait_for_readers), the readers of a broadcast on the board (read_board).
   void pass_waking_owners(uint64_t position);
 
   std::atomic<uint64_t>& word(uint64_t position) const;
@@ -208,9 +208,19 @@ class Lane {
   // Waits until every other member has passed `position`: none reads this member's input any
   // more. Throws after options_.stall.
   void wait_for_readers(uint64_t position);
-  // Waits until `root` has filled the board with its broadcast committed at `position`.
-  // Throws after options_.stall.
-  void wait_for_board(uint64_t position, int root);
+  // A broadcast on the board: its root writes its own room before the commit (start_board),
+  // the rest after it (finish_board) in parts the readers copy as each is written
+  // (read_board). Before the commit the others may have written their rooms for other calls.
+  void start_board(uint64_t position, const uint8_t* input, size_t bytes);
+  void finish_board(uint64_t position, const uint8_t* input, size_t bytes);
+  // Copies the root's data into `out`, then passes; throws after options_.stall.
+  void read_board(uint64_t position, int root, uint8_t* out, size_t bytes);
+  // Copies `bytes` of `root`'s broadcast from `offset` on: onto the board from `from`, or off
+  // it into `to` (the other null).
+  void copy_board(uint64_t position, int root, size_t offset, uint8_t* to, const uint8_t* from,
+                  size_t bytes) const;
+  // How many bytes of its broadcast `root` has written on the board at `position`.
+  std::atomic<uint64_t>& board_written(int root, uint64_t position) const;
   // Waits until `member` has passed `position`: spins until `window` where `spin`, then sleeps
   // until that pass wakes this member. False at `stall_at`.
   bool await_pass(int member, uint64_t position, bool spin, Deadline& window,
@@ -244,11 +254,8 @@ class Lane {
   // Where `member` posts its data at `position`: its own room, max_bytes() rounded up to a
   // cache line, after the room of the members before it.
   uint8_t* data(int member, uint64_t position) const;
-  // Where `member` posts its data of `call`: its room, or the first member's where the call
-  // fills the board.
-  uint8_t* posted_data(const Call& call, int member, uint64_t position) const;
-  // Whether `call` is a broadcast posted across the rooms of several members: only its root
-  // posts, after the commit (the others may have written their rooms for other calls).
+  // Whether `call` is a broadcast larger than a room: its root posts it across the board,
+  // from its own room on.
   bool fills_board(const Call& call) const;
 
   int rank_;
