@@ -168,7 +168,7 @@ bool run_direct(const std::string& name, const Op& op, const TensorView& input, 
   const bool lane_op = op.type == OpType::kAllreduce || op.type == OpType::kBroadcast ||
                        op.type == OpType::kAllgather;
   if (!lane_op || input.device.kind != DeviceKind::kCPU) return false;
-  std::shared_ptr<engine::Engine> engine = current_engine();
+  const auto& engine = engine_for_call();
   api::check_tensor(name, core(op.type), input);
   return engine->run_direct(by_reference_view(name, op, input, output));
 }

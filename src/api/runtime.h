@@ -17,6 +17,12 @@ namespace krug {
 // Throws krug::Error when krug is not initialized.
 std::shared_ptr<engine::Engine> current_engine();
 
+// current_engine() for a call that does not outlive the reference: this thread's own copy, read
+// without a lock, valid until this thread's next call into krug. The copy is refreshed once
+// init() or shutdown() has changed the engine since; until then (or the thread's exit) it keeps
+// an engine that shutdown() stopped in memory. Throws krug::Error when krug is not initialized.
+const std::shared_ptr<engine::Engine>& engine_for_call();
+
 // This initialization's counters for unnamed operations (made fresh by every init()). Throws
 // krug::Error when krug is not initialized.
 std::shared_ptr<OpNameCounters> current_op_name_counters();
