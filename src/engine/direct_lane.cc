@@ -110,7 +110,8 @@ collectives::shm::Lane::Call DirectLane::lane_call(const TensorView& t) const {
 bool DirectLane::run(const TensorView& t, Wait wait) {
   if (busy_.test_and_set(std::memory_order_acquire)) return false;
   const bool ran = run_alone(t, wait);
-  if (ran) runs_.fetch_add(1, std::memory_order_relaxed);
+  // Only the holder of busy_ writes the count: no locked add on every call.
+  if (ran) runs_.store(runs_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   busy_.clear(std::memory_order_release);
   return ran;
 }

@@ -72,7 +72,12 @@ Lane::Call call_of(Kind kind, size_t count, DataType dtype) {
                     .kind = static_cast<uint8_t>(kind),
                     .dtype = static_cast<uint8_t>(dtype),
                     .op = 0,
-                    .padding = 0};
+                    .element_size = static_cast<uint8_t>(dtype_size(dtype))};
+}
+
+// The data of one member.
+size_t data_bytes(const Lane::Call& call) {
+  return call.count * call.element_size;
 }
 
 size_t round_up(size_t n, size_t to) {
@@ -251,7 +256,7 @@ std::atomic<uint64_t>& Lane::board_written(int root, uint64_t position) const {
 
 bool Lane::fills_board(const Call& call) const {
   return static_cast<Kind>(call.kind) == Kind::kBroadcast && !reads_in_place(call) &&
-         call.count * dtype_size(static_cast<DataType>(call.dtype)) > options_.max_bytes;
+         data_bytes(call) > options_.max_bytes;
 }
 
 Lane::Call Lane::allreduce_call(size_t count, DataType dtype, ReduceOp op, double prescale,
@@ -296,7 +301,7 @@ bool Lane::fits(const Call& call, std::span<const uint8_t> signature) const {
 
 bool Lane::data_fits(const Call& call) const {
   if (reads_in_place(call)) return result_bytes(call) <= options_.max_in_place_bytes;
-  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  const size_t bytes = data_bytes(call);
   const bool broadcast = static_cast<Kind>(call.kind) == Kind::kBroadcast;
   return bytes <=
          (broadcast ? static_cast<size_t>(size_) * options_.max_bytes : options_.max_bytes);
@@ -357,7 +362,7 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   post_call(position, call, signature);
   const auto kind = static_cast<Kind>(call.kind);
   const auto dtype = static_cast<DataType>(call.dtype);
-  const size_t bytes = call.count * dtype_size(dtype);
+  const size_t bytes = data_bytes(call);
   const bool in_place = reads_in_place(call);
   const bool owner = kind != Kind::kBroadcast || call.root == rank_;
   // Before the commit a member writes in its own room only: the others may have posted other
@@ -434,7 +439,7 @@ const void* Lane::readable_input(const Call& call, const void* input, const void
   if (static_cast<Kind>(call.kind) != Kind::kAllgather) return input;
   // This member writes the others' rows into its output while they read its input: an input
   // inside those rows is read from a copy that stays put until they are done.
-  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  const size_t bytes = data_bytes(call);
   const auto in = reinterpret_cast<uintptr_t>(input);
   const auto out = reinterpret_cast<uintptr_t>(output);
   const uintptr_t own = out + static_cast<uintptr_t>(rank_) * bytes;
@@ -445,7 +450,7 @@ const void* Lane::readable_input(const Call& call, const void* input, const void
 }
 
 void Lane::read_in_place(uint64_t position, const Call& call, uint8_t* out) {
-  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  const size_t bytes = data_bytes(call);
   const bool gather = static_cast<Kind>(call.kind) == Kind::kAllgather;
   // This member's input as the others read it (its copy, where its rows would overwrite it).
   const auto* mine =
@@ -599,14 +604,14 @@ bool Lane::all_passed(uint64_t position, Deadline& deadline) {
 }
 
 size_t Lane::result_bytes(const Call& call) const {
-  const size_t bytes = call.count * dtype_size(static_cast<DataType>(call.dtype));
+  const size_t bytes = data_bytes(call);
   return static_cast<Kind>(call.kind) == Kind::kAllgather ? bytes * static_cast<size_t>(size_)
                                                           : bytes;
 }
 
 void Lane::make_result(uint64_t position, const Call& call, uint8_t* out) const {
   const auto dtype = static_cast<DataType>(call.dtype);
-  const size_t bytes = call.count * dtype_size(dtype);
+  const size_t bytes = data_bytes(call);
   switch (static_cast<Kind>(call.kind)) {
     case Kind::kAllreduce:
       reduce_in_rank_order(dtype, static_cast<ReduceOp>(call.op), out, size_, call.count,

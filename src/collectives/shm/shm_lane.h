@@ -112,8 +112,8 @@ class Lane {
     uint16_t root;  // broadcast
     uint8_t kind;
     uint8_t dtype;
-    uint8_t op;  // allreduce
-    uint8_t padding;
+    uint8_t op;            // allreduce
+    uint8_t element_size;  // of dtype: read on every call, where dtype_size() costs a call
   };
   // output = prescale * input, reduced over the members, times postscale; `op` is the kernel's
   // (an average is a sum with postscale / size).
