@@ -327,7 +327,10 @@ uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signatur
   for (uint64_t position = next_;; ++position) {
     if (position > kRing && !all_passed(position - kRing, slots_free_by)) return 0;
     const uint64_t w = word(position).load(std::memory_order_acquire);
-    if (position_of(w) != position || state_of(w) == kOpen) return position;
+    if (position_of(w) != position || state_of(w) == kOpen) {
+      seen_word_ = w;
+      return position;
+    }
     if (state_of(w) == kCommit)  // a commit counts every member: this one cannot have missed it
       throw Error(
           fmt::format("direct lane: position {} committed without rank {}", position, rank_));
@@ -392,6 +395,8 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     pass(position);
     return false;
   }
+  // Every member counted itself in after passing the position before: no need to look.
+  all_passed_ = std::max(all_passed_, position - 1);
   auto* out = static_cast<uint8_t*>(output);
   if (in_place) {
     read_in_place(position, call, out);
@@ -629,7 +634,10 @@ void Lane::make_result(uint64_t position, const Call& call, uint8_t* out) const 
 
 uint64_t Lane::arrive(uint64_t position, const Call& call, std::span<const uint8_t> signature) {
   auto& decision_word = word(position);
-  uint64_t w = decision_word.load(std::memory_order_acquire);
+  // The word as live_position saw it, not loaded again: where another member has counted itself
+  // in since, the compare-and-swap fails and fetches the line once (a load then a swap would
+  // move it twice).
+  uint64_t w = seen_word_;
   for (;;) {
     if (position_of(w) == position && state_of(w) != kOpen) return w;  // aborted meanwhile
     // A word of an earlier position: this member is the first here.

@@ -265,6 +265,7 @@ class Lane {
   size_t data_stride_;       // max_bytes, rounded up to a cache line
   uint64_t next_ = 1;        // the next position this member takes
   uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
+  uint64_t seen_word_ = 0;   // the decision word of the position live_position() returned
   bool partner_left_ = false;
   Wait last_wait_ = Wait::kNone;
   uint32_t core_ = 0;  // as core(rank_)
