@@ -317,20 +317,17 @@ size_t Lane::max_allgather_bytes() const {
   return options_.pids.empty() ? options_.max_bytes : std::max(options_.max_bytes, in_place);
 }
 
-uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signature,
-                             Deadline& deadline) {
+Lane::Live Lane::live_position(const Call& call, std::span<const uint8_t> signature,
+                               Deadline& deadline) {
   // A position's slots were last used kRing positions ago: every member must be done with them.
   // A call that leaves for a busy member does not wait for one that is behind either: that
   // member has been making its calls through negotiation, and catches up when it next comes.
   Deadline no_wait(std::chrono::nanoseconds(0));
   Deadline& slots_free_by = leave_for_busy_ ? no_wait : deadline;
   for (uint64_t position = next_;; ++position) {
-    if (position > kRing && !all_passed(position - kRing, slots_free_by)) return 0;
+    if (position > kRing && !all_passed(position - kRing, slots_free_by)) return {};
     const uint64_t w = word(position).load(std::memory_order_acquire);
-    if (position_of(w) != position || state_of(w) == kOpen) {
-      seen_word_ = w;
-      return position;
-    }
+    if (position_of(w) != position || state_of(w) == kOpen) return {position, w};
     if (state_of(w) == kCommit)  // a commit counts every member: this one cannot have missed it
       throw Error(
           fmt::format("direct lane: position {} committed without rank {}", position, rank_));
@@ -341,7 +338,7 @@ uint64_t Lane::live_position(const Call& call, std::span<const uint8_t> signatur
     pass(position);
     if (gone_to_engine) {
       partner_left_ = true;
-      return 0;
+      return {};
     }
   }
 }
@@ -360,7 +357,8 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   Call call = asked;
   call.signature_length = static_cast<uint16_t>(signature.size());
   Deadline deadline(options_.window);
-  const uint64_t position = live_position(call, signature, deadline);
+  const Live live = live_position(call, signature, deadline);
+  const uint64_t position = live.position;
   if (position == 0) return false;
   post_call(position, call, signature);
   const auto kind = static_cast<Kind>(call.kind);
@@ -389,7 +387,7 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
     core(rank_).store(core_, std::memory_order_relaxed);
   }
 
-  const uint64_t w = decision(position, arrive(position, call, signature), deadline);
+  const uint64_t w = decision(position, arrive(live, call, signature), deadline);
   if (state_of(w) != kCommit) {
     partner_left_ = posted_by_another(position, call, signature);
     pass(position);
@@ -425,7 +423,7 @@ void Lane::decline(const Call& asked, std::span<const uint8_t> signature) {
   Call call = asked;
   call.signature_length = static_cast<uint16_t>(signature.size());
   Deadline now(std::chrono::nanoseconds(0));
-  const uint64_t position = live_position(call, signature, now);
+  const uint64_t position = live_position(call, signature, now).position;
   if (position == 0) return;
   // Posted before the abort: whoever sees the abort finds the call it may be waiting with.
   post_call(position, call, signature);
@@ -632,12 +630,13 @@ void Lane::make_result(uint64_t position, const Call& call, uint8_t* out) const 
   }
 }
 
-uint64_t Lane::arrive(uint64_t position, const Call& call, std::span<const uint8_t> signature) {
+uint64_t Lane::arrive(Live live, const Call& call, std::span<const uint8_t> signature) {
+  const uint64_t position = live.position;
   auto& decision_word = word(position);
   // The word as live_position saw it, not loaded again: where another member has counted itself
   // in since, the compare-and-swap fails and fetches the line once (a load then a swap would
   // move it twice).
-  uint64_t w = seen_word_;
+  uint64_t w = live.word;
   for (;;) {
     if (position_of(w) == position && state_of(w) != kOpen) return w;  // aborted meanwhile
     // A word of an earlier position: this member is the first here.

@@ -157,19 +157,25 @@ class Lane {
   bool fits(const Call& call, std::span<const uint8_t> signature) const;
   // Whether `call`'s data fits: on the board, or read in place.
   bool data_fits(const Call& call) const;
-  // The first live position from next_, dead ones passed; 0 where the call must take the
-  // engine: a slot still in use at the deadline, or a dead position where another member
+  // A position this member may post at, and its decision word as then read.
+  struct Live {
+    uint64_t position = 0;
+    uint64_t word = 0;
+  };
+  // The first live position from next_, dead ones passed; position 0 where the call must take
+  // the engine: a slot still in use at the deadline, or a dead position where another member
   // posted this very call (it runs it through the engine).
-  uint64_t live_position(const Call& call, std::span<const uint8_t> signature, Deadline& deadline);
+  Live live_position(const Call& call, std::span<const uint8_t> signature, Deadline& deadline);
   // Writes `call` and `signature` into this member's slot at `position`.
   void post_call(uint64_t position, const Call& call, std::span<const uint8_t> signature);
   // Aborts `position` for everyone, unless it is decided already.
   void abort(uint64_t position);
   // Waits until every member has passed `position` (none of them reads its slots any more).
   bool all_passed(uint64_t position, Deadline& deadline);
-  // Counts this member in at `position` (its slot written); returns the decision word after.
-  // The last member in also makes a small result in the position's line before it commits.
-  uint64_t arrive(uint64_t position, const Call& call, std::span<const uint8_t> signature);
+  // Counts this member in at `live.position` (its slot written); returns the decision word
+  // after. The last member in also makes a small result in the position's line before it
+  // commits.
+  uint64_t arrive(Live live, const Call& call, std::span<const uint8_t> signature);
   // The result of `call` from every member's data at `position` (before the postscale).
   void make_result(uint64_t position, const Call& call, uint8_t* out) const;
   size_t result_bytes(const Call& call) const;
@@ -265,7 +271,6 @@ class Lane {
   size_t data_stride_;       // max_bytes, rounded up to a cache line
   uint64_t next_ = 1;        // the next position this member takes
   uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
-  uint64_t seen_word_ = 0;   // the decision word of the position live_position() returned
   bool partner_left_ = false;
   Wait last_wait_ = Wait::kNone;
   uint32_t core_ = 0;  // as core(rank_)
