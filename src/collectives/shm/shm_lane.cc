@@ -489,11 +489,15 @@ void Lane::wait_for_readers(uint64_t position) {
   const bool spin = !another_on_this_core();
   for (int m = 0; m < size_; ++m)
     if (m != rank_ && !await_pass(m, position, spin, window, stall_at))
-      throw Error(fmt::format(
-          "direct lane: rank {} waited {} s for rank {} to finish reading its input in place; "
-          "that rank died or stopped: its own error, or its exit status from the launcher, "
-          "says why",
-          rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), m));
+      throw stalled_on(m, "finish reading its input in place");
+}
+
+Error Lane::stalled_on(int member, std::string_view what) const {
+  return Error(fmt::format(
+      "direct lane: rank {} waited {} s for rank {} to {}; that rank died or stopped: its own "
+      "error, or its exit status from the launcher, says why",
+      rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), member,
+      what));
 }
 
 void Lane::copy_board(uint64_t position, int root, size_t offset, uint8_t* to, const uint8_t* from,
@@ -501,17 +505,14 @@ void Lane::copy_board(uint64_t position, int root, size_t offset, uint8_t* to, c
   // The data runs from the root's room on, around the board's end to the first member's room.
   const size_t board = static_cast<size_t>(size_) * data_stride_;
   uint8_t* base = data(0, position);
-  size_t at = (static_cast<size_t>(root) * data_stride_ + offset) % board;
-  while (bytes > 0) {
-    const size_t part = std::min(bytes, board - at);
+  for (size_t done = 0; done < bytes;) {
+    const size_t at = (static_cast<size_t>(root) * data_stride_ + offset + done) % board;
+    const size_t part = std::min(bytes - done, board - at);
     if (from != nullptr)
-      reduce::copy(base + at, from, part);
+      reduce::copy(base + at, from + done, part);
     else
-      reduce::copy(to, base + at, part);
-    to = to == nullptr ? nullptr : to + part;
-    from = from == nullptr ? nullptr : from + part;
-    bytes -= part;
-    at = 0;
+      reduce::copy(to + done, base + at, part);
+    done += part;
   }
 }
 
@@ -543,11 +544,7 @@ void Lane::read_board(uint64_t position, int root, uint8_t* out, size_t bytes) {
     auto more = [&] { return (ready = written.load(std::memory_order_acquire)) > copied; };
     if (ready == copied && !(spin && spin_until(more, window))) {
       if (!await_pass(root, position, false, window, Clock::now() + options_.stall))
-        throw Error(fmt::format(
-            "direct lane: rank {} waited {} s for rank {} to post the broadcast they had agreed "
-            "on; that rank died or stopped: its own error, or its exit status from the "
-            "launcher, says why",
-            rank_, std::chrono::duration_cast<std::chrono::seconds>(options_.stall).count(), root));
+        throw stalled_on(root, "post the broadcast they had agreed on");
       ready = bytes;  // the root passes once it has written everything
     }
     copy_board(position, root, copied, out + copied, nullptr, ready - copied);

@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "collectives/shm/move_pacer.h"
@@ -225,6 +226,8 @@ class Lane {
   // it into `to` (the other null).
   void copy_board(uint64_t position, int root, size_t offset, uint8_t* to, const uint8_t* from,
                   size_t bytes) const;
+  // The error of a wait for `member` to `what` that lasted options_.stall.
+  Error stalled_on(int member, std::string_view what) const;
   // How many bytes of its broadcast `root` has written on the board at `position`.
   std::atomic<uint64_t>& board_written(int root, uint64_t position) const;
   // Waits until `member` has passed `position`: spins until `window` where `spin`, then sleeps
