@@ -1,5 +1,7 @@
 #include "engine/direct_lane.h"
 
+#include <cstring>
+
 #include "collectives/shm/cross_memory.h"
 #include "common/shape.h"
 
@@ -24,9 +26,11 @@ constexpr int kWindowsAfterAMiss = 10;
 // (it runs its calls asynchronously, say) costs a sleep once, not every call.
 constexpr auto kSleepInStep = std::chrono::milliseconds(20);
 
+// Writes `value`'s bytes at `at`; returns the end.
 template <typename T>
-void append(std::string& out, const T& value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof(value));
+char* put(char* at, const T& value) {
+  std::memcpy(at, &value, sizeof(value));
+  return at + sizeof(value);
 }
 
 }  // namespace
@@ -80,13 +84,16 @@ size_t DirectLane::max_bytes(controller::OpType op) const {
 }
 
 std::span<const uint8_t> DirectLane::encode_signature(const TensorView& t) {
-  signature_.clear();
   // The lane compares the collective, count, dtype, scale factors and root itself; an average
-  // and a sum differ here.
-  append(signature_, static_cast<uint8_t>(t.reduce_op));
-  append(signature_, static_cast<uint32_t>(t.shape.size()));
-  for (int64_t d : t.shape) append(signature_, d);
-  signature_ += t.name;
+  // and a sum differ here. Written in place: appending piece by piece cost a 4-byte call a
+  // sixth of its instructions.
+  const auto dims = static_cast<uint32_t>(t.shape.size());
+  const size_t dims_bytes = dims * sizeof(int64_t);
+  signature_.resize(sizeof(uint8_t) + sizeof(dims) + dims_bytes + t.name.size());
+  char* at = put(signature_.data(), static_cast<uint8_t>(t.reduce_op));
+  at = put(at, dims);
+  if (dims_bytes > 0) std::memcpy(at, t.shape.data(), dims_bytes);
+  if (!t.name.empty()) std::memcpy(at + dims_bytes, t.name.data(), t.name.size());
   return {reinterpret_cast<const uint8_t*>(signature_.data()), signature_.size()};
 }
 
