@@ -59,11 +59,18 @@ class DirectLane {
 
  private:
   bool run_alone(const TensorView& t, Wait wait);  // with busy_ set
+  // Makes call_ and signature_ t's, unless they are already: a program repeats its calls (a
+  // step's), and making them again cost a small call a tenth of its instructions.
+  void prepare(const TensorView& t);
+  bool prepared_for(const TensorView& t) const;
   // The lane's call for `t` (an average is the sum, divided as the engine divides it: in the
   // postscale).
   collectives::shm::Lane::Call lane_call(const TensorView& t) const;
-  // t's signature, in signature_.
-  std::span<const uint8_t> encode_signature(const TensorView& t);
+  // t's signature, into signature_.
+  void encode_signature(const TensorView& t);
+  std::span<const uint8_t> signature() const {
+    return {reinterpret_cast<const uint8_t*>(signature_.data()), signature_.size()};
+  }
 
   int size_;
   std::chrono::nanoseconds window_;
@@ -71,7 +78,18 @@ class DirectLane {
   std::unique_ptr<collectives::shm::Lane> lane_;
   std::atomic_flag busy_;  // a thread is in run()
   std::atomic<uint64_t> runs_{0};
-  std::string signature_;  // busy_: the call's, reused
+  // busy_: the call prepared last, its signature (reused), and the arguments of the call that
+  // the signature does not hold.
+  collectives::shm::Lane::Call call_{};
+  std::string signature_;
+  struct {
+    bool valid = false;
+    controller::OpType op{};
+    DataType dtype{};
+    double prescale = 0;
+    double postscale = 0;
+    int32_t root = 0;
+  } prepared_;
   // busy_: calls in a row that found no partner (those whose partners took the engine or came
   // late do not count: the ranks do make their calls together).
   int misses_ = 0;

@@ -147,6 +147,82 @@ TEST(EngineDirectLane, BroadcastsAndAllgathersRunThere) {
   EXPECT_EQ(direct[0], direct[1]);
 }
 
+TEST(EngineDirectLane, ACallThatDiffersFromTheLastInOneArgumentRunsAsItself) {
+  // The lane keeps the last call's arguments made ready (the same name and shape every step):
+  // a call under the same name that differs from the one before in a single argument must not
+  // run as that one. Inputs are rank + 1 (floats), -(rank + 1) (int32: NaNs read as floats).
+  struct Step {
+    OpType op = OpType::kAllreduce;
+    ReduceOp reduce_op = ReduceOp::kSum;
+    DataType dtype = DataType::kFloat32;
+    std::vector<int64_t> shape{6};
+    double prescale = 1.0;
+    double postscale = 1.0;
+    int32_t root = 0;
+    double want = 3;  // each element of the result; the rest of the 6 stay -1
+  };
+  const std::vector<Step> steps{
+      {},
+      {.prescale = 2.0, .want = 6},
+      {},
+      {.postscale = 0.5, .want = 1.5},
+      {},
+      {.reduce_op = ReduceOp::kAverage, .want = 1.5},
+      {},
+      {.reduce_op = ReduceOp::kMax, .want = 2},
+      {},
+      {.shape = {2}},
+      {},
+      {.dtype = DataType::kInt32, .want = -3},
+      {},
+      {.op = OpType::kBroadcast, .root = 1, .want = 2},
+      {.op = OpType::kBroadcast, .root = 0, .want = 1},
+      {},
+  };
+  std::vector<int> direct(2, 0);
+  std::barrier sync(2);
+  run_ranks(
+      2,
+      [&](Engine& e, int rank) {
+        const std::string name = "same";
+        for (int round = 0; round < 4; ++round)
+          for (size_t i = 0; i < steps.size(); ++i) {
+            const Step& s = steps[i];
+            sync.arrive_and_wait();
+            std::vector<float> floats(6, static_cast<float>(rank + 1)), float_out(6, -1.0f);
+            std::vector<int32_t> ints(6, -(rank + 1)), int_out(6, -1);
+            const bool is_int = s.dtype == DataType::kInt32;
+            void* in = is_int ? static_cast<void*>(ints.data()) : floats.data();
+            void* out = is_int ? static_cast<void*>(int_out.data()) : float_out.data();
+            const bool ran = e.run_direct(TensorView{.name = name,
+                                                     .op = s.op,
+                                                     .dtype = s.dtype,
+                                                     .shape = s.shape,
+                                                     .reduce_op = s.reduce_op,
+                                                     .prescale = s.prescale,
+                                                     .postscale = s.postscale,
+                                                     .root = s.root,
+                                                     .input = in,
+                                                     .output = out});
+            if (!ran) continue;  // ran on neither rank: both skip it
+            ++direct[rank];
+            const auto n = static_cast<size_t>(s.shape[0]);
+            if (is_int) {
+              std::vector<int32_t> want(n, static_cast<int32_t>(s.want));
+              want.resize(6, -1);
+              EXPECT_EQ(int_out, want) << "step " << i;
+            } else {
+              std::vector<float> want(n, static_cast<float>(s.want));
+              want.resize(6, -1.0f);
+              EXPECT_EQ(float_out, want) << "step " << i;
+            }
+          }
+      },
+      long_window);
+  EXPECT_GT(direct[0], 0) << "no call ran on the lane";
+  EXPECT_EQ(direct[0], direct[1]);
+}
+
 TEST(EngineDirectLane, ARankWithAnOperationInFlightRunsNothingThere) {
   run_ranks(2, [&](Engine& e, int rank) {
     const std::vector<int64_t> shape{4};
