@@ -466,6 +466,7 @@ class Bench {
     name_ = "krug-bench/" + o_.collective_name + "/" + std::string(krug::dtype_name(o_.dtype)) +
             "/" + std::to_string(elems);
     elems_ = elems;
+    shape_ = {elems};
     r.count = o_.collective == Collective::kAllgather ? elems * size_ : elems;
     r.bytes = r.count * esize_;
     prepare_inputs();
@@ -508,7 +509,6 @@ class Bench {
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
-  krug::Shape shape() const { return {elems_}; }
   size_t bytes() const { return static_cast<size_t>(elems_ * esize_); }
   size_t output_bytes() const {
     return o_.collective == Collective::kAllgather ? bytes() * static_cast<size_t>(size_) : bytes();
@@ -524,16 +524,16 @@ class Bench {
     switch (o_.collective) {
       case Collective::kAllreduce: {
         void* out = o_.inplace ? bufs_.input.get() : bufs_.output.get();
-        krug::allreduce(name_, bufs_.input.get(), out, o_.dtype, shape(), reduce_options_);
+        krug::allreduce(name_, bufs_.input.get(), out, o_.dtype, shape_, reduce_options_);
         break;
       }
       case Collective::kAllgather:
         // Every rank's tensor has the same shape, as MPI_Allgather's (a rank whose shape differs
         // makes it throw).
-        krug::allgather(name_, bufs_.input.get(), bufs_.output.get(), o_.dtype, shape());
+        krug::allgather(name_, bufs_.input.get(), bufs_.output.get(), o_.dtype, shape_);
         break;
       case Collective::kBroadcast:
-        krug::broadcast(name_, bufs_.input.get(), o_.dtype, shape(), o_.root);
+        krug::broadcast(name_, bufs_.input.get(), o_.dtype, shape_, o_.root);
         break;
     }
   }
@@ -572,6 +572,9 @@ class Bench {
   krug::ReduceOptions reduce_options_;
   std::string name_;
   int64_t elems_ = 0;
+  // Made once per size, as a training step keeps its tensors' shapes: a vector made every call
+  // would time the allocator too.
+  krug::Shape shape_;
 };
 
 double bus_factor(Collective c, int n) {
