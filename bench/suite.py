@@ -57,7 +57,8 @@ TRAIN_MODEL = ["--model", "resnet18", "--batch-size", "16", "--image-size", "64"
 TF_OP_SIZES = ["4K", "64K", "1M", "16M", "64M"]
 
 
-def parse_args():
+def parse_args(argv=None):
+    """The suite's options from argv (default sys.argv; bench/scaling.py passes its own)."""
     p = argparse.ArgumentParser(
         prog="scripts/bench-suite", description=__doc__.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -128,7 +129,7 @@ def parse_args():
     p.add_argument("--update-docs", action="store_true",
                    help="write the results section of docs/benchmarks.md and its plot")
     p.add_argument("--timeout", type=int, default=900, help="seconds per tool run")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.no_tensorflow = args.no_tensorflow or not args.tensorflow
     if args.quick:
         args.np, args.factor, args.train_iters, args.train_rounds = "2", 4, 2, 1
