@@ -19,9 +19,7 @@ against loaded. --budget stops starting new runs once that many seconds have pas
 machine lent for minutes still returns what ran (the tables say what was cut).
 """
 import argparse
-import json
 import os
-import shutil
 import sys
 import time
 
@@ -327,15 +325,7 @@ def report(results, command, cut, errors):
     m = results["machine"]
     nps, views = results["nps"], results["by_load"]
     where = {load: suite.load_label(load, results["load_procs"]) for load in views}
-    parts = [
-        "Command: `%s`" % command,
-        "Machine: %s, %s cores, %s GiB, %s, kernel %s; load average at start %.2f %.2f %.2f"
-        % (m["cpu"], m["cores"], m["memory_gib"], m["os"], m["kernel"], *m["load_average"]),
-        "Date: %s. Versions: krug %s, %s, torch %s (Python %s)%s."
-        % (m["date"], m["krug_commit"], m["openmpi"] or "no Open MPI", m["torch"], m["python"],
-           ", Horovod %s (torch %s)" % (m["horovod"], m["horovod_torch"])
-           if m.get("horovod") else ""),
-    ]
+    parts = suite.run_header(m, command)
     parts += sweep_tables(views, nps, where)
     parts += small_tables(views, nps, where)
     parts += training_tables(views, nps, where)
@@ -347,19 +337,8 @@ def report(results, command, cut, errors):
 
 
 def update_docs(text, plot_path):
-    doc = os.path.join(ROOT, "docs", "benchmarks.md")
-    with open(doc) as f:
-        content = f.read()
-    section = DOCS_BEGIN + "\n\n" + text
-    if plot_path:
-        shutil.copyfile(plot_path, os.path.join(ROOT, "docs", "bench-scaling.png"))
-        section += "\n![Scaling efficiency against ranks](bench-scaling.png)\n"
-    section += "\n" + DOCS_END
-    if DOCS_BEGIN not in content or DOCS_END not in content:
-        sys.exit("bench-scaling: docs/benchmarks.md has no scaling results block to rewrite")
-    head, rest = content.split(DOCS_BEGIN, 1)
-    with open(doc, "w") as f:
-        f.write(head + section + rest.split(DOCS_END, 1)[1])
+    suite.rewrite_docs_block(DOCS_BEGIN, DOCS_END, "Scaling results", text, plot_path,
+                             "bench-scaling.png", "Scaling efficiency against ranks")
 
 
 def missing_parts(view, np_, train):
@@ -415,16 +394,7 @@ def main(argv=None):
     results["seconds"] = round(time.monotonic() - t0, 1)
     text = report(results, command, budget.cut, r.errors)
     text += "\nThe runs took %s.\n" % suite.duration(results["seconds"])
-    with open(os.path.join(s.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(s.out, "summary.md"), "w") as f:
-        f.write(text)
-    plot_path = os.path.join(s.out, "scaling.png")
-    if not plot(results, plot_path):
-        plot_path = None
-    print(text)
-    print("results: %s (results.json, summary.md%s, raw/)"
-          % (s.out, ", scaling.png" if plot_path else ""))
+    plot_path = suite.write_results(s.out, results, text, plot, "scaling.png")
     if args.update_docs:
         update_docs(text, plot_path)
     if r.errors:

@@ -1184,11 +1184,9 @@ def plot(results, path):
     return True
 
 
-def report(results, args, command):
-    m = results["machine"]
-    views = results["by_load"]
-    where = {load: load_label(load, results["load_procs"]) for load in views}
-    parts = [
+def run_header(m, command):
+    """The command, the machine (machine_info) and the versions: a report's first lines."""
+    return [
         "Command: `%s`" % command,
         "Machine: %s, %s cores, %s GiB, %s, kernel %s; load average at start %.2f %.2f %.2f"
         % (m["cpu"], m["cores"], m["memory_gib"], m["os"], m["kernel"], *m["load_average"]),
@@ -1196,6 +1194,14 @@ def report(results, args, command):
         % (m["date"], m["krug_commit"], m["openmpi"] or "no Open MPI", m["torch"],
            m["python"], m["gloo"], ", Horovod %s (torch %s)" % (m["horovod"], m["horovod_torch"])
            if m.get("horovod") else ""),
+    ]
+
+
+def report(results, args, command):
+    m = results["machine"]
+    views = results["by_load"]
+    where = {load: load_label(load, results["load_procs"]) for load in views}
+    parts = run_header(m, command) + [
         "Machine states: %s. Loaded: %d processes that never sleep (`while :; do :; done`, "
         "normal priority), started by the suite just before each loaded run and ended just "
         "after it. Every round runs every tool once in each state, in turn; each figure is the "
@@ -1248,19 +1254,26 @@ def report(results, args, command):
 
 
 def update_docs(text, plot_path):
+    rewrite_docs_block(DOCS_BEGIN, DOCS_END, "Suite results", text, plot_path,
+                       "bench-suite-busbw.png", "Bus bandwidth against size")
+
+
+def rewrite_docs_block(begin, end, title, text, plot_path, image, alt):
+    """Puts `text` (and the plot, copied to docs/`image`) between the markers `begin` and `end`
+    of docs/benchmarks.md, or at its end under `title` where they are not there yet."""
     doc = os.path.join(ROOT, "docs", "benchmarks.md")
     with open(doc) as f:
         content = f.read()
-    section = DOCS_BEGIN + "\n\n" + text
+    section = begin + "\n\n" + text
     if plot_path:
-        shutil.copyfile(plot_path, os.path.join(ROOT, "docs", "bench-suite-busbw.png"))
-        section += "\n![Bus bandwidth against size](bench-suite-busbw.png)\n"
-    section += "\n" + DOCS_END
-    if DOCS_BEGIN in content and DOCS_END in content:
-        head, rest = content.split(DOCS_BEGIN, 1)
-        content = head + section + rest.split(DOCS_END, 1)[1]
+        shutil.copyfile(plot_path, os.path.join(ROOT, "docs", image))
+        section += "\n![%s](%s)\n" % (alt, image)
+    section += "\n" + end
+    if begin in content and end in content:
+        head, rest = content.split(begin, 1)
+        content = head + section + rest.split(end, 1)[1]
     else:
-        content = content.rstrip("\n") + "\n\n## Suite results\n\n" + section + "\n"
+        content = content.rstrip("\n") + "\n\n## %s\n\n" % title + section + "\n"
     with open(doc, "w") as f:
         f.write(content)
     print("updated %s" % doc, file=sys.stderr)
@@ -1330,16 +1343,7 @@ def main():
     results["seconds"] = round(time.monotonic() - t0, 1)
     text = report(results, args, command)
     text += "\nThe suite took %s.\n" % duration(results["seconds"])
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "summary.md"), "w") as f:
-        f.write(text)
-    plot_path = os.path.join(args.out, "busbw.png")
-    if not plot(results, plot_path):
-        plot_path = None
-    print(text)
-    print("results: %s (results.json, summary.md%s, raw/)" % (
-        args.out, ", busbw.png" if plot_path else ""))
+    plot_path = write_results(args.out, results, text, plot, "busbw.png")
     if args.update_docs:
         update_docs(text, plot_path)
     if r.errors:
@@ -1347,6 +1351,22 @@ def main():
               file=sys.stderr)
         return 1
     return 0
+
+
+def write_results(out, results, text, plot_fn, image):
+    """results.json, summary.md (`text`) and the plot (plot_fn(results, path)) into `out`;
+    prints the text and where it all went; returns the plot's path, None where it made none."""
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(text)
+    plot_path = os.path.join(out, image)
+    if not plot_fn(results, plot_path):
+        plot_path = None
+    print(text)
+    print("results: %s (results.json, summary.md%s, raw/)"
+          % (out, ", " + image if plot_path else ""))
+    return plot_path
 
 
 def duration(seconds):
