@@ -691,7 +691,8 @@ def size_label(b):
 def rounds_note(rows):
     """", median of N interleaved rounds" when the rows came from several rounds."""
     n = max([len(row.get("rounds_us", [])) for row in rows if row] or [1])
-    return ", median of %d interleaved rounds" % n if n > 1 else ""
+    return ", median of %d interleaved rounds; a ratio or difference: the median of each " \
+        "round's own" % n if n > 1 else ""
 
 
 def load_label(load, procs):
@@ -706,9 +707,34 @@ def fmt_ratio(v):
     return fmt(v, "%.3g" if v is None or v < 1000 else "%.0f")
 
 
+def paired_rounds(k, p):
+    """Both rows' times round by round, where both have every round: a round runs the tools one
+    after the other, so a slow spell of this shared machine that spans a round hits both, where
+    the two medians could pair one tool's slow round with the other's fast one."""
+    kr, pr = (k or {}).get("rounds_us") or [], (p or {}).get("rounds_us") or []
+    return list(zip(kr, pr)) if len(kr) == len(pr) > 1 else []
+
+
 def ratio_peer_over_krug(k, p):
-    """krug busbw / peer busbw = peer time / krug time (same bytes): above 1 krug is faster."""
-    return p["time_us"] / k["time_us"] if p and k and k["time_us"] else None
+    """krug busbw / peer busbw = peer time / krug time (same bytes): above 1 krug is faster;
+    the median of the rounds' own ratios where both have every round."""
+    if not (p and k and k["time_us"]):
+        return None
+    pairs = paired_rounds(k, p)
+    if pairs and all(a > 0 for a, _ in pairs):
+        return statistics.median(b / a for a, b in pairs)
+    return p["time_us"] / k["time_us"]
+
+
+def extra_time(k, p):
+    """How much longer p takes than k (µs): the median of the rounds' own differences where
+    both have every round."""
+    if not (p and k):
+        return None
+    pairs = paired_rounds(k, p)
+    if pairs:
+        return statistics.median(b - a for a, b in pairs)
+    return p["time_us"] - k["time_us"]
 
 
 def sweep_table(title, res, tools=TOOLS, ref="krug"):
@@ -774,8 +800,7 @@ def sync_table(np_, res, where):
             continue
         rows.append([size_label(pybench.parse_size(size)), fmt_us(k and k["time_us"]),
                      fmt_us(p and p["time_us"]), fmt_ratio(ratio_peer_over_krug(k, p)),
-                     fmt_us(py and py["time_us"]),
-                     fmt_us(py and k and py["time_us"] - k["time_us"])])
+                     fmt_us(py and py["time_us"]), fmt_us(extra_time(k, py))])
     if not rows:
         return ""
     note = rounds_note([m.get("krug_cpp") for key, m in res.items() if key.startswith("sync_")])
@@ -1047,7 +1072,7 @@ def peer_verdicts(view, np_=2):
         out.append((desc, "not measured", "SKIP"))
     gaps = [(small.get("sync_" + x, {}).get("krug_py_sync"), small.get("sync_" + x, {})
              .get("krug_cpp"), x) for x in SYNC_SIZES]
-    gaps = [(py["time_us"] - k["time_us"], x) for py, k, x in gaps if py and k]
+    gaps = [(extra_time(k, py), x) for py, k, x in gaps if py and k]
     if gaps:
         worst = max(gaps)
         out.append(("krug.torch within 2 us of the C++ API: one synchronous allreduce, 4 B to "
