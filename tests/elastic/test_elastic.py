@@ -88,8 +88,14 @@ def test_killed_worker_costs_no_committed_work(tmp_path):
 
 
 def test_host_removed_and_added_again(tmp_path):
+    # Host 127.0.0.1's worker, there throughout, sleeps 80 ms a step, so that the 300 steps take
+    # 24 s at least: the re-added host's worker must start (a Python process importing torch)
+    # and join while the job still trains. Unslowed, the steps took 5 ms each, and one CI run
+    # finished training before that worker had started.
     hosts = HOSTS[:3]
-    job = ElasticJob(tmp_path, hosts, ["--min-np", "2"], EXAMPLE_ARGS)
+    job = ElasticJob(tmp_path, hosts, ["--min-np", "2"], EXAMPLE_ARGS,
+                     env={"KRUG_EXAMPLE_SLEEP_HOST": "127.0.0.1",
+                          "KRUG_EXAMPLE_SLEEP_SECONDS": "0.08"})
     index, _, _ = job.wait_for(r"step 10 committed")
     job.set_hosts(hosts[:2])
     index, _, _ = job.wait_for(r"host 127\.0\.0\.3 left the discovery script's output", after=index)
