@@ -32,7 +32,8 @@ DOCS_BEGIN = ("<!-- bench-scaling results: begin (written by scripts/bench-scali
               "-->")
 DOCS_END = "<!-- bench-scaling results: end -->"
 SWEEP = ["--min-bytes", "4K", "--max-bytes", "16M", "--factor", "16"]  # 4K 64K 1M 16M
-SMALL = [m for m in suite.SMALL_MEASURES if m[0] in ("op_4k", "step_100x1k")]
+SMALL_KEYS = ("op_4k", "step_100x1k")
+SMALL = [m for m in suite.SMALL_MEASURES if m[0] in SMALL_KEYS]
 TRAIN_ITERS = ["--num-warmup-batches", "1", "--num-batches-per-iter", "2"]
 
 
@@ -101,35 +102,6 @@ class Budget:
         self.cut.append(what)
         print("bench-scaling: the budget is spent: %s not run" % what, file=sys.stderr)
         return False
-
-
-def run_small(r, s, np_):
-    """{load: {measure: {tool: row}}}: one 4 KiB allreduce and the step of 100 x 1 KiB through
-    krug's C++ API, Open MPI and torch's Gloo."""
-    t = ["--target-seconds", str(s.step_seconds)]
-    tools = []
-    for key, _, spec in SMALL:
-        tools.append((("krug", key), "krug-step.%s.np%d" % (key, np_),
-                      r.krug(np_, r.bin["krug-step"], *spec, *t), suite.step_rows))
-        if r.have_mpi:
-            tools.append((("mpi", key), "mpi_bench.step.%s.np%d" % (key, np_),
-                          r.mpi(np_, "step", *spec, *t), suite.step_rows))
-    if r.have_torch:
-        keys = [key for key, _, _ in SMALL]
-        steps = ",".join(suite.step_spec_text(spec) for _, _, spec in SMALL)
-        tools.append(("gloo", "torch_gloo_bench.step.np%d" % np_,
-                      r.gloo(np_, "step", "--steps", steps, *t),
-                      lambda text: [dict(row, measure=k)
-                                    for k, row in zip(keys, suite.all_step_rows(text))]))
-    out = {load: {key: {} for key, _, _ in SMALL} for load in s.loads}
-    for load, res in suite.interleaved(r, s, tools).items():
-        for tool, rows in res.items():
-            if isinstance(tool, tuple):
-                out[load][tool[1]][tool[0]] = rows[0] if rows else None
-            else:
-                for row in rows or []:
-                    out[load][row["measure"]][tool] = row
-    return out
 
 
 def run_training(r, s, nps, budget):
@@ -220,11 +192,12 @@ def small_tables(views, nps, where):
                 continue
             for key, what, _ in SMALL:
                 got = res.get(key, {})
-                k = (got.get("krug") or {}).get("time_us")
-                cells = [str(np_), what, suite.fmt_us(k)]
+                k = got.get("krug_cpp")
+                cells = [str(np_), what, suite.fmt_us(k and k["time_us"])]
                 for p in ("mpi", "gloo"):
-                    t = (got.get(p) or {}).get("time_us")
-                    cells += [suite.fmt_us(t), suite.fmt_ratio(t / k if t and k else None)]
+                    row = got.get(p)
+                    cells += [suite.fmt_us(row and row["time_us"]),
+                              suite.fmt_ratio(suite.ratio_peer_over_krug(k, row))]
                 rows.append(cells)
         parts.append("### Small messages against ranks, %s (time per op or step in µs: krug-step "
                      "(C++ API), mpi_bench step, torch_gloo_bench step; krug/peer = peer's time / "
@@ -348,7 +321,7 @@ def missing_parts(view, np_, train):
         missing.append("no allreduce sweep of krug at %d ranks" % np_)
     small = view["small"].get(np_) or {}
     missing += ["no %s of krug at %d ranks" % (what, np_) for key, what, _ in SMALL
-                if not (small.get(key) or {}).get("krug")]
+                if not (small.get(key) or {}).get("krug_cpp")]
     if train and not (view.get("training") or {}).get("krug_np%d" % np_):
         missing.append("no training throughput of krug at %d ranks" % np_)
     return missing
@@ -382,7 +355,7 @@ def main(argv=None):
                 views[load]["sweeps"][np_] = got
     for np_ in nps:
         if budget.allows("the small messages at %d ranks" % np_):
-            for load, got in run_small(r, s, np_).items():
+            for load, got in suite.run_small_ops(r, s, np_, keys=SMALL_KEYS).items():
                 views[load]["small"][np_] = got
     if not args.no_train and r.have_torch:
         for load, got in run_training(r, s, nps, budget).items():

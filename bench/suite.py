@@ -452,14 +452,17 @@ def step_spec_text(spec):
     return "%sx%s" % (spec[1], spec[3])
 
 
-def run_small_ops(r, args, np_):
+def run_small_ops(r, args, np_, keys=None):
     """{load: {measure: {tool: row}}}; tools: krug C++, krug Python, MPI, Gloo, and with
     --horovod the krug Python script under Horovod with each controller. The C++ tools start
     once per measure (they start in milliseconds); each Python tool measures them all in turn
-    in one process (--steps; importing torch takes seconds)."""
+    in one process (--steps; importing torch takes seconds). `keys` (bench/scaling.py): only
+    those measures of SMALL_MEASURES, through krug's C++ API, MPI and Gloo, without the
+    synchronous sizes."""
     t = ["--target-seconds", str(args.step_seconds)]
     measures = [(key, spec) for key, _, spec in SMALL_MEASURES
-                if not (args.smoke and key == "step_resnet50")]
+                if (keys is None or key in keys) and not (args.smoke and key == "step_resnet50")]
+    sync_sizes = SYNC_SIZES if keys is None else []
     tools = []
     for key, spec in measures:
         tools.append((("krug_cpp", key), "krug-step.%s.np%d" % (key, np_),
@@ -470,7 +473,7 @@ def run_small_ops(r, args, np_):
     # A fixed count of calls, not --step-seconds: a call takes 0.2-15 µs, and the 1,000 calls at
     # most that a target time gives are a millisecond, which one scheduler hiccup dominates.
     sync_iters = ["--iters", "2000" if args.smoke else "20000"]
-    for size in SYNC_SIZES:
+    for size in sync_sizes:
         key, spec = "sync_" + size, ["--tensors", "1", "--tensor-bytes", size]
         tools.append((("krug_cpp", key), "krug-step.%s.np%d" % (key, np_),
                       r.krug(np_, r.bin["krug-step"], "--sync", *spec, *sync_iters), step_rows))
@@ -490,7 +493,7 @@ def run_small_ops(r, args, np_):
                                  for k, row in zip(keys, all_step_rows(text))]
 
         script = os.path.join(HERE, "krug_small_ops.py")
-        if r.have_krug_torch:
+        if r.have_krug_torch and keys is None:
             tools.append(("krug_py", "krug_small_ops.np%d" % np_,
                           r.krug(np_, PYTHON, script, *steps), rows_of(py_keys)))
             # Item 3's Python half: hvd.allreduce_ one after the other, the sizes of SYNC_SIZES.
@@ -502,11 +505,11 @@ def run_small_ops(r, args, np_):
         if r.have_torch:
             tools.append(("gloo", "torch_gloo_bench.step.np%d" % np_,
                           r.gloo(np_, "step", *steps), rows_of(py_keys)))
-        if r.have_horovod:
+        if r.have_horovod and keys is None:
             tools += [(hkey, "horovod_%s_small_ops.np%d" % (ctl, np_),
                        r.horovod(ctl, np_, script, *steps), rows_of(py_keys))
                       for hkey, ctl in HOROVOD]
-    out = {load: {key: {} for key in [k for k, _ in measures] + ["sync_" + x for x in SYNC_SIZES]}
+    out = {load: {key: {} for key in [k for k, _ in measures] + ["sync_" + x for x in sync_sizes]}
            for load in args.loads}
     for load in args.loads:  # a Python tool that failed: "—" in its column (see Errors)
         for tool in [tool for tool, _, _, _ in tools if not isinstance(tool, tuple)]:
