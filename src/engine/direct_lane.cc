@@ -102,8 +102,9 @@ void DirectLane::encode_signature(const TensorView& t) {
 bool DirectLane::prepared_for(const TensorView& t) const {
   const auto& p = prepared_;
   const size_t dims_bytes = t.shape.size() * sizeof(int64_t);
-  if (!p.valid || t.op != p.op || t.dtype != p.dtype || t.root != p.root ||
-      t.prescale != p.prescale || t.postscale != p.postscale ||
+  // An empty signature_ (nothing prepared yet) fails the size test: a signature has a header.
+  if (t.op != p.op || t.dtype != p.dtype || t.root != p.root || t.prescale != p.prescale ||
+      t.postscale != p.postscale ||
       signature_.size() != kSignatureHeader + dims_bytes + t.name.size())
     return false;
   const char* at = signature_.data();
@@ -119,8 +120,7 @@ void DirectLane::prepare(const TensorView& t) {
   if (prepared_for(t)) return;
   call_ = lane_call(t);
   encode_signature(t);
-  prepared_ = {.valid = true,
-               .op = t.op,
+  prepared_ = {.op = t.op,
                .dtype = t.dtype,
                .prescale = t.prescale,
                .postscale = t.postscale,

@@ -83,7 +83,6 @@ class DirectLane {
   collectives::shm::Lane::Call call_{};
   std::string signature_;
   struct {
-    bool valid = false;
     controller::OpType op{};
     DataType dtype{};
     double prescale = 0;
