@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
@@ -42,8 +41,6 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 enum class Collective { kAllreduce, kAllgather, kBroadcast };
 
 struct Options {
@@ -55,8 +52,6 @@ struct Options {
   std::optional<int64_t> iters;   // unset: scaled to target_seconds per size
   std::optional<int64_t> warmup;  // unset: 1 (plus the timing estimate)
   double target_seconds = 0.2;
-  int64_t min_iters = 3;
-  int64_t max_iters = 1000;
   krug::DataType dtype = krug::DataType::kFloat32;
   krug::ReduceOp op = krug::ReduceOp::kSum;
   int root = 0;
@@ -71,7 +66,7 @@ constexpr const char* kUsage =
     "  --max-bytes SIZE       largest message (default 256M)\n"
     "  --factor F             multiply the size by F between steps (default 2)\n"
     "  --iters N              timed iterations per size (default: enough for --target-seconds,\n"
-    "                         at least 3 and at most 1000)\n"
+    "                         at least 3)\n"
     "  --warmup N             untimed iterations per size before the timing estimate\n"
     "                         (default 1)\n"
     "  --target-seconds S     timed seconds per size when --iters is not given (default 0.2)\n"
@@ -471,44 +466,22 @@ class Bench {
     r.bytes = r.count * esize_;
     prepare_inputs();
 
-    // Warm-up: the first operation negotiates the name and fills the response cache.
-    int64_t warmup = o_.warmup.value_or(1);
-    for (int64_t i = 0; i < warmup; ++i) once();
-    // Estimate the time of one operation; every rank uses the slowest rank's estimate, so all
-    // run the same number of operations. Fast operations are timed again in a batch (which also
-    // serves as more warm-up) because one of them is mostly scheduling noise.
-    double estimate = 0;
-    if (!o_.iters) {
-      auto t0 = Clock::now();
-      once();
-      estimate = max_across_ranks(seconds_since(t0));
-      if (estimate < 0.01) {
-        int64_t batch =
-            std::clamp<int64_t>(static_cast<int64_t>(0.02 / std::max(estimate, 1e-6)), 2, 20);
-        t0 = Clock::now();
-        for (int64_t i = 0; i < batch; ++i) once();
-        estimate = max_across_ranks(seconds_since(t0) / static_cast<double>(batch));
-      }
-    }
-    r.iters = o_.iters.value_or(std::clamp<int64_t>(
-        static_cast<int64_t>(std::llround(o_.target_seconds / std::max(estimate, 1e-9))),
-        o_.min_iters, o_.max_iters));
-
-    krug::barrier();
-    auto t0 = Clock::now();
-    for (int64_t i = 0; i < r.iters; ++i) once();
-    double per_op = seconds_since(t0) / static_cast<double>(r.iters);
-    r.seconds = max_across_ranks(per_op);
+    // Warm-up: the first operation negotiates the name and fills the response cache. Every
+    // rank runs as many operations as the slowest rank's estimate asks for.
+    bench::Timing timing;
+    timing.iters = o_.iters;
+    timing.warmup = o_.warmup.value_or(1);
+    timing.target_seconds = o_.target_seconds;
+    const auto timed = bench::time_operation(
+        timing, [this] { once(); }, max_across_ranks, [] { krug::barrier(); });
+    r.iters = timed.iters;
+    r.seconds = timed.seconds;
 
     if (o_.check) r.wrong = static_cast<int64_t>(sum_across_ranks(static_cast<double>(verify())));
     return r;
   }
 
  private:
-  static double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-
   size_t bytes() const { return static_cast<size_t>(elems_ * esize_); }
   size_t output_bytes() const {
     return o_.collective == Collective::kAllgather ? bytes() * static_cast<size_t>(size_) : bytes();
@@ -610,8 +583,7 @@ int run(const Options& o) {
         "# sizes " + bench::human_bytes(o.min_bytes) + " .. " + bench::human_bytes(o.max_bytes) +
         ", factor " + std::to_string(o.factor) + ", iters " +
         (o.iters ? std::to_string(*o.iters)
-                 : "auto (~" + std::string(target) + " s per size, " + std::to_string(o.min_iters) +
-                       ".." + std::to_string(o.max_iters) + ")") +
+                 : "auto (~" + std::string(target) + " s per size, at least 3)") +
         ", warmup " + std::to_string(o.warmup.value_or(1)) + (o.iters ? "" : " + timing estimate");
     if (is_allreduce) line += o.inplace ? ", in place" : ", out of place";
     if (o.collective == Collective::kBroadcast) line += ", root " + std::to_string(o.root);

@@ -31,7 +31,7 @@ constexpr const char* kUsage =
     "  --shapes FILE        the tensors of a gradient list instead (bench/resnet50_gradients.txt)\n"
     "  --sync               one synchronous allreduce after the other (default: submit all\n"
     "                       asynchronously, then wait for all)\n"
-    "  --iters N            timed steps (default: enough for --target-seconds, 3..1000)\n"
+    "  --iters N            timed steps (default: enough for --target-seconds, at least 3)\n"
     "  --warmup N           untimed steps before the estimate (default 1)\n"
     "  --target-seconds S   timed seconds when --iters is not given (default 0.5)\n"
     "  --percentiles        then time as many steps one by one: the median, 90th and 99th\n"

@@ -31,7 +31,7 @@ def sizes(min_bytes, max_bytes, factor=2):
 
 
 def time_operation(once, slowest, barrier, iters=None, warmup=1, target_seconds=0.2,
-                   min_iters=3, max_iters=1000):
+                   min_iters=3, max_iters=1_000_000):
     """krug-bench's timing: warm up, estimate, ~target_seconds of operations, slowest rank.
 
     Returns (iterations, seconds per operation of the slowest rank). `slowest(v)` is the
@@ -44,8 +44,8 @@ def time_operation(once, slowest, barrier, iters=None, warmup=1, target_seconds=
         t0 = time.perf_counter()
         once()
         estimate = slowest(time.perf_counter() - t0)
-        if estimate < 0.01:  # one short operation is mostly noise: estimate from a batch
-            batch = min(20, max(2, int(0.02 / max(estimate, 1e-6))))
+        if estimate < 0.01:  # one short operation is mostly noise: estimate from ~20 ms
+            batch = min(max_iters // 10, max(2, int(0.02 / max(estimate, 1e-6))))
             t0 = time.perf_counter()
             for _ in range(batch):
                 once()

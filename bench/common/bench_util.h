@@ -5,7 +5,7 @@
 //
 // The timing loop is krug-bench's (bench/krug-bench.cc), so that every tool's time(us) column
 // means the same thing: warm up, estimate one operation (a batch when it is short), run enough
-// operations for about `target_seconds` (3..1000), and report the average of the slowest rank.
+// operations for about `target_seconds` (at least 3), and report the average of the slowest rank.
 #pragma once
 
 #include <algorithm>
@@ -139,7 +139,10 @@ struct Timing {
   int64_t warmup = 1;
   double target_seconds = 0.2;
   int64_t min_iters = 3;
-  int64_t max_iters = 1000;
+  // Only a bound on a wrong estimate: a cap that the target time reaches first would end a
+  // 0.2 µs operation's run after a fraction of a millisecond, which one scheduler hiccup on a
+  // busy or virtual host then decides.
+  int64_t max_iters = 1'000'000;
   bool percentiles = false;  // also time every operation alone (--percentiles)
 };
 
@@ -172,28 +175,34 @@ Spread spread_of(std::vector<double> seconds, Slowest&& slowest) {
                 .max = slowest(seconds.empty() ? 0.0 : seconds.back())};
 }
 
+// How many operations to time: `t.iters`, or enough for `t.target_seconds` by the slowest rank's
+// estimate, so that every rank runs the same number.
+template <class Once, class Slowest>
+int64_t planned_iters(const Timing& t, Once&& once, Slowest&& slowest) {
+  if (t.iters) return *t.iters;
+  auto t0 = Clock::now();
+  once();
+  double estimate = slowest(seconds_since(t0));
+  if (estimate < 0.01) {
+    // One short operation is mostly noise: estimate again from a batch of about 20 ms.
+    const int64_t batch = std::clamp<int64_t>(static_cast<int64_t>(0.02 / std::max(estimate, 1e-6)),
+                                              2, t.max_iters / 10);
+    t0 = Clock::now();
+    for (int64_t i = 0; i < batch; ++i) once();
+    estimate = slowest(seconds_since(t0) / static_cast<double>(batch));
+  }
+  return std::clamp<int64_t>(
+      static_cast<int64_t>(std::llround(t.target_seconds / std::max(estimate, 1e-9))), t.min_iters,
+      t.max_iters);
+}
+
 // Times `once()` as krug-bench does. `slowest(v)` returns the maximum of v over the ranks (it is
 // collective: every rank calls it the same number of times); `barrier()` lines the ranks up.
 template <class Once, class Slowest, class Barrier>
 Timed time_operation(const Timing& t, Once&& once, Slowest&& slowest, Barrier&& barrier) {
   for (int64_t i = 0; i < t.warmup; ++i) once();
-  double estimate = 0;
-  if (!t.iters) {
-    auto t0 = Clock::now();
-    once();
-    estimate = slowest(seconds_since(t0));
-    if (estimate < 0.01) {  // one short operation is mostly noise: estimate from a batch
-      int64_t batch =
-          std::clamp<int64_t>(static_cast<int64_t>(0.02 / std::max(estimate, 1e-6)), 2, 20);
-      t0 = Clock::now();
-      for (int64_t i = 0; i < batch; ++i) once();
-      estimate = slowest(seconds_since(t0) / static_cast<double>(batch));
-    }
-  }
   Timed r;
-  r.iters = t.iters.value_or(std::clamp<int64_t>(
-      static_cast<int64_t>(std::llround(t.target_seconds / std::max(estimate, 1e-9))), t.min_iters,
-      t.max_iters));
+  r.iters = planned_iters(t, once, slowest);
   barrier();
   auto t0 = Clock::now();
   for (int64_t i = 0; i < r.iters; ++i) once();

@@ -40,8 +40,9 @@ constexpr const char* kUsage =
     "       mpirun -np N mpi_bench step [--tensors N --tensor-bytes SIZE | --shapes FILE]\n"
     "           [--iters N] [--warmup N] [--target-seconds S] [--percentiles]\n"
     "\n"
-    "Sweep defaults: 4 B .. 256M, factor 2, ~0.2 s per size (3..1000 iterations). Step defaults:\n"
-    "100 tensors of 1K, ~0.5 s. SIZE takes K, M, G suffixes (x1024). Data type: float32.\n";
+    "Sweep defaults: 4 B .. 256M, factor 2, ~0.2 s per size (at least 3 iterations). Step\n"
+    "defaults: 100 tensors of 1K, ~0.5 s. SIZE takes K, M, G suffixes (x1024). Data type: "
+    "float32.\n";
 
 Mode parse_mode(const std::string& name) {
   if (name == "allreduce") return Mode::kAllreduce;
