@@ -80,6 +80,8 @@ class Engine::Impl : public Driver,
   // Background thread.
   void run();
   bool loop_once();  // false once the loop has stopped
+  // loop_mu_ for the background thread: waiting threads that drive the loop let it in.
+  std::unique_lock<std::mutex> lock_loop_in_background();
   // With loop_mu_ held, on either thread: one round of local work (new operations, requests,
   // the coordinator's decisions and their execution), without waiting. `background`: the
   // background thread's round, which leaves a burst of operations that is still being submitted
@@ -129,6 +131,9 @@ class Engine::Impl : public Driver,
   const bool waiters_drive_;
   std::atomic<int> drivers_{0};  // threads in drive(): the background loop does not busy-poll then
   std::atomic<bool> asleep_{false};  // the background thread is in its blocking poll()
+  // The background thread waits for loop_mu_: the next driver lets it have the loop first.
+  std::atomic<bool> background_waits_{false};
+  bool woken_ = false;  // background thread only: its poll() reported something to receive
   Wakeup wakeup_;
   SubmissionQueue queue_;  // shared with user threads
 
