@@ -399,11 +399,11 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
   // The background thread waits for the loop: let it have it (lock_loop_in_background), and
   // give it this thread's core meanwhile, on which it may be the one waiting to run.
   while (background_waits_.load(std::memory_order_relaxed)) {
-    if (handle.done() || Clock::now() >= until) return leave_loop(false);
+    if (handle.done() || Clock::now() >= until) return leave_loop(false, !handle.done());
     std::this_thread::yield();
   }
   while (!lock.try_lock())
-    if (handle.done() || Clock::now() >= until) return leave_loop(false);
+    if (handle.done() || Clock::now() >= until) return leave_loop(false, !handle.done());
   if (stopped_) return leave_loop(true);
   drive_deadline_ = deadline;
   // Lists are read here now: peers need not ring the sleeping background thread's doorbell.
@@ -428,7 +428,7 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
   leave_loop(true);
 }
 
-void Engine::Impl::leave_loop(bool held) {
+void Engine::Impl::leave_loop(bool held, bool untaken) {
   if (held) drive_deadline_ = Clock::time_point::max();
   if (held) control_->ring_doorbells(/*force=*/true);
   // First no longer a driver, then look at the queue (under its mutex, as enqueue reads
@@ -436,6 +436,11 @@ void Engine::Impl::leave_loop(bool held) {
   drivers_.fetch_sub(1);
   // The background thread sleeps on: peers must ring its doorbell again, unless a list came in
   // just now (then it must look, as it must at any work left).
+  if (untaken) {
+    // This thread sleeps on its handle without having taken the queue: the background thread
+    // takes it at once, rather than wait out the batching window for this thread to take it.
+    return queue_.expedite();  // wakes it if the queue holds anything
+  }
   bool left = held && asleep_ && !control_->prepare_to_sleep();
   left = left || (held && (stopped_ || !table_.empty() || negotiation_->has_outgoing() ||
                            negotiation_->shutting_down()));

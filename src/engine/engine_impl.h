@@ -95,7 +95,9 @@ class Engine::Impl : public Driver,
   int poll_timeout_ms(Clock::time_point now) const;
   // A waiting thread leaves drive() (having held the loop or not): the background thread must
   // look again if anything is left for it (its poll() may sleep on a state from before).
-  void leave_loop(bool held);
+  // `untaken` (not `held`): it leaves without its operation done, and without having held the
+  // loop to take the queue.
+  void leave_loop(bool held, bool untaken = false);
   void fail_loop(const std::exception& e);
   void absorb_queue(bool background);
   // An operation that arrives alone at an idle engine, taken by a thread that waits for it,
