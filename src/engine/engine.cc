@@ -335,8 +335,8 @@ std::unique_lock<std::mutex> Engine::Impl::lock_loop_in_background() {
   // thread asleep on the mutex meanwhile is woken by every release, and finds the loop taken
   // again: each release costs the waiting thread a system call, and each wake-up, where the
   // ranks fill the cores, preempts a rank that spins on the lane for its partner. Measured with
-  // the step of one 4 KiB allreduce at 2 ranks: 5,000-29,000 wake-ups a second, the p99 step
-  // 14-16 us against a median of 0.75. So the next driver lets this thread in first.
+  // the step of one 4 KiB allreduce at 2 ranks: 2,000-29,000 wake-ups a second, the p99 step
+  // 14-30 us in half the runs against a median of 0.75. So the next driver lets it in first.
   background_waits_.store(true);
   lock.lock();
   background_waits_.store(false);
