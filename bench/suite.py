@@ -470,16 +470,15 @@ def run_small_ops(r, args, np_, keys=None):
         if r.have_mpi:
             tools.append((("mpi", key), "mpi_bench.step.%s.np%d" % (key, np_),
                           r.mpi(np_, "step", *spec, *t), step_rows))
-    # A fixed count of calls, not --step-seconds: a call takes 0.2-15 µs, and the 1,000 calls at
-    # most that a target time gives are a millisecond, which one scheduler hiccup dominates.
-    sync_iters = ["--iters", "2000" if args.smoke else "20000"]
+    # --step-seconds of calls too: a call takes 0.2-15 µs, and the fixed 20,000 calls used while
+    # the timing loop stopped at 1,000 lasted 4 ms at 4 B, which one scheduler hiccup decided.
     for size in sync_sizes:
         key, spec = "sync_" + size, ["--tensors", "1", "--tensor-bytes", size]
         tools.append((("krug_cpp", key), "krug-step.%s.np%d" % (key, np_),
-                      r.krug(np_, r.bin["krug-step"], "--sync", *spec, *sync_iters), step_rows))
+                      r.krug(np_, r.bin["krug-step"], "--sync", *spec, *t), step_rows))
         if r.have_mpi:
             tools.append((("mpi", key), "mpi_bench.step.%s.np%d" % (key, np_),
-                          r.mpi(np_, "step", *spec, *sync_iters), step_rows))
+                          r.mpi(np_, "step", *spec, *t), step_rows))
     # --smoke --horovod: the Python small ops for one 4 KiB allreduce only.
     py_keys = [] if args.no_python_ops else \
         [key for key, _ in measures if not (args.smoke and key != "op_4k")]
@@ -498,8 +497,7 @@ def run_small_ops(r, args, np_, keys=None):
                           r.krug(np_, PYTHON, script, *steps), rows_of(py_keys)))
             # Item 3's Python half: hvd.allreduce_ one after the other, the sizes of SYNC_SIZES.
             sync_keys = ["sync_" + x for x in SYNC_SIZES]
-            sync_steps = ["--sync", "--steps", ",".join("1x" + x for x in SYNC_SIZES)] + \
-                sync_iters
+            sync_steps = ["--sync", "--steps", ",".join("1x" + x for x in SYNC_SIZES)] + t
             tools.append(("krug_py_sync", "krug_small_ops.sync.np%d" % np_,
                           r.krug(np_, PYTHON, script, *sync_steps), rows_of(sync_keys)))
         if r.have_torch:
