@@ -210,6 +210,37 @@ TEST(EngineThreadsCache, SteadyStateStepsOfEveryCachedOpStayCorrect) {
   });
 }
 
+// With a cycle time of 10 us the background thread wakes all the time and wants the loop while
+// two threads per rank wait for their operations and drive it: the drivers let it in, and one
+// that gives up waiting for the loop (after a busy-poll window of 2 us) leaves its queue to it.
+// Every operation must still complete, in time, with the right result: a lost wake-up or a hand-off
+// that never happens hangs a rank.
+TEST(EngineThreadsLoop, WaitingThreadsAndTheBackgroundThreadShareTheLoop) {
+  run_ranks(
+      2,
+      [](Engine& e, int rank) {
+        auto waiter = [&](int thread) {
+          for (int i = 0; i < 2000; ++i) {
+            std::vector<float> v(4, float(rank + i + thread));
+            const std::string name = "w" + std::to_string(thread) + "." + std::to_string(i % 7);
+            auto h = submit(e, request(name, OpType::kAllreduce, DataType::kFloat32, {4}), v.data(),
+                            v.data());
+            const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+            ASSERT_TRUE(h->wait_until(deadline)) << "rank " << rank << " " << name << " #" << i;
+            ASSERT_EQ(h->error(), "");
+            for (float x : v) ASSERT_EQ(x, float(1 + 2 * (i + thread))) << name << " #" << i;
+          }
+        };
+        std::thread second(waiter, 1);
+        waiter(0);
+        second.join();
+      },
+      [](Config& c) {
+        c.cycle_time = Milliseconds(0.01);
+        c.busy_poll = std::chrono::microseconds(2);  // drivers give up the loop soon
+      });
+}
+
 TEST(EngineThreadsErrors, MismatchedDtypeFailsOnEveryRankNamingTheRanks) {
   run_ranks(3, [](Engine& e, int rank) {
     std::vector<double> buf(4, 1.0);
