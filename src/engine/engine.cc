@@ -434,13 +434,13 @@ void Engine::Impl::leave_loop(bool held, bool untaken) {
   // First no longer a driver, then look at the queue (under its mutex, as enqueue reads
   // drivers_): an enqueue that saw this thread still driving did not wake the background thread.
   drivers_.fetch_sub(1);
-  // The background thread sleeps on: peers must ring its doorbell again, unless a list came in
-  // just now (then it must look, as it must at any work left).
   if (untaken) {
     // This thread sleeps on its handle without having taken the queue: the background thread
     // takes it at once, rather than wait out the batching window for this thread to take it.
     return queue_.expedite();  // wakes it if the queue holds anything
   }
+  // The background thread sleeps on: peers must ring its doorbell again, unless a list came in
+  // just now (then it must look, as it must at any work left).
   bool left = held && asleep_ && !control_->prepare_to_sleep();
   left = left || (held && (stopped_ || !table_.empty() || negotiation_->has_outgoing() ||
                            negotiation_->shutting_down()));
