@@ -224,12 +224,9 @@ bool Engine::Impl::idle_for_direct_call() {
   // Only while nothing else of this rank's is in flight: the lane then cannot overtake an
   // operation of the same name, and the engine, idle, is not needed. The background thread
   // holds the loop for microseconds at a time: wait that out, but not a loop that stays busy.
-  // Nor while the background thread waits for the loop (lock_loop_in_background): let it first.
+  // Nor while the background thread waits for the loop: let it first.
   std::unique_lock lock(loop_mu_, std::defer_lock);
-  const auto loop_taken = [&] {
-    return background_waits_.load(std::memory_order_relaxed) || !lock.try_lock();
-  };
-  if (loop_taken()) {
+  if (!try_take_loop(lock)) {
     // Yield between tries rather than spin: a holder on this thread's core runs only once this
     // thread gives the core up. Spinning, 1 run in 4 of krug-bench's sweep found the loop held
     // past the window at its first call after a barrier (and free 10-20 us later), and that
@@ -237,7 +234,7 @@ bool Engine::Impl::idle_for_direct_call() {
     // pthread_mutex_clocklock is unseen by ThreadSanitizer, which then reports the unlock.)
     // Read the clock only here: a read costs a VM a good part of a whole lane call.
     const auto until = Clock::now() + busy_poll_;
-    while (loop_taken()) {
+    while (!try_take_loop(lock)) {
       if (Clock::now() >= until) return false;
       std::this_thread::yield();
     }
@@ -328,6 +325,10 @@ void Engine::Impl::receive(bool sockets) {
   publish_busy();
 }
 
+bool Engine::Impl::try_take_loop(std::unique_lock<std::mutex>& lock) {
+  return !background_waits_.load(std::memory_order_relaxed) && lock.try_lock();
+}
+
 std::unique_lock<std::mutex> Engine::Impl::lock_loop_in_background() {
   std::unique_lock lock(loop_mu_, std::try_to_lock);
   if (lock.owns_lock()) return lock;
@@ -396,14 +397,12 @@ void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) 
   // While the background thread is in a round (it may be finishing this very operation), poll
   // rather than sleep on the mutex: a sleeper costs a wake-up as long as the operation.
   std::unique_lock lock(loop_mu_, std::defer_lock);
-  // The background thread waits for the loop: let it have it (lock_loop_in_background), and
-  // give it this thread's core meanwhile, on which it may be the one waiting to run.
-  while (background_waits_.load(std::memory_order_relaxed)) {
+  while (!try_take_loop(lock)) {
     if (handle.done() || Clock::now() >= until) return leave_loop(false, !handle.done());
-    std::this_thread::yield();
+    // The background thread waits for the loop: give it this thread's core meanwhile, on which
+    // it may be the one waiting to run.
+    if (background_waits_.load(std::memory_order_relaxed)) std::this_thread::yield();
   }
-  while (!lock.try_lock())
-    if (handle.done() || Clock::now() >= until) return leave_loop(false, !handle.done());
   if (stopped_) return leave_loop(true);
   drive_deadline_ = deadline;
   // Lists are read here now: peers need not ring the sleeping background thread's doorbell.

@@ -82,6 +82,9 @@ class Engine::Impl : public Driver,
   bool loop_once();  // false once the loop has stopped
   // loop_mu_ for the background thread: waiting threads that drive the loop let it in.
   std::unique_lock<std::mutex> lock_loop_in_background();
+  // Any other thread's try at loop_mu_ (`lock`, deferred): it fails while the background thread
+  // waits for the loop (lock_loop_in_background), which so goes first.
+  bool try_take_loop(std::unique_lock<std::mutex>& lock);
   // With loop_mu_ held, on either thread: one round of local work (new operations, requests,
   // the coordinator's decisions and their execution), without waiting. `background`: the
   // background thread's round, which leaves a burst of operations that is still being submitted
