@@ -621,7 +621,7 @@ int run(const Options& o) {
         int root = o.collective == Collective::kBroadcast ? o.root : -1;
         std::string wrong = r.wrong < 0 ? "N/A" : std::to_string(r.wrong);
         std::printf("  %12" PRId64 " %12" PRId64 " %9s %8s %5d %6" PRId64
-                    " %12.2f %12.3f %12.3f %8s\n",
+                    " %12.3f %12.3f %12.3f %8s\n",
                     r.bytes, r.count, std::string(krug::dtype_name(o.dtype)).c_str(), redop.c_str(),
                     root, r.iters, r.seconds * 1e6, algbw, busbw, wrong.c_str());
         std::fflush(stdout);

@@ -134,7 +134,7 @@ BUS_FACTOR = {
 
 def print_sweep_row(collective, ranks, nbytes, iters, seconds, wrong):
     algbw = nbytes / seconds / 1e9
-    print("  %12d %12d %9s %8s %5d %6d %12.2f %12.3f %12.3f %8d"
+    print("  %12d %12d %9s %8s %5d %6d %12.3f %12.3f %12.3f %8d"
           % (nbytes, nbytes // 4, "float32", "sum" if collective == "allreduce" else "none",
              0 if collective == "broadcast" else -1, iters, seconds * 1e6, algbw,
              algbw * BUS_FACTOR[collective](ranks), wrong), flush=True)
@@ -148,7 +148,7 @@ def print_step_header(tool, what, ranks, how):
 
 
 def print_step_row(tensors, nbytes, iters, seconds, wrong):
-    print("  %10d %14d %8d %14.2f %8d" % (tensors, nbytes, iters, seconds * 1e6, wrong),
+    print("  %10d %14d %8d %14.3f %8d" % (tensors, nbytes, iters, seconds * 1e6, wrong),
           flush=True)
 
 

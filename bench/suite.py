@@ -682,6 +682,9 @@ def fmt(v, spec="%.2f", missing="—"):
 
 
 def fmt_us(v):
+    # Three digits below a microsecond, where the tools' small calls are timed.
+    if v is not None and v < 1:
+        return fmt(v, "%.3f")
     return fmt(v, "%.2f" if v is not None and v < 10 else "%.1f")
 
 

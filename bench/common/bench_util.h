@@ -316,10 +316,10 @@ inline void print_step_header(const char* tool, const std::string& what, int ran
 }
 
 inline void print_step_row(int64_t tensors, int64_t bytes, const Timed& t, int64_t wrong) {
-  std::printf("  %10" PRId64 " %14" PRId64 " %8" PRId64 " %14.2f %8" PRId64 "\n", tensors, bytes,
+  std::printf("  %10" PRId64 " %14" PRId64 " %8" PRId64 " %14.3f %8" PRId64 "\n", tensors, bytes,
               t.iters, t.seconds * 1e6, wrong);
   if (t.spread)
-    std::printf("# per step, us (slowest rank): p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n",
+    std::printf("# per step, us (slowest rank): p50 %.3f  p90 %.3f  p99 %.3f  max %.2f\n",
                 t.spread->p50 * 1e6, t.spread->p90 * 1e6, t.spread->p99 * 1e6, t.spread->max * 1e6);
   std::fflush(stdout);
 }

@@ -205,7 +205,7 @@ int run_sweep(const Options& o, int rank, int size) {
       double algbw = static_cast<double>(count * 4) / timed.seconds / 1e9;
       if (rank == 0) {
         std::printf("  %12" PRId64 " %12" PRId64 " %9s %8s %5d %6" PRId64
-                    " %12.2f %12.3f %12.3f %8" PRId64 "\n",
+                    " %12.3f %12.3f %12.3f %8" PRId64 "\n",
                     count * 4, count, "float32", o.mode == Mode::kAllreduce ? "sum" : "none",
                     o.mode == Mode::kBroadcast ? 0 : -1, timed.iters, timed.seconds * 1e6, algbw,
                     algbw * bus_factor(o.mode, size), wrong);
