@@ -651,5 +651,62 @@ TEST(DirectLane, ACallThatRanOnOneMemberRanOnAllWithTheRightResult) {
   EXPECT_GT(met, 0);
 }
 
+TEST(DirectLane, MembersOutOfStepNeverSplitACallNorMixUpResults) {
+  // No barrier per call: the members drift apart (one sits a call out, declines it, or gives
+  // up on it) and meet at positions with other calls, which abort, while others commit. Each
+  // call's small result comes through the decider's announcement or the position's own line,
+  // each large one from the posted data. Every fiftieth call the members line up again and
+  // make the call with a window no scheduler outlasts: those calls must meet.
+  constexpr int kMembers = 3, kCalls = 3000, kRealign = 50;
+  enum Act { kRun, kDecline, kSkip };
+  auto act = [](int m, int i) {
+    const unsigned h = static_cast<unsigned>(i * 2654435761u + m * 40503u) >> 7;
+    if (i % kRealign == 0) return kRun;
+    return h % 11 == 0 ? kDecline : h % 13 == 0 ? kSkip : kRun;
+  };
+  auto elements = [](int i) { return i % 3 == 0 ? 32 : 4; };  // 128 B, or 16 B (inline)
+  auto value = [](int m, int i) { return static_cast<float>((m + 1) * (i % 97 + 1)); };
+  std::vector<std::vector<int>> ran(kMembers, std::vector<int>(kCalls, 0));
+  std::vector<std::vector<float>> result(kMembers, std::vector<float>(kCalls));
+  std::barrier sync(kMembers);
+  on_members(kMembers, 20us, [&](Lane& lane, int m) {
+    for (int i = 0; i < kCalls; ++i) {
+      if (i % kRealign == 0) sync.arrive_and_wait();
+      // Every fifth call may sleep after its window: the decision then comes by the futex.
+      const auto sleep = std::chrono::nanoseconds(i % 5 == 0 ? 200us : 0us);
+      lane.set_wait(i % kRealign == 0 ? std::chrono::nanoseconds(kMeet) : 20us, sleep);
+      const auto n = static_cast<size_t>(elements(i));
+      std::vector<float> in(n, value(m, i)), out(n, -1.0f);
+      const std::string name = "call-" + std::to_string(i);
+      if (act(m, i) == kSkip) continue;
+      if (act(m, i) == kDecline) {
+        lane.decline(Lane::allreduce_call(n, DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0),
+                     sig(name));
+        continue;
+      }
+      ran[m][i] = sum_floats(lane, name, in, out);
+      if (ran[m][i] == 0) {
+        EXPECT_EQ(out, std::vector<float>(n, -1.0f)) << "member " << m << ", call " << i;
+        continue;
+      }
+      result[m][i] = out[0];
+      for (size_t e = 1; e < n; ++e) EXPECT_EQ(out[e], out[0]) << "member " << m << ", call " << i;
+    }
+  });
+  int met = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    int on = 0;
+    for (int m = 0; m < kMembers; ++m) on += ran[m][i];
+    if (i % kRealign == 0) {
+      EXPECT_EQ(on, kMembers) << "call " << i << " did not meet";
+    }
+    if (on == 0) continue;
+    ASSERT_EQ(on, kMembers) << "call " << i << " ran on some members only";
+    for (int m = 0; m < kMembers; ++m)
+      EXPECT_EQ(result[m][i], value(0, i) + value(1, i) + value(2, i)) << "call " << i;
+    ++met;
+  }
+}
+
 }  // namespace
 }  // namespace krug::collectives::shm

@@ -26,8 +26,10 @@ constexpr uint64_t kRing = 4;
 constexpr size_t kLine = 64;
 // Each member's lines: what it passed and posted last (written every call, read by the others
 // now and then) and how many owners sleep until it passes; the core it ran on and whether it is
-// busy (read by the others every call, written rarely).
-constexpr size_t kMemberLines = 2;
+// busy (read by the others every call, written rarely); its mailbox, a line for each position of
+// the ring (written by the others, read by it alone).
+constexpr size_t kMailbox = 2;  // the first mailbox line
+constexpr size_t kMemberLines = kMailbox + kRing;
 // An owner asleep for its readers wakes at least this often to see whether its stall is over.
 constexpr auto kReaderSleep = std::chrono::milliseconds(50);
 // A slot: the call (Lane::Call and the caller's signature), then the data from kHeader.
@@ -177,6 +179,39 @@ std::atomic<uint32_t>& Lane::sleepers(int member) const {
 
 std::atomic<uint64_t>& Lane::posted(int member) const {
   return *reinterpret_cast<std::atomic<uint64_t>*>(member_line(member, 0) + sizeof(uint64_t));
+}
+
+std::atomic<uint64_t>& Lane::mailbox(int member, uint64_t position) const {
+  return *reinterpret_cast<std::atomic<uint64_t>*>(
+      member_line(member, kMailbox + position % kRing));
+}
+
+uint8_t* Lane::mailbox_result(int member, uint64_t position) const {
+  return member_line(member, kMailbox + position % kRing) + sizeof(uint64_t);
+}
+
+void Lane::announce(uint64_t decided, const uint8_t* result, size_t bytes) const {
+  // A line per position of the ring: a decider that is slow to announce (its thread preempted
+  // after the compare-and-swap) cannot overwrite the next position's announcement, and it
+  // announces before it passes the position, so before anyone reuses the line.
+  const uint64_t position = position_of(decided);
+  for (int m = 0; m < size_; ++m) {
+    if (m == rank_) continue;
+    if (bytes > 0) std::memcpy(mailbox_result(m, position), result, bytes);
+    mailbox(m, position).store(decided, std::memory_order_release);
+  }
+}
+
+uint64_t Lane::announced(uint64_t position, uint64_t w) {
+  const uint64_t m = mailbox(rank_, position).load(std::memory_order_acquire);
+  if (position_of(m) != position) return w;  // kRing positions ago, or nothing yet
+  result_in_mailbox_ = true;
+  return m;
+}
+
+size_t Lane::inline_bytes(const Call& call) const {
+  const size_t bytes = result_bytes(call);
+  return bytes <= kInlineBytes && !fills_board(call) ? bytes : 0;
 }
 
 std::atomic<uint32_t>& Lane::core(int member) const {
@@ -353,6 +388,7 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
                void* output) {
   partner_left_ = false;
   last_wait_ = Wait::kNone;
+  result_in_mailbox_ = false;
   if (!fits(asked, signature)) return false;
   Call call = asked;
   call.signature_length = static_cast<uint16_t>(signature.size());
@@ -408,8 +444,9 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   } else if (board) {
     read_board(position, call.root, out, bytes);
     return true;
-  } else if (result_bytes(call) <= kInlineBytes) {
-    std::memcpy(out, inline_result(position), result_bytes(call));
+  } else if (const size_t bytes = inline_bytes(call); bytes > 0) {
+    std::memcpy(out, result_in_mailbox_ ? mailbox_result(rank_, position) : inline_result(position),
+                bytes);
   } else {
     make_result(position, call, out);
   }
@@ -583,9 +620,11 @@ void Lane::abort(uint64_t position) {
     // A word of an earlier position: nobody has come here yet.
     const bool here = position_of(w) == position;
     const uint64_t in = here ? count_of(w) : 0;
-    if (decision_word.compare_exchange_weak(w, make_word(position, kAbort, in),
-                                            std::memory_order_acq_rel, std::memory_order_acquire)) {
+    const uint64_t aborted = make_word(position, kAbort, in);
+    if (decision_word.compare_exchange_weak(w, aborted, std::memory_order_acq_rel,
+                                            std::memory_order_acquire)) {
       if (here && (w & kSleeper)) wake_sleepers(decision_word);
+      if (in > 0) announce(aborted, nullptr, 0);  // members wait here
       return;
     }
   }
@@ -647,13 +686,14 @@ uint64_t Lane::arrive(Live live, const Call& call, std::span<const uint8_t> sign
     const bool last = in + 1 == static_cast<uint64_t>(size_);
     if (last) {
       const bool agree = calls_agree(position, call, signature);
-      if (agree && result_bytes(call) <= kInlineBytes && !fills_board(call))
-        make_result(position, call, inline_result(position));
+      if (agree && inline_bytes(call) > 0) make_result(position, call, inline_result(position));
       next = make_word(position, agree ? kCommit : kAbort, in + 1);
     }
     if (decision_word.compare_exchange_weak(w, next, std::memory_order_acq_rel,
                                             std::memory_order_acquire)) {
       if (last && sleeper) wake_sleepers(decision_word);
+      if (last)
+        announce(next, inline_result(position), state_of(next) == kCommit ? inline_bytes(call) : 0);
       return next;
     }
   }
@@ -697,7 +737,7 @@ uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
     if (spin)
       spin_until(
           [&] {
-            w = decision_word.load(std::memory_order_acquire);
+            w = announced(position, w);
             busy = leave_for_busy_ && another_busy();
             return state_of(w) != kOpen || busy;
           },
@@ -720,6 +760,7 @@ uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
     if (decision_word.compare_exchange_strong(w, aborted, std::memory_order_acq_rel,
                                               std::memory_order_acquire)) {
       if (w & kSleeper) wake_sleepers(decision_word);  // other members asleep here
+      announce(aborted, nullptr, 0);
       return aborted;
     }
   }

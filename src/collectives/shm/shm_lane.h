@@ -10,7 +10,10 @@
 // posted data (an allreduce reduces all inputs in rank order, the association of the
 // shared-memory communicator, so the result has the same bits as through the engine); up to 56
 // bytes of result the last member makes it into the decision word's cache line, where the others
-// read it, and above that each member makes it itself. Unequal, it aborts. A member
+// read it, and above that each member makes it itself. Unequal, it aborts. Whoever decides a
+// position also writes the decision (and such a result) into each other member's mailbox, a
+// line only its owner reads, where the others spin: the decider's compare-and-swap then does not
+// contend with their reads, and the decision reaches each of them in one transfer. A member
 // that waited a whole window (and its sleep) for the others aborts the position too. An aborted
 // position is dead: whoever reaches it later skips it and posts at the next one, so members that
 // fell out of step (one ran a call through the engine) find each other again at the next position.
@@ -188,6 +191,18 @@ class Lane {
   // Whether another member completed its post of this call at `position`.
   bool posted_by_another(uint64_t position, const Call& call,
                          std::span<const uint8_t> signature) const;
+  // `member`'s mailbox for `position`: the decision word another member announced to it there.
+  std::atomic<uint64_t>& mailbox(int member, uint64_t position) const;
+  // The small result beside it, with a commit.
+  uint8_t* mailbox_result(int member, uint64_t position) const;
+  // Writes the word `decided` (and `bytes` of the position's result) into every other member's
+  // mailbox for its position.
+  void announce(uint64_t decided, const uint8_t* result, size_t bytes) const;
+  // The word of `position` as this member's mailbox tells it; `w`, the word as last seen, while
+  // nothing is announced.
+  uint64_t announced(uint64_t position, uint64_t w);
+  // Bytes of `call`'s result that the last member makes in the position's line; 0: none.
+  size_t inline_bytes(const Call& call) const;
   // Spins for the decision until the deadline, sleeps for it up to options_.sleep more, then
   // aborts the position if it is still open. Where another member last ran on this member's
   // core, it sleeps the window too (spinning would only keep that member off the core), unless
@@ -275,6 +290,7 @@ class Lane {
   uint64_t next_ = 1;        // the next position this member takes
   uint64_t all_passed_ = 0;  // every member has passed this position (as last seen)
   bool partner_left_ = false;
+  bool result_in_mailbox_ = false;  // the last decision came with its result in the mailbox
   Wait last_wait_ = Wait::kNone;
   uint32_t core_ = 0;  // as core(rank_)
   bool busy_ = false;  // as busy_word(rank_)
