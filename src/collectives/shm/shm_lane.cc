@@ -444,9 +444,9 @@ bool Lane::run(const Call& asked, std::span<const uint8_t> signature, const void
   } else if (board) {
     read_board(position, call.root, out, bytes);
     return true;
-  } else if (const size_t bytes = inline_bytes(call); bytes > 0) {
+  } else if (const size_t small = inline_bytes(call); small > 0) {
     std::memcpy(out, result_in_mailbox_ ? mailbox_result(rank_, position) : inline_result(position),
-                bytes);
+                small);
   } else {
     make_result(position, call, out);
   }
