@@ -684,16 +684,17 @@ uint64_t Lane::arrive(Live live, const Call& call, std::span<const uint8_t> sign
     uint64_t next = make_word(position, kOpen, in + 1) | sleeper;
     // The last one in sees every other member's slot (each wrote it before counting itself in).
     const bool last = in + 1 == static_cast<uint64_t>(size_);
+    size_t result = 0;  // bytes of the small result the last one in makes, with a commit
     if (last) {
       const bool agree = calls_agree(position, call, signature);
-      if (agree && inline_bytes(call) > 0) make_result(position, call, inline_result(position));
+      result = agree ? inline_bytes(call) : 0;
+      if (result > 0) make_result(position, call, inline_result(position));
       next = make_word(position, agree ? kCommit : kAbort, in + 1);
     }
     if (decision_word.compare_exchange_weak(w, next, std::memory_order_acq_rel,
                                             std::memory_order_acquire)) {
       if (last && sleeper) wake_sleepers(decision_word);
-      if (last)
-        announce(next, inline_result(position), state_of(next) == kCommit ? inline_bytes(call) : 0);
+      if (last) announce(next, inline_result(position), result);
       return next;
     }
   }
@@ -760,7 +761,7 @@ uint64_t Lane::decision(uint64_t position, uint64_t w, Deadline& deadline) {
     if (decision_word.compare_exchange_strong(w, aborted, std::memory_order_acq_rel,
                                               std::memory_order_acquire)) {
       if (w & kSleeper) wake_sleepers(decision_word);  // other members asleep here
-      announce(aborted, nullptr, 0);
+      if (count_of(w) > 1) announce(aborted, nullptr, 0);  // others wait here besides this one
       return aborted;
     }
   }
