@@ -104,6 +104,11 @@ class ShmCommunicator : public Communicator {
   class Parts;
   void allreduce_parts_small(const Parts& parts, DataType dtype, ReduceOp op);
   void allreduce_parts_large(const Parts& parts, DataType dtype, ReduceOp op);
+  // This member's slice [at, at + len) of the step at `first`, reduced into its slot.
+  void reduce_own_from_inputs(const Parts& parts, size_t first, size_t at, size_t len,
+                              DataType dtype, ReduceOp op);
+  // The same, from the copy of its inputs already in its slot (`skip` bytes in).
+  void reduce_own_from_slot(size_t skip, size_t len, DataType dtype, ReduceOp op);
   // Runs `body` and, if it throws, aborts the segment so that peers fail promptly too.
   template <typename Body>
   void guarded(const char* op, Body&& body);
