@@ -375,18 +375,41 @@ bool Engine::Impl::loop_once() {
     do n = control_->has_mail() ? 1 : ::poll(fds.data(), fds.size(), 0);
     while (n == 0 && Clock::now() < until && drivers_.load(std::memory_order_relaxed) == 0);
   }
-  if (n == 0) {
-    // Peers ring the doorbell only for a sleeper: say so, then look once more.
-    asleep_ = true;
-    if (!control_->prepare_to_sleep()) timeout = 0;
-    n = ::poll(fds.data(), fds.size(), timeout);
-    control_->awake();
-    asleep_ = false;
-    if (n == 0 && control_->has_mail()) n = 1;
-  }
+  if (n == 0) n = sleep_until_woken(fds, timeout);
   if (n < 0 && errno != EINTR) throw Error(fmt::format("poll failed: {}", std::strerror(errno)));
   woken_ = n > 0;  // received at the start of the next round, under the same hold of the loop
   return true;
+}
+
+int Engine::Impl::sleep_until_woken(std::vector<pollfd>& fds, int timeout_ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  // Peers ring the doorbell only for a sleeper: say so, then look once more.
+  asleep_ = true;
+  int n = 0;
+  for (;;) {
+    if (!control_->prepare_to_sleep()) timeout_ms = 0;
+    n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n <= 0 || !woken_for_nothing(fds)) break;
+    // The cycle timer of a burst a waiting thread has taken meanwhile: a round now would only
+    // wait for the loop that thread holds, and be woken again as it lets go. Where the ranks
+    // fill the cores, each such wake-up preempts one (with the 1 ms cycle, the 100 x 1 KiB
+    // step's p90 was 44-82 us against a median of 34).
+    if (timeout_ms > 0)
+      timeout_ms = static_cast<int>(std::max<int64_t>(
+          0, std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count()));
+  }
+  control_->awake();
+  asleep_ = false;
+  if (n == 0 && control_->has_mail()) n = 1;
+  return n;
+}
+
+bool Engine::Impl::woken_for_nothing(const std::vector<pollfd>& fds) {
+  const bool timer_alone =
+      fds[1].revents != 0 && fds[0].revents == 0 &&
+      std::all_of(fds.begin() + 2, fds.end(), [](const pollfd& p) { return p.revents == 0; });
+  if (!timer_alone || !wakeup_.drain_timer()) return false;
+  return !queue_.timer_fired();  // the queue it was set for is empty: taken
 }
 
 void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) {

@@ -80,6 +80,11 @@ class Engine::Impl : public Driver,
   // Background thread.
   void run();
   bool loop_once();  // false once the loop has stopped
+  // Without loop_mu_: poll() until something asks for a round or `timeout_ms` passes; what
+  // poll() returned (`fds` holds what it reported).
+  int sleep_until_woken(std::vector<pollfd>& fds, int timeout_ms);
+  // After its poll(): whether the cycle timer alone woke it, for a queue already taken.
+  bool woken_for_nothing(const std::vector<pollfd>& fds);
   // loop_mu_ for the background thread: waiting threads that drive the loop let it in.
   std::unique_lock<std::mutex> lock_loop_in_background();
   // Any other thread's try at loop_mu_ (`lock`, deferred): it fails while the background thread

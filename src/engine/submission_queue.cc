@@ -116,26 +116,28 @@ std::chrono::microseconds SubmissionQueue::cycle() const {
 bool SubmissionQueue::take(bool background, std::vector<Table::node_type>& arrived,
                            bool& shutting_down) {
   std::lock_guard lock(mu_);
-  if (background && waiters_drive_ && !queue_.empty() && !shutdown_requested_ && !expedite_) {
-    // Woken by the cycle timer of an earlier burst, or by a peer, while this one is still being
-    // submitted: taking part of it would split the step into several responses, each a round
-    // trip and a collective. The thread that waits for it takes it whole; this thread does only
-    // after the cycle time (Horovod's batching window too).
-    const auto due = queue_since_ + cycle();
-    const auto now = Clock::now();
-    if (now < due) {
-      if (!timer_armed_) {
-        const auto delay = std::chrono::ceil<std::chrono::microseconds>(due - now);
-        wakeup_.set_timer(delay);
-        timer_armed_ = delay.count() > 0;
-      }
-      return false;
-    }
-  }
+  if (background && leave_to_waiter()) return false;
   changed_.store(false, std::memory_order_relaxed);
   expedite_ = false;
   arrived.swap(queue_);  // both keep their capacity from step to step
   shutting_down = shutdown_requested_;
+  return true;
+}
+
+bool SubmissionQueue::leave_to_waiter() {
+  if (!waiters_drive_ || queue_.empty() || shutdown_requested_ || expedite_) return false;
+  // Woken by the cycle timer of an earlier burst, or by a peer, while this one is still being
+  // submitted: taking part of it would split the step into several responses, each a round
+  // trip and a collective. The thread that waits for it takes it whole; the background thread
+  // does only after the cycle time (Horovod's batching window too).
+  const auto due = queue_since_ + cycle();
+  const auto now = Clock::now();
+  if (now >= due) return false;
+  if (!timer_armed_) {
+    const auto delay = std::chrono::ceil<std::chrono::microseconds>(due - now);
+    wakeup_.set_timer(delay);
+    timer_armed_ = delay.count() > 0;
+  }
   return true;
 }
 
@@ -177,9 +179,10 @@ void SubmissionQueue::expedite() {
   wakeup_.wake();
 }
 
-void SubmissionQueue::timer_fired() {
+bool SubmissionQueue::timer_fired() {
   std::lock_guard lock(mu_);
   timer_armed_ = false;
+  return !queue_.empty() && !leave_to_waiter();
 }
 
 void SubmissionQueue::set_process_set(int32_t id, const std::vector<int32_t>& ranks,

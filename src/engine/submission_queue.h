@@ -80,7 +80,10 @@ class SubmissionQueue {
   void request_shutdown();
   bool has_work() const;  // queued operations, or a shutdown to carry out
   void expedite();        // see Engine::expedite
-  void timer_fired();     // the loop read the cycle timer's expiry
+  // The loop read the cycle timer's expiry. Whether the background thread has work to take:
+  // not where the queue is empty (a waiting thread took the burst the timer was set for), nor
+  // where it holds a burst younger than the cycle time (the timer is set again for it).
+  bool timer_fired();
 
   // Process sets as user threads see them (the loop's ProcessSets owns the communicators).
   void set_process_set(int32_t id, const std::vector<int32_t>& ranks, std::string algorithm);
@@ -97,6 +100,9 @@ class SubmissionQueue {
     size_t first = 0;   // the queue's size before it
     bool wake = false;  // the loop must be told: nothing was queued and nobody drives it
   };
+  // With mu_ held, for the background thread: whether to leave the queued burst to the thread
+  // that will wait for it (see take); if so, the timer is armed for when the burst is due.
+  bool leave_to_waiter();
   // Why `q` cannot run: the engine failed or is shutting down.
   std::string refusal(const controller::Request& q) const;
   Batch begin_batch() const;

@@ -68,6 +68,23 @@ TEST_F(SubmissionQueueTest, ANameInFlightIsRejectedUntilItsEntryIsRecycled) {
   EXPECT_FALSE(third->done());
 }
 
+// The loop sleeps on through a cycle timer that fires for a burst a waiting thread has taken,
+// or for one still younger than the cycle time; it takes one that is due, or hurried.
+TEST_F(SubmissionQueueTest, TheCycleTimerWakesTheLoopOnlyForABurstThatIsDue) {
+  queue_.set_tuned(64 << 20, /*cycle_time_ms=*/60'000.0);
+  auto young = submit({"a"});
+  EXPECT_FALSE(queue_.timer_fired()) << "a burst younger than the cycle is left to its waiter";
+  EXPECT_EQ(take_names(), std::vector<std::string>{"a"});
+  EXPECT_FALSE(queue_.timer_fired()) << "a waiting thread took the burst: nothing to do";
+  auto hurried = submit({"b"});
+  queue_.expedite();
+  EXPECT_TRUE(queue_.timer_fired()) << "an expedited burst is taken at once";
+  EXPECT_EQ(take_names(), std::vector<std::string>{"b"});
+  queue_.set_tuned(64 << 20, /*cycle_time_ms=*/0.0);
+  auto due = submit({"c"});
+  EXPECT_TRUE(queue_.timer_fired()) << "a burst as old as the cycle is the loop's to take";
+}
+
 TEST_F(SubmissionQueueTest, ARankOutsideTheProcessSetIsRejected) {
   queue_.set_process_set(3, {1, 2}, "");
   auto handle = std::make_shared<HandleState>();
