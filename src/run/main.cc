@@ -114,13 +114,18 @@ struct StepContext {
   bool via_srun() const { return !options.slurm_job_id.empty(); }
 };
 
-// Gives a rank of this host its share of the cores (run/launch/thread_share.h), unless the job
-// chose OMP_NUM_THREADS; says so once per host with --verbose.
+// Gives a rank of this host its share of the cores and OpenMP's short spin
+// (run/launch/thread_share.h), unless the job chose them; says so once per host with --verbose.
 void share_cores_of_this_host(EnvMap& env, const RankSlot& slot, bool verbose) {
-  auto chosen = env.find("OMP_NUM_THREADS");
-  std::optional<int> threads = omp_threads_per_rank(
-      chosen == env.end() ? std::nullopt : std::optional<std::string>(chosen->second),
-      std::to_string(slot.local_size), usable_cores());
+  auto chosen = [&](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  const std::string local_size = std::to_string(slot.local_size);
+  if (auto spins = gomp_spin_count(chosen("OMP_WAIT_POLICY"), chosen("GOMP_SPINCOUNT"), local_size))
+    env["GOMP_SPINCOUNT"] = *spins;
+  std::optional<int> threads =
+      omp_threads_per_rank(chosen("OMP_NUM_THREADS"), local_size, usable_cores());
   if (!threads) return;
   env["OMP_NUM_THREADS"] = std::to_string(*threads);
   if (verbose && slot.local_rank == 0)

@@ -69,28 +69,31 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         pass
 print("T", hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size(),
       os.environ.get("FORWARDED"), os.environ.get("SET"), os.environ.get("CARRIED"),
-      os.getcwd(), "secret shown", shown, "threads", os.environ.get("OMP_NUM_THREADS"))
+      os.getcwd(), "secret shown", shown, "threads", os.environ.get("OMP_NUM_THREADS"),
+      "spins", os.environ.get("GOMP_SPINCOUNT"))
 """
 
 
 def test_topology_environment_and_working_directory(hosts, tmp_path):
     os.environ["FORWARDED"] = "from-the-launcher"
     os.environ["CARRIED"] = "without-x"  # carried to remote ranks like horovodrun's
-    chosen_threads = os.environ.pop("OMP_NUM_THREADS", None)
+    chosen = {name: os.environ.pop(name, None)
+              for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     try:
         code, out, err = hosts.run(["-np", "3", "-H", hosts_arg(hosts, (2, 1)), "-x", "FORWARDED",
                                     "-x", "SET=a b", PYTHON, "-c", TOPOLOGY_SCRIPT], cwd=tmp_path)
     finally:
         del os.environ["FORWARDED"], os.environ["CARRIED"]
-        if chosen_threads is not None:
-            os.environ["OMP_NUM_THREADS"] = chosen_threads
+        os.environ.update({name: value for name, value in chosen.items() if value is not None})
     assert_ok(code, out, err)
-    # The remote wrapper shares its host's cores among the host's ranks (one alone keeps all).
+    # The remote wrapper shares its host's cores among the host's ranks, and has them spin
+    # briefly in OpenMP's waits (one alone keeps all, and OpenMP's own spin).
     share = max(1, len(os.sched_getaffinity(0)) // 2)
-    expected = {0: ("0 0 2 0 2", share), 1: ("1 1 2 0 1", share), 2: ("2 0 1 1 2", None)}
-    for r, (topo, threads) in expected.items():
+    expected = {0: ("0 0 2 0 2", share, 1000), 1: ("1 1 2 0 1", share, 1000),
+                2: ("2 0 1 1 2", None, None)}
+    for r, (topo, threads, spins) in expected.items():
         assert (f"[{r}]<stdout>:T {topo} from-the-launcher a b without-x {tmp_path} "
-                f"secret shown 0 threads {threads}") in out, out
+                f"secret shown 0 threads {threads} spins {spins}") in out, out
 
 
 def test_identity_file_and_port_flags(hosts, tmp_path):

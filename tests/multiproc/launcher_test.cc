@@ -113,11 +113,14 @@ TEST(Launcher, RanksAreLaidOutHostByHost) {
 // Ranks that each ran a thread per core would take each other's cores (run/launch/thread_share.h).
 TEST(Launcher, RanksShareTheirHostsCoresUnlessTheJobChoseThreads) {
   ::unsetenv("OMP_NUM_THREADS");
+  ::unsetenv("OMP_WAIT_POLICY");
+  ::unsetenv("GOMP_SPINCOUNT");
   cpu_set_t affinity;
   CPU_ZERO(&affinity);
   ASSERT_EQ(::sched_getaffinity(0, sizeof(affinity), &affinity), 0);
   const std::string share = std::to_string(std::max(1, CPU_COUNT(&affinity) / 2));
-  const char* print = "echo OMP_NUM_THREADS=${OMP_NUM_THREADS-unset}";
+  const char* print =
+      "echo OMP_NUM_THREADS=${OMP_NUM_THREADS-unset}; echo GOMP_SPINCOUNT=${GOMP_SPINCOUNT-unset}";
 
   Krugrun shared({"-np", "3", "-H", "localhost:2,127.0.0.1:1", "--verbose", "sh", "-c", print});
   ASSERT_EQ(shared.wait(), 0) << shared.err();
@@ -125,14 +128,20 @@ TEST(Launcher, RanksShareTheirHostsCoresUnlessTheJobChoseThreads) {
   ASSERT_EQ(env.size(), 3u) << shared.out();
   EXPECT_EQ(env[0]["OMP_NUM_THREADS"], share);
   EXPECT_EQ(env[1]["OMP_NUM_THREADS"], share);
+  EXPECT_EQ(env[0]["GOMP_SPINCOUNT"], "1000");
+  EXPECT_EQ(env[1]["GOMP_SPINCOUNT"], "1000");
   EXPECT_EQ(env[2]["OMP_NUM_THREADS"], "unset") << "alone on its host: every core";
+  EXPECT_EQ(env[2]["GOMP_SPINCOUNT"], "unset") << "alone on its host: OpenMP's own spin";
   EXPECT_TRUE(contains(shared.err(), "host localhost: 2 ranks share")) << shared.err();
 
-  Krugrun chosen({"-np", "2", "-x", "OMP_NUM_THREADS=7", "sh", "-c", print});
+  Krugrun chosen(
+      {"-np", "2", "-x", "OMP_NUM_THREADS=7", "-x", "OMP_WAIT_POLICY=ACTIVE", "sh", "-c", print});
   ASSERT_EQ(chosen.wait(), 0) << chosen.err();
   env = env_by_rank(chosen.out());
   EXPECT_EQ(env[0]["OMP_NUM_THREADS"], "7");
   EXPECT_EQ(env[1]["OMP_NUM_THREADS"], "7");
+  EXPECT_EQ(env[0]["GOMP_SPINCOUNT"], "unset") << "the job chose how OpenMP waits";
+  EXPECT_EQ(env[1]["GOMP_SPINCOUNT"], "unset");
 }
 
 TEST(Launcher, PrefixesWholeLinesPerStream) {

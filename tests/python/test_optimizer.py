@@ -425,6 +425,7 @@ def test_load_state_dict_resets():
 
 def test_threads_that_oversubscribe_the_host_are_named_on_its_first_rank(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)  # krugrun's, for ranks that share a host
     before, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
     expected = 1 if hvd.local_rank() == 0 and hvd.local_size() > 1 and cores > 1 else 0
 
@@ -441,6 +442,12 @@ def test_threads_that_oversubscribe_the_host_are_named_on_its_first_rank(monkeyp
         monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
         assert warnings_naming_the_cure() == []
         monkeypatch.delenv("OMP_WAIT_POLICY")
+        # Nor where they spin briefly, as krugrun has them where ranks share a host.
+        monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+        assert warnings_naming_the_cure() == []
+        monkeypatch.setenv("GOMP_SPINCOUNT", "300000")  # GNU OpenMP's own
+        assert len(warnings_naming_the_cure()) == expected
+        monkeypatch.delenv("GOMP_SPINCOUNT")
         torch.set_num_threads(1)
         assert warnings_naming_the_cure() == []
     finally:

@@ -33,6 +33,22 @@ TEST(ThreadShare, ARankAloneOnItsHostKeepsEveryCore) {
   EXPECT_EQ(omp_threads_per_rank(std::nullopt, "2x", 16), std::nullopt);
 }
 
+TEST(ThreadShare, RanksThatShareAHostSpinBriefly) {
+  EXPECT_EQ(gomp_spin_count(std::nullopt, std::nullopt, "2"), kSharedHostSpinCount);
+  EXPECT_EQ(gomp_spin_count(std::nullopt, std::nullopt, "64"), kSharedHostSpinCount);
+  EXPECT_EQ(gomp_spin_count(std::nullopt, std::nullopt, "1"), std::nullopt)
+      << "alone on its host: OpenMP's own spin";
+  EXPECT_EQ(gomp_spin_count(std::nullopt, std::nullopt, std::nullopt), std::nullopt);
+  EXPECT_EQ(gomp_spin_count(std::nullopt, std::nullopt, "2x"), std::nullopt);
+}
+
+TEST(ThreadShare, AJobThatChoseHowOpenMpWaitsKeepsIt) {
+  EXPECT_EQ(gomp_spin_count("ACTIVE", std::nullopt, "2"), std::nullopt);
+  EXPECT_EQ(gomp_spin_count("PASSIVE", std::nullopt, "2"), std::nullopt);
+  EXPECT_EQ(gomp_spin_count(std::nullopt, "300000", "2"), std::nullopt);
+  EXPECT_EQ(gomp_spin_count(std::nullopt, "", "2"), std::nullopt) << "set, even empty";
+}
+
 TEST(ThreadShare, UsableCoresFollowTheAffinityMask) {
   cpu_set_t all;
   CPU_ZERO(&all);

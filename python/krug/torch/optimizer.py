@@ -426,21 +426,33 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     zero_grad = _zero_grad
 
 
+def _spins_briefly():
+    """Whether torch's OpenMP threads wait without spinning long: passively, or for at most the
+    spins krugrun gives ranks that share a host (GOMP_SPINCOUNT=1000)."""
+    if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return True
+    try:
+        return int(os.environ.get("GOMP_SPINCOUNT", "")) <= 1000
+    except ValueError:
+        return False
+
+
 def _warn_if_oversubscribed():
     """torch's OpenMP threads spin while they wait for each other, so ranks of one host that run
     more of them than it has cores take each other's cores: ResNet-18 with 2 ranks x 2 threads
-    on 2 cores trained 2.7x slower than with OMP_WAIT_POLICY=PASSIVE (docs/benchmarks.md). Says
-    so once per job, on the host's first rank, when training starts."""
+    on 2 cores trained 3-5x slower than with GOMP_SPINCOUNT=1000, which krugrun sets
+    (docs/benchmarks.md). Says so once per job, on the host's first rank, when training
+    starts, where the threads spin long."""
     threads, ranks = torch.get_num_threads(), local_size()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
-    if local_rank() != 0 or threads == 1 or threads * ranks <= (cores or 1) or passive:
+    if local_rank() != 0 or threads == 1 or threads * ranks <= (cores or 1) or _spins_briefly():
         return
     warnings.warn(
         "krug: the %d ranks on this host each run %d torch threads, %d on %d cores; torch's "
         "OpenMP threads spin while they wait, so they take each other's cores and training "
         "slows several times. Give each rank %d (torch.set_num_threads, or OMP_NUM_THREADS), "
-        "or start the job with OMP_WAIT_POLICY=PASSIVE (krugrun -x OMP_WAIT_POLICY=PASSIVE)."
+        "or let them spin briefly: start the job with krugrun, which sets GOMP_SPINCOUNT=1000 "
+        "where ranks share a host, or set it (or OMP_WAIT_POLICY=PASSIVE) yourself."
         % (ranks, threads, threads * ranks, cores, max(1, (cores or 1) // ranks)),
         RuntimeWarning, stacklevel=3)
 

@@ -8,15 +8,34 @@
 
 namespace krug::run {
 
-std::optional<int> omp_threads_per_rank(const std::optional<std::string>& omp_num_threads,
-                                        const std::optional<std::string>& local_size,
-                                        int usable_cores) {
-  if (omp_num_threads || !local_size) return std::nullopt;
+namespace {
+
+// The ranks on this rank's host, where krugrun said and there are several.
+std::optional<int> ranks_sharing_the_host(const std::optional<std::string>& local_size) {
+  if (!local_size) return std::nullopt;
   int ranks = 0;
   const char* end = local_size->data() + local_size->size();
   auto [ptr, ec] = std::from_chars(local_size->data(), end, ranks);
   if (ec != std::errc{} || ptr != end || ranks <= 1) return std::nullopt;
-  return std::max(1, usable_cores / ranks);
+  return ranks;
+}
+
+}  // namespace
+
+std::optional<int> omp_threads_per_rank(const std::optional<std::string>& omp_num_threads,
+                                        const std::optional<std::string>& local_size,
+                                        int usable_cores) {
+  if (omp_num_threads) return std::nullopt;
+  const std::optional<int> ranks = ranks_sharing_the_host(local_size);
+  if (!ranks) return std::nullopt;
+  return std::max(1, usable_cores / *ranks);
+}
+
+std::optional<std::string> gomp_spin_count(const std::optional<std::string>& omp_wait_policy,
+                                           const std::optional<std::string>& gomp_spincount,
+                                           const std::optional<std::string>& local_size) {
+  if (omp_wait_policy || gomp_spincount || !ranks_sharing_the_host(local_size)) return std::nullopt;
+  return kSharedHostSpinCount;
 }
 
 int usable_cores() {

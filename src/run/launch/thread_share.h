@@ -21,6 +21,19 @@ std::optional<int> omp_threads_per_rank(const std::optional<std::string>& omp_nu
                                         const std::optional<std::string>& local_size,
                                         int usable_cores);
 
+// GOMP_SPINCOUNT for one rank: kSharedHostSpinCount where it shares its host with other ranks
+// (`local_size` above 1) and the job chose neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY; else
+// nullopt. GNU OpenMP (torch's) spins 300,000 times at each wait, and cuts that to 100 only
+// where its own threads outnumber the cores, which it cannot see across processes. A script
+// that runs more threads than its share (torch.set_num_threads) then had its ranks' threads
+// spin on the cores the ones they waited for needed: ResNet-18 at 2 ranks x 2 threads on 2
+// cores trained at 32-67 images/s, and at 173-200 with 1000 spins, near 2 ranks x 1 thread
+// (docs/benchmarks.md). One process with its cores to itself trained as fast with either.
+inline constexpr const char* kSharedHostSpinCount = "1000";
+std::optional<std::string> gomp_spin_count(const std::optional<std::string>& omp_wait_policy,
+                                           const std::optional<std::string>& gomp_spincount,
+                                           const std::optional<std::string>& local_size);
+
 // The cores this process may run on (its affinity mask; a Slurm or container limit shows there),
 // at least 1.
 int usable_cores();
