@@ -386,8 +386,11 @@ int Engine::Impl::sleep_until_woken(std::vector<pollfd>& fds, int timeout_ms) {
   // Peers ring the doorbell only for a sleeper: say so, then look once more.
   asleep_ = true;
   int n = 0;
-  for (;;) {
-    if (!control_->prepare_to_sleep()) timeout_ms = 0;
+  for (bool again = false;; again = true) {
+    // Looking again, not while a thread drives the loop: it reads the mailboxes, so peers need
+    // not ring, and it says that this thread sleeps as it leaves (leave_loop).
+    const bool driven = again && drivers_.load() > 0;
+    if (!driven && !control_->prepare_to_sleep()) timeout_ms = 0;
     n = ::poll(fds.data(), fds.size(), timeout_ms);
     if (n <= 0 || !woken_for_nothing(fds)) break;
     // The cycle timer of a burst a waiting thread has taken meanwhile: a round now would only
