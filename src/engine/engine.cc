@@ -412,7 +412,7 @@ bool Engine::Impl::woken_for_nothing(const std::vector<pollfd>& fds) {
       fds[1].revents != 0 && fds[0].revents == 0 &&
       std::all_of(fds.begin() + 2, fds.end(), [](const pollfd& p) { return p.revents == 0; });
   if (!timer_alone || !wakeup_.drain_timer()) return false;
-  return !queue_.timer_fired();  // the queue it was set for is empty: taken
+  return !queue_.timer_fired();  // its burst was taken, or is younger than the cycle
 }
 
 void Engine::Impl::drive(const HandleState& handle, Clock::time_point deadline) {

@@ -121,18 +121,15 @@ void share_cores_of_this_host(EnvMap& env, const RankSlot& slot, bool verbose) {
     auto it = env.find(name);
     return it == env.end() ? std::nullopt : std::optional<std::string>(it->second);
   };
-  const std::string local_size = std::to_string(slot.local_size);
-  if (auto spins = gomp_spin_count(chosen("OMP_WAIT_POLICY"), chosen("GOMP_SPINCOUNT"), local_size))
-    env["GOMP_SPINCOUNT"] = *spins;
-  std::optional<int> threads =
-      omp_threads_per_rank(chosen("OMP_NUM_THREADS"), local_size, usable_cores());
-  if (!threads) return;
-  env["OMP_NUM_THREADS"] = std::to_string(*threads);
-  if (verbose && slot.local_rank == 0)
-    fmt::print(stderr,
-               "krugrun: host {}: {} ranks share {} cores, OMP_NUM_THREADS={} each (set "
-               "OMP_NUM_THREADS, e.g. -x OMP_NUM_THREADS=N, to choose)\n",
-               slot.host, slot.local_size, usable_cores(), *threads);
+  for (auto& [name, value] :
+       shared_host_settings(chosen, std::to_string(slot.local_size), usable_cores())) {
+    if (verbose && slot.local_rank == 0 && name == "OMP_NUM_THREADS")
+      fmt::print(stderr,
+                 "krugrun: host {}: {} ranks share {} cores, OMP_NUM_THREADS={} each (set "
+                 "OMP_NUM_THREADS, e.g. -x OMP_NUM_THREADS=N, to choose)\n",
+                 slot.host, slot.local_size, usable_cores(), value);
+    env[name] = std::move(value);
+  }
 }
 
 // Starts one rank and wraps it for the supervisor: its output pumps and whether it is remote.

@@ -4,6 +4,11 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace krug::run {
 namespace {
 
@@ -47,6 +52,23 @@ TEST(ThreadShare, AJobThatChoseHowOpenMpWaitsKeepsIt) {
   EXPECT_EQ(gomp_spin_count("PASSIVE", std::nullopt, "2"), std::nullopt);
   EXPECT_EQ(gomp_spin_count(std::nullopt, "300000", "2"), std::nullopt);
   EXPECT_EQ(gomp_spin_count(std::nullopt, "", "2"), std::nullopt) << "set, even empty";
+}
+
+TEST(ThreadShare, BothEndsThatStartRanksGetOneListOfSettings) {
+  using Settings = std::vector<std::pair<std::string, std::string>>;
+  std::map<std::string, std::string> job;
+  auto chosen = [&](const char* name) {
+    auto it = job.find(name);
+    return it == job.end() ? std::nullopt : std::optional<std::string>(it->second);
+  };
+  EXPECT_EQ(shared_host_settings(chosen, "2", 16),
+            (Settings{{"OMP_NUM_THREADS", "8"}, {"GOMP_SPINCOUNT", kSharedHostSpinCount}}));
+  EXPECT_EQ(shared_host_settings(chosen, "1", 16), Settings{}) << "alone on its host";
+  job["OMP_NUM_THREADS"] = "4";
+  EXPECT_EQ(shared_host_settings(chosen, "2", 16),
+            (Settings{{"GOMP_SPINCOUNT", kSharedHostSpinCount}}));
+  job["OMP_WAIT_POLICY"] = "PASSIVE";
+  EXPECT_EQ(shared_host_settings(chosen, "2", 16), Settings{}) << "the job chose both";
 }
 
 TEST(ThreadShare, UsableCoresFollowTheAffinityMask) {

@@ -85,13 +85,9 @@ std::optional<std::string> env_value(const char* name) {
 // The rank's share of this host's cores, which only this end of ssh knows, and OpenMP's short
 // spin (run/launch/thread_share.h).
 void share_cores_of_this_host() {
-  const std::optional<std::string> local_size = env_value("KRUG_LOCAL_SIZE");
-  std::optional<int> threads =
-      omp_threads_per_rank(env_value("OMP_NUM_THREADS"), local_size, usable_cores());
-  if (threads) ::setenv("OMP_NUM_THREADS", std::to_string(*threads).c_str(), 1);
-  if (auto spins =
-          gomp_spin_count(env_value("OMP_WAIT_POLICY"), env_value("GOMP_SPINCOUNT"), local_size))
-    ::setenv("GOMP_SPINCOUNT", spins->c_str(), 1);
+  for (const auto& [name, value] :
+       shared_host_settings(env_value, env_value("KRUG_LOCAL_SIZE"), usable_cores()))
+    ::setenv(name.c_str(), value.c_str(), 1);
 }
 
 // `__remote-exec [--cwd DIR] -- command...`: sets the environment krugrun sends on stdin, enters

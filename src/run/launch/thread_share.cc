@@ -38,6 +38,16 @@ std::optional<std::string> gomp_spin_count(const std::optional<std::string>& omp
   return kSharedHostSpinCount;
 }
 
+std::vector<std::pair<std::string, std::string>> shared_host_settings(
+    const ChosenValue& chosen, const std::optional<std::string>& local_size, int usable_cores) {
+  std::vector<std::pair<std::string, std::string>> settings;
+  if (auto threads = omp_threads_per_rank(chosen("OMP_NUM_THREADS"), local_size, usable_cores))
+    settings.emplace_back("OMP_NUM_THREADS", std::to_string(*threads));
+  if (auto spins = gomp_spin_count(chosen("OMP_WAIT_POLICY"), chosen("GOMP_SPINCOUNT"), local_size))
+    settings.emplace_back("GOMP_SPINCOUNT", *spins);
+  return settings;
+}
+
 int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -9,8 +9,11 @@
 // ssh-started ones), where the cores it may use are known.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace krug::run {
 
@@ -33,6 +36,14 @@ inline constexpr const char* kSharedHostSpinCount = "1000";
 std::optional<std::string> gomp_spin_count(const std::optional<std::string>& omp_wait_policy,
                                            const std::optional<std::string>& gomp_spincount,
                                            const std::optional<std::string>& local_size);
+
+// What krugrun sets for one rank, in the order to set them: OMP_NUM_THREADS
+// (omp_threads_per_rank) and GOMP_SPINCOUNT (gomp_spin_count), each where the job left it to
+// krugrun. `chosen(name)` is the job's value of `name`, if it set one. Both ends that start
+// ranks (krugrun for its local ranks, its ssh wrapper for remote ones) apply this one answer.
+using ChosenValue = std::function<std::optional<std::string>(const char* name)>;
+std::vector<std::pair<std::string, std::string>> shared_host_settings(
+    const ChosenValue& chosen, const std::optional<std::string>& local_size, int usable_cores);
 
 // The cores this process may run on (its affinity mask; a Slurm or container limit shows there),
 // at least 1.
